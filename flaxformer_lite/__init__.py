@@ -1,1 +1,68 @@
-"""flaxformer_lite: Transformers as pure JAX functions and thin Flax NNX modules."""
+"""flaxformer_lite: Transformers as pure JAX functions and thin Flax NNX modules.
+
+Layers (an upper layer may import a lower one, never the reverse)::
+
+    experiments  -> train / evaluate -> data -> models, layers, encodings -> attention, positional
+
+The pure core (`attention`, `positional`) imports no Flax: arrays in, arrays out, with the
+``[batch, length, heads, head_dim]`` layout and explicit int positions ``[batch, length]``.
+"""
+
+from flaxformer_lite.attention import (
+    attend,
+    attention_weights,
+    causal_mask,
+    dot_product_attention,
+    mask_from_positions,
+    padding_mask,
+)
+from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.encodings import (
+    EncodingSpec,
+    PositionalEncoding,
+    get_positional_encoding,
+    positional_encoding_names,
+    register,
+)
+from flaxformer_lite.models import (
+    Decoder,
+    DecoderOnlyLM,
+    Encoder,
+    EncoderDecoder,
+    default_positions,
+)
+from flaxformer_lite.positional import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    relative_positions,
+    sinusoidal,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decoder",
+    "DecoderOnlyLM",
+    "Encoder",
+    "EncoderDecoder",
+    "EncodingSpec",
+    "ModelConfig",
+    "PositionalEncoding",
+    "__version__",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "attend",
+    "attention_weights",
+    "causal_mask",
+    "default_positions",
+    "dot_product_attention",
+    "get_positional_encoding",
+    "mask_from_positions",
+    "padding_mask",
+    "positional_encoding_names",
+    "register",
+    "relative_positions",
+    "sinusoidal",
+]

@@ -1,0 +1,286 @@
+"""Thin Flax NNX layers over the pure core: embeddings, attention, feed-forward, blocks.
+
+Shapes: token ids ``[batch, length]``; activations ``[batch, length, d_model]``; positions
+int32 ``[batch, length]``. Parameters carry logical axis names in their ``logical_axes``
+metadata (``vocab``, ``embed``, ``heads``, ``mlp``, ``position``) for sharding.
+
+Blocks follow Vaswani et al. 2017, §3.1: every sub-layer is wrapped in a residual
+connection and layer normalisation ("Add & Norm"), post-LN ``LN(x + Dropout(f(x)))`` as in
+the paper, or pre-LN ``x + Dropout(f(LN(x)))`` (Xiong et al. 2020) as an option.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_lite import attention
+from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.encodings import PositionalEncoding
+
+Array = jax.Array
+
+
+def _dense(
+    cfg: ModelConfig, d_in: int, d_out: int, axes: tuple[str, str], *, rngs: nnx.Rngs
+) -> nnx.Linear:
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        kernel_metadata={"logical_axes": axes},
+        bias_metadata={"logical_axes": axes[1:]},
+        rngs=rngs,
+    )
+
+
+def _layer_norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(
+        cfg.d_model,
+        epsilon=1e-6,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        scale_metadata={"logical_axes": ("embed",)},
+        bias_metadata={"logical_axes": ("embed",)},
+        rngs=rngs,
+    )
+
+
+class TokenEmbedding(nnx.Module):
+    """Token ids -> vectors, optionally scaled by sqrt(d_model) (paper §3.4), and back.
+
+    ``decode`` gives float32 logits ``[batch, length, vocab]`` through the transposed table
+    (weight tying, Press & Wolf 2017) when ``cfg.tie_embeddings``, else a separate head.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.scale = cfg.d_model**0.5 if cfg.scale_embeddings else 1.0
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            embedding_init=nnx.initializers.normal(stddev=cfg.d_model**-0.5),
+            embedding_metadata={"logical_axes": ("vocab", "embed")},
+            rngs=rngs,
+        )
+        self.head = (
+            None
+            if cfg.tie_embeddings
+            else _dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs)
+        )
+
+    def encode(self, tokens: Array) -> Array:
+        """``[batch, length]`` int -> ``[batch, length, d_model]`` in the compute dtype."""
+        x = self.embed(tokens)
+        return x * jnp.asarray(self.scale, x.dtype)
+
+    def decode(self, x: Array) -> Array:
+        """``[batch, length, d_model]`` -> float32 logits ``[batch, length, vocab]``."""
+        logits = self.embed.attend(x) if self.head is None else self.head(x)
+        return logits.astype(jnp.float32)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head attention (paper §3.2.2): project, split heads, attend, merge, project.
+
+    Self-attention when ``kv`` is None, cross-attention otherwise. The positional encoding
+    (if any) rotates q/k or supplies a logit bias; the attention itself is the pure
+    `attention.attend`.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.implementation = cfg.attention_impl
+        d, hd = cfg.d_model, cfg.num_heads * cfg.head_dim
+        self.query = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
+        self.key = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
+        self.value = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
+        self.out = _dense(cfg, hd, d, ("heads", "embed"), rngs=rngs)
+
+    def _split(self, x: Array) -> Array:
+        return x.reshape((*x.shape[:2], self.num_heads, self.head_dim))
+
+    def _qkv(
+        self,
+        x: Array,
+        kv: Array | None,
+        q_positions: Array,
+        kv_positions: Array,
+        pe: PositionalEncoding | None,
+    ) -> tuple[Array, Array, Array]:
+        kv = x if kv is None else kv
+        q = self._split(self.query(x))
+        k = self._split(self.key(kv))
+        v = self._split(self.value(kv))
+        if pe is not None:
+            q, k = pe.rotate(q, k, q_positions, kv_positions)
+        return q, k, v
+
+    @staticmethod
+    def _bias_fn(pe: PositionalEncoding | None, causal: bool) -> Callable | None:
+        if pe is None or pe.hook != "bias":
+            return None
+        return functools.partial(pe.bias, causal=causal)
+
+    def __call__(
+        self,
+        x: Array,
+        kv: Array | None = None,
+        *,
+        q_positions: Array,
+        kv_positions: Array | None = None,
+        pe: PositionalEncoding | None = None,
+        mask: Array | None = None,
+        causal: bool = False,
+    ) -> Array:
+        """Attend from ``x`` ``[b, q_len, d]`` to ``kv`` ``[b, kv_len, d]`` (default ``x``).
+
+        Args:
+          q_positions / kv_positions: int32 ``[batch, len]`` (kv defaults to q).
+          pe: positional encoding applied inside attention (None for cross-attention).
+          mask: bool, broadcastable to ``[batch, heads, q_len, kv_len]``; True = attend.
+          causal: query i sees only keys j <= i.
+        """
+        kv_positions = q_positions if kv_positions is None else kv_positions
+        q, k, v = self._qkv(x, kv, q_positions, kv_positions, pe)
+        out = attention.attend(
+            q,
+            k,
+            v,
+            q_positions=q_positions,
+            k_positions=kv_positions,
+            bias_fn=self._bias_fn(pe, causal),
+            mask=mask,
+            causal=causal,
+            implementation=self.implementation,
+        )
+        return self.out(out.reshape((*out.shape[:2], -1)))
+
+    def weights(
+        self,
+        x: Array,
+        kv: Array | None = None,
+        *,
+        q_positions: Array,
+        kv_positions: Array | None = None,
+        pe: PositionalEncoding | None = None,
+        mask: Array | None = None,
+        causal: bool = False,
+    ) -> Array:
+        """Attention probabilities ``[batch, heads, q_len, kv_len]`` (for plots)."""
+        kv_positions = q_positions if kv_positions is None else kv_positions
+        q, k, _ = self._qkv(x, kv, q_positions, kv_positions, pe)
+        bias_fn = self._bias_fn(pe, causal)
+        bias = None if bias_fn is None else bias_fn(q_positions, kv_positions)
+        return attention.attention_weights(q, k, mask=mask, bias=bias, causal=causal)
+
+
+class FeedForward(nnx.Module):
+    """Position-wise feed-forward ``W2 act(W1 x + b1) + b2`` (paper §3.3, ReLU; GELU option)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.wi = _dense(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), rngs=rngs)
+        self.wo = _dense(cfg, cfg.d_ff, cfg.d_model, ("mlp", "embed"), rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x: Array) -> Array:
+        act = jax.nn.relu if self.activation == "relu" else jax.nn.gelu
+        return self.wo(act(self.wi(x)))
+
+
+class AddNorm(nnx.Module):
+    """Residual connection + layer norm around one sub-layer, post-LN or pre-LN."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.pre = cfg.norm == "pre"
+        self.norm = _layer_norm(cfg, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+
+    def __call__(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
+        if self.pre:
+            return x + self.dropout(sublayer(self.norm(x)), deterministic=deterministic)
+        return self.norm(x + self.dropout(sublayer(x), deterministic=deterministic))
+
+
+class EncoderBlock(nnx.Module):
+    """Bidirectional self-attention then feed-forward, each with Add & Norm (paper Fig. 1)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.attention = MultiHeadAttention(cfg, rngs=rngs)
+        self.attention_norm = AddNorm(cfg, rngs=rngs)
+        self.ffn = FeedForward(cfg, rngs=rngs)
+        self.ffn_norm = AddNorm(cfg, rngs=rngs)
+
+    def __call__(
+        self,
+        x: Array,
+        positions: Array,
+        *,
+        pe: PositionalEncoding,
+        mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """``x`` ``[b, l, d]``, positions ``[b, l]``, mask ``[b, 1, l, l]`` -> ``[b, l, d]``."""
+        attend = lambda h: self.attention(h, q_positions=positions, pe=pe, mask=mask)
+        x = self.attention_norm(x, attend, deterministic=deterministic)
+        return self.ffn_norm(x, self.ffn, deterministic=deterministic)
+
+
+class DecoderBlock(nnx.Module):
+    """Causal self-attention, optional cross-attention to the encoder, feed-forward."""
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+        self.self_attention = MultiHeadAttention(cfg, rngs=rngs)
+        self.self_attention_norm = AddNorm(cfg, rngs=rngs)
+        if cross_attention:
+            self.cross_attention = MultiHeadAttention(cfg, rngs=rngs)
+            self.cross_attention_norm = AddNorm(cfg, rngs=rngs)
+        else:
+            self.cross_attention = None
+            self.cross_attention_norm = None
+        self.ffn = FeedForward(cfg, rngs=rngs)
+        self.ffn_norm = AddNorm(cfg, rngs=rngs)
+
+    def __call__(
+        self,
+        x: Array,
+        positions: Array,
+        *,
+        pe: PositionalEncoding,
+        mask: Array | None = None,
+        encoded: Array | None = None,
+        encoded_positions: Array | None = None,
+        cross_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """``x`` ``[b, l, d]``; ``encoded`` ``[b, s, d]`` for cross-attention -> ``[b, l, d]``.
+
+        ``mask`` (e.g. padding) is combined with the causal mask; ``cross_mask`` is
+        ``[b, 1, l, s]``.
+        """
+        attend = lambda h: self.self_attention(
+            h, q_positions=positions, pe=pe, mask=mask, causal=True
+        )
+        x = self.self_attention_norm(x, attend, deterministic=deterministic)
+        if self.cross_attention is not None:
+            if encoded is None or encoded_positions is None:
+                raise ValueError(
+                    "this DecoderBlock has cross-attention: pass `encoded` and `encoded_positions`"
+                )
+            cross = lambda h: self.cross_attention(
+                h,
+                encoded,
+                q_positions=positions,
+                kv_positions=encoded_positions,
+                mask=cross_mask,
+            )
+            x = self.cross_attention_norm(x, cross, deterministic=deterministic)
+        return self.ffn_norm(x, self.ffn, deterministic=deterministic)

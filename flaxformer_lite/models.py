@@ -1,0 +1,216 @@
+"""Transformer models as NNX modules: Encoder, Decoder, EncoderDecoder, DecoderOnlyLM.
+
+All models take token ids ``[batch, length]`` and explicit int positions ``[batch, length]``
+(or ``[length]``, shared by the batch); nothing derives positions from a shape. Validity
+flags ``[batch, length]`` (True = real token) mark padding. Logits are float32
+``[batch, length, vocab]``.
+
+The positional encoding is built from the registry by ``cfg.positional``; each stack owns
+one instance and hands it to its blocks, which call its hooks (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_lite import attention, positional
+from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.encodings import get_positional_encoding
+from flaxformer_lite.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _layer_norm
+
+Array = jax.Array
+
+
+def default_positions(tokens: Array) -> Array:
+    """``0..L-1`` as int32 ``[batch, L]`` for ``tokens`` ``[batch, L]`` -- call it explicitly."""
+    batch, length = tokens.shape
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], (batch, length))
+
+
+def _positions(tokens: Array, positions: Array) -> Array:
+    positions = positional.as_batched_positions(positions)
+    if positions.shape[1] != tokens.shape[1] or positions.shape[0] not in (1, tokens.shape[0]):
+        raise ValueError(
+            f"positions shape {positions.shape} does not match tokens shape {tokens.shape}; "
+            "expected [batch, length] or [length]"
+        )
+    return jnp.broadcast_to(positions, tokens.shape)
+
+
+def _check_tokens(tokens: Array) -> None:
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens must be int [batch, length]; got shape {tokens.shape} dtype {tokens.dtype}"
+        )
+
+
+class _Stack(nnx.Module):
+    """Shared plumbing: embedding + positional encoding + dropout, final norm for pre-LN."""
+
+    def _init_stack(self, cfg: ModelConfig, embed: TokenEmbedding | None, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = TokenEmbedding(cfg, rngs=rngs) if embed is None else embed
+        self.pe = get_positional_encoding(cfg.positional).build(cfg, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+        self.final_norm = _layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
+
+    def _embed(self, tokens: Array, positions: Array, deterministic: bool) -> Array:
+        x = self.pe.add(self.embed.encode(tokens), positions)
+        return self.dropout(x, deterministic=deterministic)
+
+    def _finish(self, x: Array) -> Array:
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Encoder(_Stack):
+    """A stack of bidirectional `EncoderBlock` s (BERT-style): tokens -> ``[b, l, d_model]``."""
+
+    def __init__(self, cfg: ModelConfig, *, embed: TokenEmbedding | None = None, rngs: nnx.Rngs):
+        if get_positional_encoding(cfg.positional).causal_only:
+            raise ValueError(
+                f"ModelConfig.positional={cfg.positional!r} is defined only for causal "
+                "attention and cannot be used in a bidirectional Encoder"
+            )
+        self._init_stack(cfg, embed, rngs)
+        self.blocks = nnx.List(
+            [EncoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_encoder_layers)]
+        )
+
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        valid: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """tokens ``[b, l]``, positions ``[b, l]``, valid ``[b, l]`` bool -> ``[b, l, d]``."""
+        _check_tokens(tokens)
+        positions = _positions(tokens, positions)
+        mask = None if valid is None else attention.padding_mask(valid)
+        x = self._embed(tokens, positions, deterministic)
+        for block in self.blocks:
+            x = block(x, positions, pe=self.pe, mask=mask, deterministic=deterministic)
+        return self._finish(x)
+
+
+class Decoder(_Stack):
+    """A stack of causal `DecoderBlock` s, with cross-attention to an encoder if asked."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        cross_attention: bool = True,
+        embed: TokenEmbedding | None = None,
+        rngs: nnx.Rngs,
+    ):
+        self._init_stack(cfg, embed, rngs)
+        self.has_cross_attention = cross_attention
+        self.blocks = nnx.List(
+            [
+                DecoderBlock(cfg, cross_attention=cross_attention, rngs=rngs)
+                for _ in range(cfg.num_decoder_layers)
+            ]
+        )
+
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        valid: Array | None = None,
+        encoded: Array | None = None,
+        encoded_positions: Array | None = None,
+        encoded_valid: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """tokens ``[b, l]`` (+ ``encoded`` ``[b, s, d]``) -> hidden states ``[b, l, d]``."""
+        _check_tokens(tokens)
+        positions = _positions(tokens, positions)
+        mask = None if valid is None else attention.padding_mask(valid)
+        cross_mask = None
+        if self.has_cross_attention:
+            if encoded is None or encoded_positions is None:
+                raise ValueError(
+                    "Decoder(cross_attention=True) needs `encoded` and `encoded_positions`"
+                )
+            encoded_positions = positional.as_batched_positions(encoded_positions)
+            encoded_positions = jnp.broadcast_to(encoded_positions, encoded.shape[:2])
+            if encoded_valid is not None:
+                q_valid = jnp.ones(tokens.shape, bool) if valid is None else valid
+                cross_mask = attention.padding_mask(q_valid, encoded_valid)
+        x = self._embed(tokens, positions, deterministic)
+        for block in self.blocks:
+            x = block(
+                x,
+                positions,
+                pe=self.pe,
+                mask=mask,
+                encoded=encoded,
+                encoded_positions=encoded_positions,
+                cross_mask=cross_mask,
+                deterministic=deterministic,
+            )
+        return self._finish(x)
+
+
+class DecoderOnlyLM(nnx.Module):
+    """GPT-style causal language model: tokens -> float32 next-token logits ``[b, l, vocab]``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.decoder = Decoder(cfg, cross_attention=False, rngs=rngs)
+
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        valid: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        h = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
+        return self.decoder.embed.decode(h)
+
+
+class EncoderDecoder(nnx.Module):
+    """The original Transformer (Vaswani et al. 2017): an Encoder and a cross-attending
+    Decoder sharing one token embedding (and the output projection when tied)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        embed = TokenEmbedding(cfg, rngs=rngs)
+        self.encoder = Encoder(cfg, embed=embed, rngs=rngs)
+        self.decoder = Decoder(cfg, cross_attention=True, embed=embed, rngs=rngs)
+
+    def encode(
+        self, src: Array, src_positions: Array, *, src_valid=None, deterministic: bool = True
+    ) -> Array:
+        return self.encoder(src, src_positions, valid=src_valid, deterministic=deterministic)
+
+    def __call__(
+        self,
+        src: Array,
+        tgt: Array,
+        *,
+        src_positions: Array,
+        tgt_positions: Array,
+        src_valid: Array | None = None,
+        tgt_valid: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """src ``[b, s]``, tgt ``[b, t]`` (+ positions, validity) -> logits ``[b, t, vocab]``."""
+        encoded = self.encode(src, src_positions, src_valid=src_valid, deterministic=deterministic)
+        h = self.decoder(
+            tgt,
+            tgt_positions,
+            valid=tgt_valid,
+            encoded=encoded,
+            encoded_positions=src_positions,
+            encoded_valid=src_valid,
+            deterministic=deterministic,
+        )
+        return self.decoder.embed.decode(h)
