@@ -1,0 +1,469 @@
+"""Byte-level corpora (vocabulary 256, no tokenizer): splits, memory-mapping, batches, provenance.
+
+A `ByteCorpus` has three `ByteSplit`s ("train", "validation", "test"), each a read-only uint8
+`np.memmap` (or a slice of one), so corpora of gigabytes never load into RAM. Bytes are never
+decoded: any file, UTF-8 or not, is a valid corpus.
+
+Split rules (`ByteCorpus.from_path`):
+* **one file**: contiguous byte ranges, by default the first 90 % of the bytes for train, the next
+  5 % for validation, the last 5 % for test (boundaries `round(n * 0.9)`, `round(n * 0.95)`; for
+  enwik8's 10^8 bytes this is the standard 90M / 5M / 5M split).
+* **a folder or a list of files**: by file. A file goes to the split picked by the first 8 bytes of
+  `sha256(relative name)` read as a big-endian integer `h`: train if `h / 2^64 < 0.9`, validation if
+  `< 0.95`, else test (`split_for_name`). The rule depends on the name only, so adding or removing
+  a file never moves another one. The files of a split are concatenated, each followed by the
+  separator byte `store.SEPARATOR` (0x00), into one cached file per split (see `store`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from flaxformer_lite.data import store, windows
+
+SPLITS = store.SPLITS
+DEFAULT_FRACTIONS = (0.90, 0.05, 0.05)
+VOCAB_SIZE = 256
+
+
+def split_for_name(name: str, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> str:
+    """The split of a file in a by-file split, from its relative name alone (module docstring)."""
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).digest()
+    u = int.from_bytes(digest[:8], "big") / 2.0**64
+    if u < fractions[0]:
+        return "train"
+    if u < fractions[0] + fractions[1]:
+        return "validation"
+    return "test"
+
+
+def check_fractions(split) -> tuple[float, float, float]:
+    """Checks `split` = (train, validation, test) fractions: three positive numbers summing to 1."""
+    try:
+        fractions = tuple(float(f) for f in split)
+    except (TypeError, ValueError):
+        fractions = ()
+    if len(fractions) != 3 or min(fractions) <= 0 or not math.isclose(sum(fractions), 1.0):
+        raise ValueError(
+            f"split must be three positive fractions (train, validation, test) summing to 1, "
+            f"e.g. {DEFAULT_FRACTIONS}; got {split!r}"
+        )
+    return fractions
+
+
+class ByteSplit:
+    """One split of a byte corpus.
+
+    Attributes:
+      name: "train", "validation" or "test".
+      corpus: name of the corpus it belongs to (for error messages).
+      data: uint8 `[num_bytes]`, usually a read-only `np.memmap`.
+      num_files: number of documents in the split.
+    """
+
+    def __init__(self, data: np.ndarray, *, name: str, corpus: str, num_files: int) -> None:
+        self.data = data
+        self.name = name
+        self.corpus = corpus
+        self.num_files = num_files
+
+    @property
+    def num_bytes(self) -> int:
+        return int(self.data.shape[0])
+
+    def __repr__(self) -> str:
+        return f"ByteSplit({self.corpus!r}, {self.name!r}, num_bytes={self.num_bytes})"
+
+    def require(self, length: int, *, num_bytes: int | None = None, what: str = "a window") -> None:
+        """Raises a ValueError unless the split (or its first `num_bytes`) has length + 1 bytes."""
+        have = self.num_bytes if num_bytes is None else num_bytes
+        if have < length + 1:
+            scope = "" if num_bytes is None else f" (limited by max_bytes={num_bytes})"
+            raise ValueError(
+                f"split {self.name!r} of corpus {self.corpus!r} has {have} bytes{scope}; {what} of "
+                f"length={length} needs at least {length + 1} bytes (length + 1 for the shifted "
+                f"targets). Use a shorter length or a larger corpus."
+            )
+
+    def sample_batch(
+        self, rng: np.random.Generator, batch_size: int, length: int
+    ) -> dict[str, np.ndarray]:
+        """A training batch of random windows of `length + 1` bytes.
+
+        Returns `inputs` int32 `[batch_size, length]`, `targets` int32 `[batch_size, length]`
+        (`targets[:, t] == inputs[:, t + 1]`), `loss_mask` float32 `[batch_size, length]` (ones).
+        Deterministic given the state of `rng`, which it advances.
+        """
+        windows.check_generator(rng)
+        batch_size = windows.check_positive_int("batch_size", batch_size)
+        length = windows.check_positive_int("length", length)
+        self.require(length, what="a training window")
+        return windows.sample_windows(self.data, rng, batch_size, length)
+
+    def _eval_plan(self, length, stride, max_bytes, max_windows) -> tuple[np.ndarray, int, int]:
+        length = windows.check_positive_int("length", length)
+        stride = length if stride is None else windows.check_positive_int("stride", stride)
+        if stride > length:
+            raise ValueError(
+                f"stride must be between 1 and length={length} (a larger stride would skip "
+                f"tokens), got stride={stride}"
+            )
+        data = self.data
+        if max_bytes is not None:
+            max_bytes = windows.check_positive_int("max_bytes", max_bytes)
+            data = data[: min(max_bytes, self.num_bytes)]
+        self.require(
+            length,
+            num_bytes=None if data.shape[0] == self.num_bytes else data.shape[0],
+            what="an evaluation window",
+        )
+        count = windows.num_windows(data.shape[0], length, stride)
+        if max_windows is not None:
+            count = min(count, windows.check_positive_int("max_windows", max_windows))
+        return data, stride, count
+
+    def num_eval_windows(
+        self,
+        length: int,
+        *,
+        stride: int | None = None,
+        max_bytes: int | None = None,
+        max_windows: int | None = None,
+    ) -> int:
+        """How many windows `eval_windows` yields for these arguments."""
+        return self._eval_plan(length, stride, max_bytes, max_windows)[2]
+
+    def eval_batches(
+        self,
+        length: int,
+        batch_size: int,
+        *,
+        stride: int | None = None,
+        max_bytes: int | None = None,
+        max_windows: int | None = None,
+        pad_batch: bool = False,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Evaluation windows in batches: dicts of `inputs`, `targets` int32 `[b, length]` and
+        `loss_mask` float32 `[b, length]`, `b = batch_size` except possibly for the last batch.
+
+        The protocols (non-overlapping for `stride=None`, sliding window for `stride < length`)
+        and the exact coverage guarantee are described in `flaxformer_lite.data.windows`: over all
+        batches, the scored targets (`loss_mask == 1`) are the bytes at positions
+        `1 .. n-1` of the split (or of its first `max_bytes` bytes), each exactly once.
+        `max_windows` keeps only the first windows (then a prefix of those positions is scored).
+        `pad_batch=True` fills the last batch up to `batch_size` with all-zero rows (loss_mask 0),
+        so every batch has the same shape. Arguments are checked when this is called, not when
+        the first batch is drawn.
+        """
+        batch_size = windows.check_positive_int("batch_size", batch_size)
+        data, stride, count = self._eval_plan(length, stride, max_bytes, max_windows)
+        length = int(length)
+        return self._iter_batches(data, length, stride, count, batch_size, pad_batch)
+
+    @staticmethod
+    def _iter_batches(data, length, stride, count, batch_size, pad_batch):
+        for first in range(0, count, batch_size):
+            ids = np.arange(first, min(first + batch_size, count))
+            batch = windows.window_arrays(data, ids, length, stride)
+            short = batch_size - ids.shape[0]
+            if pad_batch and short:
+                batch = {
+                    k: np.concatenate([v, np.zeros((short, length), v.dtype)])
+                    for k, v in batch.items()
+                }
+            yield batch
+
+    def eval_windows(
+        self,
+        length: int,
+        *,
+        stride: int | None = None,
+        max_windows: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The windows of `eval_batches` one at a time: dicts of `inputs`, `targets` int32
+        `[length]` and `loss_mask` float32 `[length]`. Same protocols and guarantee."""
+        batches = self.eval_batches(
+            length, 256, stride=stride, max_bytes=max_bytes, max_windows=max_windows
+        )
+        return (
+            {k: v[i] for k, v in batch.items()}
+            for batch in batches
+            for i in range(batch["inputs"].shape[0])
+        )
+
+
+def _memmap(path: Path) -> np.ndarray:
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+class ByteCorpus:
+    """A byte-level corpus with "train", "validation" and "test" splits.
+
+    Build one with `ByteCorpus.from_path`, `ByteCorpus.from_split_files`, `stdlib_corpus` or
+    `get_corpus(name)`. `provenance()` says exactly which bytes it holds.
+    """
+
+    vocab_size: int = VOCAB_SIZE
+
+    def __init__(
+        self,
+        name: str,
+        splits: Mapping[str, ByteSplit],
+        *,
+        info: dict,
+        hash_files: Sequence[tuple[str, Path]] | None = None,
+    ) -> None:
+        """Low-level constructor. `info` is the provenance; if it lacks "sha256", it is computed
+        on the first `provenance()` call from `hash_files` (ordered `(name, path)` pairs)."""
+        missing = [s for s in SPLITS if s not in splits]
+        if missing:
+            raise ValueError(f"splits must contain {SPLITS}; missing {missing}")
+        for split in splits.values():
+            if split.num_bytes == 0:
+                raise ValueError(
+                    f"split {split.name!r} of corpus {name!r} is empty (0 bytes); every split "
+                    f"needs data"
+                )
+        self.name = name
+        self._splits = dict(splits)
+        self._info = dict(info)
+        self._hash_files = hash_files
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={self._splits[s].num_bytes}" for s in SPLITS)
+        return f"ByteCorpus({self.name!r}, {sizes})"
+
+    def split(self, name: str) -> ByteSplit:
+        """The split called `name`, one of "train", "validation", "test"."""
+        if name not in self._splits:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {name!r}")
+        return self._splits[name]
+
+    def provenance(self) -> dict:
+        """What the corpus is: name, sha256 content hash (see `store`), total num_bytes and
+        num_files, per split num_bytes and num_files, the split rule, the separator byte (None
+        for a single document per split), the source, plus corpus-specific fields (e.g.
+        python_version for the stdlib corpus). Computing the hash reads the files once (cached)."""
+        if "sha256" not in self._info:
+            self._info["sha256"] = store.content_sha256(self._hash_files or [])
+        info = dict(self._info)
+        info["splits"] = {s: dict(v) for s, v in info["splits"].items()}
+        return info
+
+    # ----------------------------------------------------------------------------- constructors
+
+    @classmethod
+    def from_cache_dir(cls, directory: Path, manifest: dict, *, name: str, **info) -> ByteCorpus:
+        """A corpus stored by `store.build_split_files` in `directory`."""
+        splits = {
+            s: ByteSplit(
+                _memmap(directory / f"{s}.bin")
+                if manifest["splits"][s]["num_bytes"]
+                else np.zeros(0, np.uint8),
+                name=s,
+                corpus=name,
+                num_files=manifest["splits"][s]["num_files"],
+            )
+            for s in SPLITS
+        }
+        full = {
+            "name": name,
+            "sha256": manifest["sha256"],
+            "num_bytes": manifest["num_bytes"],
+            "num_files": manifest["num_files"],
+            "splits": manifest["splits"],
+            "separator": manifest["separator"],
+            "format_version": manifest["format_version"],
+            "cache_dir": str(directory),
+        }
+        full.update(info)
+        return cls(name, splits, info=full)
+
+    @classmethod
+    def from_split_files(
+        cls, files: Mapping[str, str | os.PathLike], *, name: str, **info
+    ) -> ByteCorpus:
+        """A corpus whose splits are given as one file each, e.g.
+        `{"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}`.
+        Each file is memory-mapped as is (one document, no separator)."""
+        paths = {}
+        for s in SPLITS:
+            if s not in files:
+                raise ValueError(f"files must map each of {list(SPLITS)} to a file; missing {s!r}")
+            paths[s] = Path(files[s]).expanduser()
+            if not paths[s].is_file():
+                raise FileNotFoundError(f"files[{s!r}]: no such file: {paths[s]}")
+            if paths[s].stat().st_size == 0:
+                raise ValueError(f"files[{s!r}]: empty corpus file (0 bytes): {paths[s]}")
+        splits = {
+            s: ByteSplit(_memmap(p), name=s, corpus=name, num_files=1) for s, p in paths.items()
+        }
+        full = {
+            "name": name,
+            "num_bytes": sum(sp.num_bytes for sp in splits.values()),
+            "num_files": len(SPLITS),
+            "splits": {s: {"num_bytes": sp.num_bytes, "num_files": 1} for s, sp in splits.items()},
+            "split_rule": "one file per split",
+            "separator": None,
+            "source": {s: str(p) for s, p in paths.items()},
+        }
+        full.update(info)
+        hash_files = [(paths[s].name, paths[s]) for s in SPLITS]
+        return cls(name, splits, info=full, hash_files=hash_files)
+
+    @classmethod
+    def from_path(
+        cls,
+        path_or_paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        split: Sequence[float] = DEFAULT_FRACTIONS,
+        name: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        rebuild: bool = False,
+    ) -> ByteCorpus:
+        """A corpus from one file, a folder, or a list of files (split rules: module docstring).
+
+        Args:
+          path_or_paths: a file (split by contiguous byte ranges, memory-mapped in place), a
+            folder (every non-hidden regular file below it, sorted by relative path, split by
+            file), or a list of files (in the given order, names relative to their common parent,
+            split by file).
+          split: (train, validation, test) fractions, of bytes for one file, of the hash range
+            for several files.
+          name: corpus name for provenance and messages (default: the file or folder name).
+          cache_dir: cache root for the concatenated split files of a multi-file corpus
+            (default `$FLAXFORMER_LITE_CACHE` or `~/.cache/flaxformer_lite`).
+          rebuild: rebuild the cached split files even if they look complete.
+        """
+        fractions = check_fractions(split)
+        if isinstance(path_or_paths, str | os.PathLike):
+            path = Path(path_or_paths).expanduser()
+            if not path.exists():
+                raise FileNotFoundError(f"path_or_paths: no such file or directory: {path}")
+            if path.is_file():
+                return cls._from_file(path, fractions, name or path.name)
+            documents = _folder_documents(path, fractions)
+            source = str(path)
+            name = name or path.name
+        else:
+            paths = [Path(p).expanduser() for p in path_or_paths]
+            if not paths:
+                raise ValueError("path_or_paths: empty list of files; give at least one file")
+            for p in paths:
+                if not p.is_file():
+                    kind = "is a directory, not a file" if p.is_dir() else "no such file"
+                    raise FileNotFoundError(f"path_or_paths: {kind}: {p}")
+            if len(set(map(os.path.abspath, paths))) != len(paths):
+                raise ValueError(f"path_or_paths: the list names a file twice: {paths}")
+            if len(paths) == 1:
+                return cls._from_file(paths[0], fractions, name or paths[0].name)
+            absolute = [Path(os.path.abspath(p)) for p in paths]
+            parent = Path(os.path.commonpath(absolute))
+            rel = [a.relative_to(parent).as_posix() for a in absolute]
+            documents = [
+                store.Document(r, p, split_for_name(r, fractions))
+                for r, p in zip(rel, paths, strict=True)
+            ]
+            source = [str(p) for p in paths]
+            name = name or parent.name or "files"
+        return cls.from_documents(
+            documents,
+            name=name,
+            fractions=fractions,
+            cache_dir=cache_dir,
+            rebuild=rebuild,
+            info={"source": source},
+        )
+
+    @classmethod
+    def _from_file(cls, path: Path, fractions, name: str) -> ByteCorpus:
+        n = path.stat().st_size
+        if n == 0:
+            raise ValueError(f"path_or_paths: empty corpus file (0 bytes): {path}")
+        a = round(n * fractions[0])
+        b = round(n * (fractions[0] + fractions[1]))
+        if not 0 < a < b < n:
+            raise ValueError(
+                f"path_or_paths: file {path} has {n} bytes, too few to split into non-empty "
+                f"train/validation/test byte ranges with split={fractions}"
+            )
+        data = _memmap(path)
+        bounds = {"train": (0, a), "validation": (a, b), "test": (b, n)}
+        splits = {
+            s: ByteSplit(data[lo:hi], name=s, corpus=name, num_files=1)
+            for s, (lo, hi) in bounds.items()
+        }
+        info = {
+            "name": name,
+            "num_bytes": n,
+            "num_files": 1,
+            "splits": {
+                s: {"num_bytes": hi - lo, "num_files": 1, "byte_range": [lo, hi]}
+                for s, (lo, hi) in bounds.items()
+            },
+            "split_rule": f"contiguous bytes, fractions {list(fractions)}",
+            "separator": None,
+            "source": str(path),
+        }
+        return cls(name, splits, info=info, hash_files=[(path.name, path)])
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence[store.Document],
+        *,
+        name: str,
+        fractions: Sequence[float] | None,
+        cache_dir: str | os.PathLike | None,
+        rebuild: bool,
+        info: dict,
+        prefix: str | None = None,
+        split_rule: str | None = None,
+    ) -> ByteCorpus:
+        """A multi-file corpus whose documents already carry their split: concatenated into one
+        cached file per split under `cache_dir` (directory `<prefix>-<key>`) and memory-mapped.
+        `split_rule` (default: the by-file hash rule with `fractions`) goes into provenance."""
+        total = sum(d.path.stat().st_size for d in documents)
+        if not documents or total == 0:
+            raise ValueError(
+                f"empty corpus {name!r}: {len(documents)} files with {total} bytes in all "
+                f"(source: {info.get('source')})"
+            )
+        if split_rule is None:
+            split_rule = f"by file: sha256(relative name)[:8] / 2^64 vs fractions {list(fractions)}"
+        counts = {s: sum(d.split == s for d in documents) for s in SPLITS}
+        for s, c in counts.items():
+            if c == 0:
+                raise ValueError(
+                    f"split {s!r} of corpus {name!r} would be empty: the split rule ({split_rule}) "
+                    f"assigned none of its {len(documents)} files to it; use more files, or a "
+                    f"single file to split by bytes"
+                )
+        meta = {"name": name, "split_rule": split_rule}
+        prefix = prefix or "files-" + (re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "corpus")
+        directory, manifest = store.load_or_build(
+            store.cache_root(cache_dir), prefix, documents, meta=meta, rebuild=rebuild
+        )
+        return cls.from_cache_dir(directory, manifest, name=name, split_rule=split_rule, **info)
+
+
+def _folder_documents(folder: Path, fractions) -> list[store.Document]:
+    """Every non-hidden regular file under `folder`, sorted by relative POSIX path."""
+    names = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for f in filenames:
+            p = Path(dirpath) / f
+            if not f.startswith(".") and p.is_file():
+                names.append(p.relative_to(folder).as_posix())
+    if not names:
+        raise ValueError(f"path_or_paths: empty corpus: folder {folder} contains no files")
+    return [store.Document(n, folder / n, split_for_name(n, fractions)) for n in sorted(names)]

@@ -1,0 +1,107 @@
+"""Training windows and evaluation windows over a 1-D byte array.
+
+Conventions. A split is a byte array `x` of `n` bytes. A window of length `L` starting at `s` has
+`inputs = x[s : s+L]` and `targets = x[s+1 : s+L+1]`: target column `j` is byte `s+j+1` and is
+predicted from the `j+1` bytes `x[s : s+j+1]`. Byte 0 of the split has no context and is never a
+target, so the scorable target positions are `1 .. n-1`.
+
+Evaluation (the protocols of Press et al. 2022, "Train Short, Test Long", §4 and Appendix):
+
+* **non-overlapping** (`stride=None` or `stride=L`): windows start at `0, L, 2L, ...`; every
+  window scores all its targets. Target `p` is scored with `((p-1) mod L) + 1` bytes of context,
+  so tokens at the start of a window see little context (the "early token curse").
+* **sliding** (`stride=S`, `1 <= S <= L`): windows start at `0, S, 2S, ...`; window 0 scores all
+  `L` targets; window `k >= 1` scores only its last `S` targets (positions `kS+L-S+1 .. kS+L`),
+  each predicted from at least `L-S+1` bytes of context. `S=1` is the slowest, most
+  context-rich protocol.
+
+In both, window `k` scores the positions just after those of window `k-1`, so the windows score
+every target position `1 .. n-1` exactly once (with `max_windows`, a prefix `1 .. e` of them). The
+number of windows is `1 + ceil(max(0, n-1-L) / S)`. Only the last window can run past the end of
+the split: its missing bytes are filled with 0 and their `loss_mask` is 0. Padding sits at the end
+of the window, so a causal model's predictions for the real positions do not see it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+PAD = 0
+"""Byte used to fill the part of the last evaluation window that runs past the end of a split
+(always with loss_mask 0)."""
+
+
+def check_positive_int(name: str, value) -> int:
+    """Returns `value` as an int if it is a positive integer, else raises a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_generator(rng) -> np.random.Generator:
+    """Raises a TypeError unless `rng` is a `np.random.Generator`."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator (e.g. np.random.default_rng(seed)), "
+            f"got {type(rng).__name__}"
+        )
+    return rng
+
+
+def sample_windows(
+    data: np.ndarray, rng: np.random.Generator, batch_size: int, length: int
+) -> dict[str, np.ndarray]:
+    """Random training windows of `length + 1` bytes.
+
+    Args:
+      data: uint8 `[n]` with `n >= length + 1` (checked by the caller).
+      rng: the generator; one call draws `batch_size` start offsets uniformly from
+        `[0, n - length - 1]` with `rng.integers`, so batches are a function of its state.
+    Returns:
+      `inputs` int32 `[batch_size, length]`, `targets` int32 `[batch_size, length]` (inputs shifted
+      by one byte), `loss_mask` float32 `[batch_size, length]` (all ones).
+    """
+    n = data.shape[0]
+    starts = rng.integers(0, n - length, size=batch_size)
+    idx = starts[:, None] + np.arange(length + 1)
+    window = np.asarray(data[idx], dtype=np.int32)
+    return {
+        "inputs": np.ascontiguousarray(window[:, :-1]),
+        "targets": np.ascontiguousarray(window[:, 1:]),
+        "loss_mask": np.ones((batch_size, length), np.float32),
+    }
+
+
+def num_windows(num_bytes: int, length: int, stride: int) -> int:
+    """Number of evaluation windows that cover targets `1 .. num_bytes-1` (module docstring)."""
+    return 1 + math.ceil(max(0, num_bytes - 1 - length) / stride)
+
+
+def window_arrays(
+    data: np.ndarray, window_ids: np.ndarray, length: int, stride: int
+) -> dict[str, np.ndarray]:
+    """Evaluation windows `window_ids` (int `[b]`) of `data` (uint8 `[n]`, `n >= length + 1`).
+
+    Returns `inputs`, `targets` int32 `[b, length]` and `loss_mask` float32 `[b, length]`. Window
+    `k` starts at `k * stride`; its target column `j` is position `p = start + j + 1`, scored iff
+    `lo <= p <= n - 1`, where `lo = 1` for window 0 and `lo = start + length - stride + 1`
+    otherwise (module docstring).
+    """
+    n = data.shape[0]
+    window_ids = np.asarray(window_ids, dtype=np.int64)
+    starts = window_ids * stride
+    idx = starts[:, None] + np.arange(length + 1)
+    valid = idx < n
+    window = np.asarray(data[np.minimum(idx, n - 1)], dtype=np.int32)
+    window[~valid] = PAD
+    target_pos = idx[:, 1:]
+    lo = np.where(window_ids == 0, 1, starts + length - stride + 1)
+    mask = (target_pos >= lo[:, None]) & valid[:, 1:]
+    return {
+        "inputs": np.ascontiguousarray(window[:, :-1]),
+        "targets": np.ascontiguousarray(window[:, 1:]),
+        "loss_mask": mask.astype(np.float32),
+    }
