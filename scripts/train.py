@@ -1,0 +1,45 @@
+"""Train and evaluate one run.
+
+    python scripts/train.py --config=experiments/extrapolation_lm.py:tiny --workdir=runs/tiny \
+        --config.model.positional=rope
+
+A second invocation with the same workdir resumes from the newest checkpoint (or returns the
+finished result). Bad overrides fail before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from flaxformer_lite.train.config import ConfigError, RunConfig
+from flaxformer_lite.train.loop import train_and_evaluate
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "experiments/FILE.py:PRESET", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "directory of this run")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    try:
+        run = RunConfig.from_config(_CONFIG.value)
+        summary = train_and_evaluate(run, _WORKDIR.value)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    for r in summary["eval"]:
+        metric = "bits_per_byte" if "bits_per_byte" in r else "exact_match"
+        print(json.dumps({k: r[k] for k in ("variant", "protocol", "eval_length", metric)}))
+    print(f"workdir: {_WORKDIR.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)
