@@ -17,17 +17,36 @@ zero weights and a zero output, never NaN.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
+from flaxformer_lite import chunked_attention as _chunked
 
 Array = jax.Array
 # A function of (q_positions [b, q_len], k_positions [b, kv_len]) returning a float32 logit
 # bias [b, heads, q_len, kv_len]. Positional encodings of the "bias" kind provide one.
 BiasFn = Callable[[Array, Array], Array]
 
-IMPLEMENTATIONS = ("xla",)
+# "xla": plain, materialises the [b, heads, q_len, kv_len] scores. "chunked": online softmax
+# over blocks, O(length) memory, bias built per block (`chunked_attention`). "cudnn": the
+# fused `jax.nn.dot_product_attention(implementation="cudnn")` kernel (NVIDIA GPU, fp16/bf16,
+# no bias_fn), an error elsewhere. "auto": "cudnn" where it can run, else "chunked" when
+# kv_len > CHUNKED_THRESHOLD, else "xla".
+IMPLEMENTATIONS = ("xla", "chunked", "cudnn", "auto")
+# Above this many keys "auto" and `choose_implementation` pick "chunked": at 2048 tokens the
+# plain scores are [heads, 2048, 2048] float32 = 16 MiB per head per batch row and still
+# fast; past it memory grows quadratically (docs/benchmarks.md, "Long-context attention").
+CHUNKED_THRESHOLD = 2048
+_FUSED_DTYPES = (jnp.float16, jnp.bfloat16)
+_logger = logging.getLogger(__name__)
+_notices_given: set[str] = set()
+_BIAS_REASON = (
+    "the fused kernel cannot evaluate a positional bias_fn (the bias would have to be "
+    "materialised as [batch, heads, q_len, kv_len])"
+)
 _MASKED_LOGIT = -1e30  # finite, so an all-masked row never produces inf - inf = NaN
 
 
@@ -189,14 +208,147 @@ def attend(
       q_positions: int ``[batch, q_len]``; k_positions: int ``[batch, kv_len]``.
       bias_fn: optional positional logit bias (ALiBi, T5, ...), see `BiasFn`.
       mask, causal, scale: as in `dot_product_attention`.
-      implementation: one of `IMPLEMENTATIONS` ("xla" materialises the scores).
+      implementation: one of `IMPLEMENTATIONS`: "xla" materialises the scores; "chunked"
+        is `chunked_attention.chunked_attention` (O(length) memory, bias per block);
+        "cudnn" is the fused GPU kernel (no bias_fn, fp16/bf16; a ValueError elsewhere);
+        "auto" takes the fused kernel where it can run, else "chunked" above
+        `CHUNKED_THRESHOLD` keys, else "xla", logging the reason once.
+
+    All implementations agree to float32 tolerance; masked-out rows are zeros in each.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"implementation={implementation!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
         )
+    if implementation in ("auto", "cudnn"):
+        reason = _fused_unavailable_reason(
+            jax.default_backend(), (q.dtype, k.dtype, v.dtype), has_bias=bias_fn is not None
+        )
+        if reason is None:
+            try:
+                return _fused_attention(q, k, v, mask=mask, causal=causal, scale=scale)
+            except (ValueError, NotImplementedError, RuntimeError) as err:
+                if implementation == "cudnn":
+                    raise
+                reason = f"the fused kernel rejected the call ({type(err).__name__}: {err})"
+        elif implementation == "cudnn":
+            raise ValueError(
+                f"implementation='cudnn' cannot run here: {reason}. Use 'auto' (falls back "
+                "automatically), 'chunked' or 'xla'."
+            )
+        implementation = choose_implementation("xla", q.shape[1], k.shape[1])
+        _notice_once(
+            reason,
+            f"attention implementation='auto' does not use the fused kernel: {reason}; "
+            f"using {implementation!r} (chunked above {CHUNKED_THRESHOLD} keys).",
+            # Only the bias costs a user a kernel the hardware has: make that one visible.
+            level=logging.WARNING if reason.startswith(_BIAS_REASON) else logging.INFO,
+        )
+    if implementation == "chunked":
+        return _chunked.chunked_attention(
+            q,
+            k,
+            v,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            bias_fn=bias_fn,
+            mask=mask,
+            causal=causal,
+            scale=scale,
+        )
     bias = None if bias_fn is None else bias_fn(q_positions, k_positions)
     return dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale)
+
+
+def choose_implementation(
+    requested: str, q_len: int, kv_len: int, *, threshold: int = CHUNKED_THRESHOLD
+) -> str:
+    """The implementation to evaluate ``q_len`` queries against ``kv_len`` keys with.
+
+    "xla" becomes "chunked" when ``kv_len > threshold`` (default `CHUNKED_THRESHOLD` = 2048
+    keys) and ``q_len > 1``: the two agree to float32 tolerance, and past the threshold the
+    plain scores ``[batch, heads, q_len, kv_len]`` dominate memory (16k tokens need ~16 GB).
+    Single-query decoding steps keep "xla" (their scores are one row). "chunked" and
+    "cudnn" are explicit choices and "auto" resolves itself per call in `attend` with the
+    same rule, so all three are returned unchanged.
+    """
+    if requested not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation={requested!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
+        )
+    _check_positive_int("q_len", q_len)
+    _check_positive_int("kv_len", kv_len)
+    _check_positive_int("threshold", threshold)
+    if requested == "xla" and kv_len > threshold and q_len > 1:
+        return "chunked"
+    return requested
+
+
+def _fused_unavailable_reason(
+    backend: str, dtypes: tuple[jnp.dtype, ...], *, has_bias: bool
+) -> str | None:
+    """Why `jax.nn.dot_product_attention(implementation="cudnn")` cannot run, or None."""
+    if backend not in ("gpu", "cuda"):
+        return f"backend {backend!r} has no fused attention kernel (cuDNN needs an NVIDIA GPU)"
+    names = sorted({jnp.dtype(dt).name for dt in dtypes})
+    if any(jnp.dtype(dt) not in _FUSED_DTYPES for dt in dtypes) or len(names) > 1:
+        return f"the fused kernel needs float16 or bfloat16 q, k, v of one dtype; got {names}"
+    if has_bias:
+        return _BIAS_REASON
+    return None
+
+
+def _fused_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None,
+    causal: bool,
+    scale: float | None,
+    kernel: str = "cudnn",
+) -> Array:
+    """`jax.nn.dot_product_attention` with this module's conventions for masked rows.
+
+    The fused kernel turns a boolean mask into a large negative bias, so a row with no
+    visible key would average all values; such rows are set to zero here, as in
+    `dot_product_attention`. ``kernel="xla"`` runs the same code path on any backend
+    (tests).
+    """
+    _check_qk(q, k)
+    mask4 = None
+    if mask is not None:
+        mask4 = _as_rank4(jnp.asarray(mask))
+        if mask4.dtype != jnp.bool_:
+            raise ValueError(f"mask must be boolean (True = attend); got dtype {mask4.dtype}")
+        q_len, kv_len = q.shape[1], k.shape[1]
+        _check_broadcastable("mask", mask4, (q.shape[0], q.shape[2], q_len, kv_len))
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=mask4, scale=scale, is_causal=causal, implementation=kernel
+    )
+    if mask4 is not None:
+        rows = _visible_rows(mask4, causal, q.shape[1], k.shape[1])  # [mb, mh, q_len or 1]
+        out = jnp.where(jnp.swapaxes(rows, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
+    return out
+
+
+def _visible_rows(mask4: Array, causal: bool, q_len: int, kv_len: int) -> Array:
+    """Bool ``[mb, mh, q_len or 1]``: the query row sees at least one key."""
+    if not causal:
+        return jnp.any(mask4, axis=-1)
+    if mask4.shape[2] > 1:  # the mask is already [.., q_len, kv_len]-sized
+        return jnp.any(mask4 & causal_mask(q_len, kv_len)[None, None, :, :], axis=-1)
+    # Row i sees keys 0..i: visible iff some key j <= min(i, kv_len - 1) is unmasked.
+    seen = jnp.cumsum(mask4[:, :, 0, :].astype(jnp.int32), axis=-1) > 0  # [mb, mh, kv|1]
+    last = jnp.minimum(jnp.arange(q_len), seen.shape[-1] - 1)
+    return jnp.take(seen, last, axis=-1)
+
+
+def _notice_once(reason: str, message: str, *, level: int = logging.INFO) -> None:
+    """Log ``message`` the first time ``reason`` occurs in this process."""
+    if reason not in _notices_given:
+        _notices_given.add(reason)
+        _logger.log(level, message)
 
 
 def _combine_masks(

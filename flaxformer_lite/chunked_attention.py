@@ -1,0 +1,455 @@
+"""Memory-efficient attention: an online softmax over query and key blocks (pure JAX, no Flax).
+
+Computes exactly what `attention.dot_product_attention` computes, ``softmax(q k^T * scale +
+bias) v`` with boolean masks, without ever holding a ``[q_len, kv_len]`` array: queries are
+processed ``block_q`` rows at a time, and for each query block the keys and values are
+visited ``block_k`` at a time while a running maximum ``m``, a running normaliser ``l`` and an
+unnormalised output ``acc`` are rescaled as new maxima appear::
+
+    m'   = max(m, rowmax(S_j))                     S_j = Q_i K_j^T * scale + bias(i, j)
+    l'   = l * exp(m - m') + rowsum(exp(S_j - m'))
+    acc' = acc * exp(m - m') + exp(S_j - m') V_j         out_i = acc / l
+
+(Rabe & Staats 2021, "Self-attention Does Not Need O(n^2) Memory", arXiv 2112.05682; Dao et al.
+2022, "FlashAttention", arXiv 2205.14135, Algorithm 1; the loop order -- query blocks outside,
+key blocks inside -- is FlashAttention-2's, Dao 2023, arXiv 2307.08691.)
+
+* The positional bias is a *function* of positions, ``bias_fn(q_positions_block,
+  k_positions_block) -> [b, heads, block_q, block_k]``, evaluated per block.
+* With ``causal=True`` the key blocks strictly above the diagonal are never visited (the inner
+  loop's trip count depends on the query block), and blocks strictly below it skip the
+  causal ``where``; only blocks cut by the diagonal are masked.
+* Reverse mode is a `jax.custom_vjp` that saves only ``q, k, v``, the output and the
+  per-row log-sum-exp ``[b, heads, q_len]`` and recomputes the block scores in the backward
+  pass (FlashAttention Algorithm 2 / FlashAttention-2 Algorithm 2), so training memory is
+  ``O(length)`` too. Parameters a ``bias_fn`` closes over (a learned T5 / FIRE bias) get
+  their gradients: they are hoisted with `jax.closure_convert` and differentiated per block.
+
+Logits, running max and sum are float32 whatever the input dtype; the output has ``v.dtype``.
+A query row with no visible key gives zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+BiasFn = Callable[[Array, Array], Array]
+
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_K = 512
+_MASKED_LOGIT = -1e30  # finite: exp(_MASKED_LOGIT - _MASKED_LOGIT) is 1, never NaN
+_F32 = jnp.float32
+
+
+def chunked_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    q_positions: Array,
+    k_positions: Array,
+    bias_fn: BiasFn | None = None,
+    mask: Array | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+) -> Array:
+    """Blockwise ``softmax(q k^T * scale + bias_fn(q_pos, k_pos)) v`` in ``O(length)`` memory.
+
+    Args:
+      q: ``[batch, q_len, heads, head_dim]``.
+      k, v: ``[batch, kv_len, heads, head_dim]``.
+      q_positions: int ``[batch or 1, q_len]``; k_positions: int ``[batch or 1, kv_len]``.
+        Only ``bias_fn`` reads them; the causal mask is by index (as `attention.causal_mask`).
+      bias_fn: optional ``bias_fn(q_positions_block [b, bq], k_positions_block [b, bk])``
+        returning a float logit bias broadcastable to ``[batch, heads, bq, bk]`` (4 axes),
+        e.g. ``lambda qp, kp: positional.alibi_bias(qp, kp, slopes)``. Called once per
+        visited block, never on the full lengths.
+      mask: optional bool broadcastable to ``[batch, heads, q_len, kv_len]`` (missing leading
+        axes count as size 1); True = attend. Sliced per block, so a key-padding mask
+        ``[batch, 1, 1, kv_len]`` costs ``O(kv_len)``.
+      causal: query ``i`` sees key ``j`` iff ``j <= i`` (top-left aligned).
+      scale: logit scale, a Python number; default ``1/sqrt(head_dim)``.
+      block_q, block_k: block sizes, clipped to the lengths. Lengths that are not a multiple
+        are padded, and the padding is masked.
+
+    Returns:
+      ``[batch, q_len, heads, head_dim]`` in ``v.dtype``; rows with no visible key are zeros.
+    """
+    _check_inputs(q, k, v, q_positions, k_positions, mask)
+    batch, q_len, heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    block_q = _check_block("block_q", block_q)
+    block_k = _check_block("block_k", block_k)
+    if scale is None:
+        scale = head_dim**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ValueError(f"scale must be a Python number (static); got {scale!r}")
+    bq, bk = min(block_q, q_len), min(block_k, kv_len)
+    nq, nk = -(-q_len // bq), -(-kv_len // bk)
+
+    mask4 = None
+    if mask is not None:
+        mask4 = jnp.asarray(mask)
+        mask4 = mask4.reshape((1,) * (4 - mask4.ndim) + mask4.shape)
+        _check_broadcastable("mask", mask4.shape, (batch, heads, q_len, kv_len))
+        mask4 = _pad_axis(mask4, 2, nq * bq, False) if mask4.shape[2] > 1 else mask4
+        mask4 = _pad_axis(mask4, 3, nk * bk, False) if mask4.shape[3] > 1 else mask4
+
+    cfg = _Config(
+        q_len=q_len,
+        kv_len=kv_len,
+        bq=bq,
+        bk=bk,
+        nq=nq,
+        nk=nk,
+        causal=bool(causal),
+        scale=float(scale),
+        mask_q=mask4 is not None and mask4.shape[2] > 1,
+        mask_k=mask4 is not None and mask4.shape[3] > 1,
+    )
+    # [b, L, h, d] -> [b, h, L_padded, d]: blocks are slices along axis 2.
+    qt = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * bq, 0)
+    kt = _pad_axis(jnp.swapaxes(k, 1, 2), 2, nk * bk, 0)
+    vt = _pad_axis(jnp.swapaxes(v, 1, 2), 2, nk * bk, 0)
+    qpos = _pad_axis(jnp.asarray(q_positions), 1, nq * bq, "edge")
+    kpos = _pad_axis(jnp.asarray(k_positions), 1, nk * bk, "edge")
+
+    converted, consts = None, ()
+    if bias_fn is not None:
+        converted, consts = jax.closure_convert(bias_fn, qpos[:, :bq], kpos[:, :bk])
+        consts = tuple(consts)
+        bias_shape = jax.eval_shape(converted, qpos[:, :bq], kpos[:, :bk], *consts).shape
+        if len(bias_shape) != 4:
+            raise ValueError(
+                f"bias_fn must return [batch, heads, bq, bk] (4 axes); got shape {bias_shape} "
+                f"for position blocks of {bq} queries and {bk} keys"
+            )
+        _check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, bq, bk))
+
+    out = _attention(cfg, converted, qt, kt, vt, qpos, kpos, mask4, consts)
+    return jnp.swapaxes(out[:, :, :q_len], 1, 2)
+
+
+def kv_blocks_visited(
+    q_len: int,
+    kv_len: int,
+    *,
+    causal: bool,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+) -> list[int]:
+    """Number of key blocks the forward pass visits for each query block (for docs/tests).
+
+    Causal: ``min(nk, ((i + 1) * bq - 1) // bk + 1)`` for query block ``i``, i.e. about half
+    of the ``nq * nk`` blocks at ``q_len == kv_len``; otherwise all ``nk``.
+    """
+    bq, bk = min(block_q, q_len), min(block_k, kv_len)
+    cfg = _Config(q_len, kv_len, bq, bk, -(-q_len // bq), -(-kv_len // bk), causal, 1.0)
+    return [int(_kv_end(cfg, i)) for i in range(cfg.nq)]
+
+
+# --------------------------------------------------------------------------- implementation
+
+
+class _Config(NamedTuple):
+    """Static description of one call (hashable; a nondiff argument of the custom VJP)."""
+
+    q_len: int
+    kv_len: int
+    bq: int
+    bk: int
+    nq: int
+    nk: int
+    causal: bool
+    scale: float
+    mask_q: bool = False  # the mask varies along queries / keys (else broadcast, size 1)
+    mask_k: bool = False
+
+    @property
+    def kv_padded(self) -> bool:
+        return self.nk * self.bk != self.kv_len
+
+
+def _kv_end(cfg: _Config, i):
+    """Key blocks ``[0, end)`` that query block ``i`` needs (causal: up to the diagonal)."""
+    if not cfg.causal:
+        return cfg.nk
+    return jnp.minimum(cfg.nk, ((i + 1) * cfg.bq - 1) // cfg.bk + 1)
+
+
+def _kv_full(cfg: _Config, i):
+    """Key blocks ``[0, full)`` that every query of block ``i`` sees without index masking."""
+    last = cfg.nk - 1 if cfg.kv_padded else cfg.nk  # a padded last key block is masked
+    if not cfg.causal:
+        return last
+    return jnp.minimum(last, (i * cfg.bq + 1) // cfg.bk)
+
+
+def _q_start(cfg: _Config, j):
+    """First query block that sees key block ``j`` (inverse of `_kv_end`)."""
+    return (j * cfg.bk) // cfg.bq if cfg.causal else 0
+
+
+def _q_full(cfg: _Config, j):
+    """Query blocks ``[full, nq)`` see all of key block ``j`` without index masking."""
+    if cfg.causal:
+        full = jnp.minimum(cfg.nq, -(-((j + 1) * cfg.bk - 1) // cfg.bq))
+    else:
+        full = jnp.asarray(0)
+    if cfg.kv_padded:
+        full = jnp.where(j == cfg.nk - 1, cfg.nq, full)
+    return full
+
+
+def _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask):
+    """Float32 block logits ``[b, h, bq, bk]`` and the bool validity mask (or None)."""
+    s = jnp.einsum("bhqd,bhkd->bhqk", q_i, k_j, preferred_element_type=_F32)
+    s = s * _F32(cfg.scale)
+    if bias_fn is not None:
+        s = s + bias_fn(qpos_i, kpos_j, *consts).astype(_F32)
+    valid = None
+    if mask is not None:
+        valid = mask
+        if cfg.mask_q:
+            valid = lax.dynamic_slice_in_dim(valid, i * cfg.bq, cfg.bq, axis=2)
+        if cfg.mask_k:
+            valid = lax.dynamic_slice_in_dim(valid, j * cfg.bk, cfg.bk, axis=3)
+    if index_mask:
+        k_idx = j * cfg.bk + lax.broadcasted_iota(jnp.int32, (1, 1, 1, cfg.bk), 3)
+        idx_valid = None
+        if cfg.causal:
+            q_idx = i * cfg.bq + lax.broadcasted_iota(jnp.int32, (1, 1, cfg.bq, 1), 2)
+            idx_valid = k_idx <= q_idx
+        if cfg.kv_padded:
+            in_range = k_idx < cfg.kv_len
+            idx_valid = in_range if idx_valid is None else idx_valid & in_range
+        if idx_valid is not None:
+            valid = idx_valid if valid is None else valid & idx_valid
+    if valid is not None:
+        s = jnp.where(valid, s, _F32(_MASKED_LOGIT))
+    return s, valid
+
+
+def _forward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts):
+    """Output ``[b, h, nq*bq, d]`` (v.dtype) and float32 log-sum-exp ``[b, h, nq*bq]``."""
+    b, h, _, d = q.shape
+    bq, bk = cfg.bq, cfg.bk
+
+    def query_block(i):
+        q_i = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2)
+        qpos_i = lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1)
+
+        def make_body(index_mask):
+            def body(j, carry):
+                m, denom, acc = carry
+                k_j = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+                v_j = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
+                kpos_j = lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1)
+                s, valid = _logits(
+                    cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask
+                )
+                m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+                correction = jnp.exp(m - m_new)
+                p = jnp.exp(s - m_new[..., None])
+                if valid is not None:
+                    p = jnp.where(valid, p, _F32(0.0))
+                denom = denom * correction + jnp.sum(p, axis=-1)
+                pv = jnp.einsum(
+                    "bhqk,bhkd->bhqd", p.astype(v.dtype), v_j, preferred_element_type=_F32
+                )
+                acc = acc * correction[..., None] + pv
+                return m_new, denom, acc
+
+            return body
+
+        init = (
+            jnp.full((b, h, bq), _MASKED_LOGIT, _F32),
+            jnp.zeros((b, h, bq), _F32),
+            jnp.zeros((b, h, bq, d), _F32),
+        )
+        full, end = _kv_full(cfg, i), _kv_end(cfg, i)
+        carry = lax.fori_loop(0, full, make_body(False), init)
+        m, denom, acc = lax.fori_loop(full, end, make_body(True), carry)
+        seen = denom > 0
+        l_safe = jnp.where(seen, denom, _F32(1.0))
+        out_i = (acc / l_safe[..., None]).astype(v.dtype)
+        lse_i = jnp.where(seen, m + jnp.log(l_safe), _F32(0.0))
+        return out_i, lse_i
+
+    out, lse = lax.map(query_block, jnp.arange(cfg.nq))  # [nq, b, h, bq, (d)]
+    out = jnp.moveaxis(out, 0, 2).reshape((b, h, cfg.nq * bq, d))
+    lse = jnp.moveaxis(lse, 0, 2).reshape((b, h, cfg.nq * bq))
+    return out, lse
+
+
+def _backward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse, g):
+    """FlashAttention-2 backward: key blocks outside, query blocks inside, dq accumulated."""
+    bq, bk = cfg.bq, cfg.bk
+    # D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's diagonal correction.
+    delta = jnp.sum(g.astype(_F32) * out.astype(_F32), axis=-1)
+    g = g.astype(v.dtype)
+
+    def key_block(j, carry):
+        dq, dconsts = carry
+        k_j = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+        v_j = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
+        kpos_j = lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1)
+
+        def make_body(index_mask):
+            def body(i, carry):
+                dk_j, dv_j, dq, dconsts = carry
+                q_i = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2)
+                g_i = lax.dynamic_slice_in_dim(g, i * bq, bq, axis=2)
+                lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=2)
+                delta_i = lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=2)
+                qpos_i = lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1)
+                s, valid = _logits(
+                    cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask
+                )
+                p = jnp.exp(s - lse_i[..., None])
+                if valid is not None:
+                    p = jnp.where(valid, p, _F32(0.0))
+                dv_j = dv_j + jnp.einsum(
+                    "bhqk,bhqd->bhkd", p.astype(g.dtype), g_i, preferred_element_type=_F32
+                )
+                dp = jnp.einsum("bhqd,bhkd->bhqk", g_i, v_j, preferred_element_type=_F32)
+                ds = p * (dp - delta_i[..., None])  # d loss / d logits (incl. the bias)
+                dk_j = dk_j + jnp.einsum(
+                    "bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=_F32
+                )
+                dq_i = jnp.einsum(
+                    "bhqk,bhkd->bhqd", ds.astype(k.dtype), k_j, preferred_element_type=_F32
+                )
+                dq = lax.dynamic_update_slice_in_dim(
+                    dq, lax.dynamic_slice_in_dim(dq, i * bq, bq, axis=2) + dq_i, i * bq, axis=2
+                )
+                if consts:
+                    _, bias_vjp = jax.vjp(
+                        lambda *c: bias_fn(qpos_i, kpos_j, *c).astype(_F32), *consts
+                    )
+                    grads = bias_vjp(_sum_to(ds, jax.eval_shape(bias_fn, qpos_i, kpos_j, *consts)))
+                    dconsts = tuple(a + gc for a, gc in zip(dconsts, grads, strict=True))
+                return dk_j, dv_j, dq, dconsts
+
+            return body
+
+        zeros = jnp.zeros(k_j.shape, _F32)
+        start, full = _q_start(cfg, j), _q_full(cfg, j)
+        carry = (zeros, zeros, dq, dconsts)
+        carry = lax.fori_loop(start, jnp.maximum(start, full), make_body(True), carry)
+        dk_j, dv_j, dq, dconsts = lax.fori_loop(
+            jnp.maximum(start, full), cfg.nq, make_body(False), carry
+        )
+        return dq, dconsts, dk_j * _F32(cfg.scale), dv_j
+
+    def scan_body(carry, j):
+        dq, dconsts, dk_j, dv_j = key_block(j, carry)
+        return (dq, dconsts), (dk_j, dv_j)
+
+    dq0 = jnp.zeros(q.shape, _F32)
+    dconsts0 = tuple(jnp.zeros_like(c) for c in consts)
+    (dq, dconsts), (dk, dv) = lax.scan(scan_body, (dq0, dconsts0), jnp.arange(cfg.nk))
+    dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape)
+    dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape)
+    dq = dq * _F32(cfg.scale)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dconsts
+
+
+def _sum_to(x: Array, target: jax.ShapeDtypeStruct) -> Array:
+    """Sum ``x`` over the axes where the bias broadcast (size 1 in ``target``)."""
+    axes = tuple(a for a, (n, t) in enumerate(zip(x.shape, target.shape, strict=True)) if t != n)
+    x = jnp.sum(x, axis=axes, keepdims=True) if axes else x
+    return x.astype(target.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention_vjp(static, q, k, v, qpos, kpos, mask, consts):
+    cfg, bias_fn = static
+    return _forward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts)[0]
+
+
+def _attention_fwd(static, q, k, v, qpos, kpos, mask, consts):
+    cfg, bias_fn = static
+    out, lse = _forward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts)
+    return out, (q, k, v, qpos, kpos, mask, consts, out, lse)
+
+
+def _attention_bwd(static, res, g):
+    cfg, bias_fn = static
+    q, k, v, qpos, kpos, mask, consts, out, lse = res
+    dq, dk, dv, dconsts = _backward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse, g)
+    return dq, dk, dv, None, None, None, dconsts
+
+
+_attention_vjp.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _attention(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts):
+    return _attention_vjp((cfg, bias_fn), q, k, v, qpos, kpos, mask, consts)
+
+
+# --------------------------------------------------------------------------- checks / helpers
+
+
+def _pad_axis(x: Array, axis: int, size: int, fill) -> Array:
+    extra = size - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    if fill == "edge":
+        return jnp.pad(x, widths, mode="edge")
+    return jnp.pad(x, widths, constant_values=fill)
+
+
+def _check_block(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+    return value
+
+
+def _check_broadcastable(name: str, shape, target) -> None:
+    if len(shape) != 4 or any(a not in (1, t) for a, t in zip(shape, target, strict=True)):
+        raise ValueError(
+            f"{name} has shape {tuple(shape)}, which does not broadcast to [batch, heads, "
+            f"q_len, kv_len] = {tuple(target)} (missing leading axes count as size 1)"
+        )
+
+
+def _check_inputs(q, k, v, q_positions, k_positions, mask) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if jnp.ndim(x) != 4:
+            raise ValueError(f"{name} must be [batch, length, heads, head_dim]; got {jnp.shape(x)}")
+    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or v.shape != k.shape:
+        raise ValueError(
+            f"q {q.shape}, k {k.shape}, v {v.shape}: q and k must agree on batch, heads and "
+            "head_dim, and v must have the shape of k ([batch, length, heads, head_dim])"
+        )
+    for name, pos, length in (
+        ("q_positions", q_positions, q.shape[1]),
+        ("k_positions", k_positions, k.shape[1]),
+    ):
+        shape = jnp.shape(pos)
+        if len(shape) != 2 or shape[1] != length or shape[0] not in (1, q.shape[0]):
+            raise ValueError(
+                f"{name} must be [batch or 1, {length}]; got shape {shape} for batch {q.shape[0]}"
+            )
+        if not jnp.issubdtype(jnp.result_type(pos), jnp.integer):
+            raise ValueError(f"{name} must be integers; got dtype {jnp.result_type(pos)}")
+    if mask is not None:
+        if jnp.result_type(mask) != jnp.bool_:
+            raise ValueError(
+                f"mask must be boolean (True = attend); got dtype {jnp.result_type(mask)}"
+            )
+        if jnp.ndim(mask) > 4:
+            raise ValueError(f"mask must have at most 4 axes; got shape {jnp.shape(mask)}")
