@@ -8,6 +8,7 @@ The pure core (`attention`, `positional`) imports no Flax: arrays in, arrays out
 ``[batch, length, heads, head_dim]`` layout and explicit int positions ``[batch, length]``.
 """
 
+from flaxformer_lite import encodings_extra  # noqa: F401  (registers xpos, t5, kerple_*, fire)
 from flaxformer_lite.attention import (
     attend,
     attention_weights,
@@ -20,9 +21,11 @@ from flaxformer_lite.config import ModelConfig
 from flaxformer_lite.encodings import (
     EncodingSpec,
     PositionalEncoding,
+    encoding_row_name,
     get_positional_encoding,
     positional_encoding_names,
     register,
+    rope_scaling_variant,
 )
 from flaxformer_lite.models import (
     Decoder,
@@ -35,6 +38,7 @@ from flaxformer_lite.positional import (
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    randomized_positions,
     relative_positions,
     sinusoidal,
 )
@@ -58,11 +62,14 @@ __all__ = [
     "causal_mask",
     "default_positions",
     "dot_product_attention",
+    "encoding_row_name",
     "get_positional_encoding",
     "mask_from_positions",
     "padding_mask",
     "positional_encoding_names",
+    "randomized_positions",
     "register",
     "relative_positions",
+    "rope_scaling_variant",
     "sinusoidal",
 ]

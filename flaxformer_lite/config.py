@@ -43,6 +43,19 @@ class ModelConfig:
     max_length: int = 2048  # rows of the learned table; positions must be < max_length
     rope_base: float = 10000.0  # RoPE frequency base; theta_i = base^(-2i/d)
     rope_layout: str = "half"  # RoPE pairing: "half" (i, i+d/2) or "interleaved" (2i, 2i+1)
+    rope_fraction: float = 1.0  # partial rotary: rotate the even dim count nearest f*head_dim
+    rope_scaling: str = "none"  # RoPE extension: "none", "pi", "ntk", "dynamic_ntk", "yarn"
+    rope_scale: float = 1.0  # s = L'/L >= 1 for pi / ntk / yarn; 1 for none and dynamic_ntk
+    rope_original_length: int | None = None  # training length L (yarn, dynamic_ntk)
+    yarn_alpha: float = 1.0  # YaRN ramp: pairs turning < alpha times over L are interpolated
+    yarn_beta: float = 32.0  # YaRN ramp: pairs turning > beta times over L are kept
+    xpos_scale_base: float = 512.0  # xPos: query pair i scaled by zeta_i^(n / xpos_scale_base)
+    t5_num_buckets: int = 32  # T5 bias: buckets (half per direction when bidirectional)
+    t5_max_distance: int = 128  # T5 bias: distances >= this share their side's last bucket
+    fire_mlp_width: int = 32  # FIRE: hidden width of the 2-layer MLP f_theta
+    fire_threshold_init: float = 512.0  # FIRE: initial threshold L of psi(max(L, i))
+    randomized_positions: bool = False  # engine draws sorted random positions (Ruoss et al.)
+    max_position: int = 2048  # randomized positions are drawn from [0, max_position)
     sinusoidal_base: float = 10000.0  # wavelength base of the sinusoidal encoding
     attention_impl: str = "xla"  # attention implementation, see attention.IMPLEMENTATIONS
     dtype: str = "float32"  # compute dtype of activations and matmuls
@@ -96,6 +109,7 @@ def _validate(cfg: ModelConfig) -> None:
         "num_heads",
         "d_ff",
         "max_length",
+        "max_position",
     ):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -122,5 +136,7 @@ def _validate(cfg: ModelConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 1.0:
             _fail(name, value, "must be a number > 1")
+    if not isinstance(cfg.randomized_positions, bool):
+        _fail("randomized_positions", cfg.randomized_positions, "must be a bool")
     spec = get_positional_encoding(cfg.positional)  # raises, listing the valid names
     spec.validate(cfg)

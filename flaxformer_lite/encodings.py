@@ -58,7 +58,12 @@ class PositionalEncoding(nnx.Module):
 
 
 class NoPositionalEncoding(PositionalEncoding):
-    """NoPE: no positional information at all (Kazemnejad et al. 2023, arXiv 2305.19466)."""
+    """NoPE: no positional information at all (Kazemnejad et al. 2023, arXiv 2305.19466).
+
+    Only meaningful with causal attention: the causal mask is what lets a token infer its
+    position (e.g. by counting the keys it sees). Without it self-attention is
+    permutation-equivariant, so a bidirectional Encoder with NoPE cannot tell word order.
+    """
 
     hook = "none"
 
@@ -120,7 +125,15 @@ class LearnedEncoding(PositionalEncoding):
 
 
 class RotaryEncoding(PositionalEncoding):
-    """RoPE (Su et al. 2021, arXiv 2104.09864): rotate q and k by ``position * theta_i``."""
+    """RoPE (Su et al. 2021, arXiv 2104.09864): rotate q and k by ``position * theta_i``.
+
+    Honours partial rotary (``rope_fraction``: only the first `positional.rotary_dim_for`
+    dimensions rotate) and context extension at evaluation time (``rope_scaling``: PI, NTK,
+    dynamic NTK, YaRN; see `positional.rope_scaled_inv_frequencies`). YaRN also multiplies
+    q and k (all head dimensions) by ``sqrt(1/t) = 0.1 ln(s) + 1``. RoPE has no parameters,
+    so a trained model is evaluated under a scaling by rebuilding it from
+    ``rope_scaling_variant(cfg, eval_length, scaling)`` with the same state.
+    """
 
     hook = "rotate"
 
@@ -128,12 +141,41 @@ class RotaryEncoding(PositionalEncoding):
         del rngs
         self.base = cfg.rope_base
         self.layout = cfg.rope_layout
+        self.rotary_dim = positional.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
+        self.scaling = cfg.rope_scaling
+        self.scale = cfg.rope_scale
+        self.original_length = cfg.rope_original_length
+        self.yarn_alpha = cfg.yarn_alpha
+        self.yarn_beta = cfg.yarn_beta
+        yarn = cfg.rope_scaling == "yarn"
+        self.attention_factor = positional.yarn_attention_factor(cfg.rope_scale) if yarn else 1.0
 
     def rotate(
         self, q: Array, k: Array, q_positions: Array, k_positions: Array
     ) -> tuple[Array, Array]:
-        q = positional.apply_rope(q, q_positions, base=self.base, layout=self.layout)
-        k = positional.apply_rope(k, k_positions, base=self.base, layout=self.layout)
+        inv_freq = positional.rope_scaled_inv_frequencies(
+            self.rotary_dim,
+            scaling=self.scaling,
+            scale=self.scale,
+            base=self.base,
+            original_length=self.original_length,
+            alpha=self.yarn_alpha,
+            beta=self.yarn_beta,
+            k_positions=k_positions,
+        )
+        for x, pos in ((q, q_positions), (k, k_positions)):
+            if positional.as_batched_positions(pos).shape[1] != x.shape[1]:
+                raise ValueError(f"positions shape {pos.shape} does not match x {x.shape}")
+        q = positional.apply_rotary(
+            q, positional.rope_angles(q_positions, inv_freq), layout=self.layout
+        )
+        k = positional.apply_rotary(
+            k, positional.rope_angles(k_positions, inv_freq), layout=self.layout
+        )
+        if self.attention_factor != 1.0:
+            factor = jnp.float32(self.attention_factor)
+            q = (q.astype(jnp.float32) * factor).astype(q.dtype)
+            k = (k.astype(jnp.float32) * factor).astype(k.dtype)
         return q, k
 
 
@@ -224,11 +266,121 @@ def _check_rope(cfg: ModelConfig) -> None:
             f"ModelConfig.rope_layout={cfg.rope_layout!r}: allowed values: "
             f"{list(positional.ROPE_LAYOUTS)}"
         )
-    if cfg.head_dim % 2:
+    f = cfg.rope_fraction
+    if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 < f <= 1.0:
+        raise ValueError(f"ModelConfig.rope_fraction={f!r}: must be a number in (0, 1]")
+    if cfg.head_dim % 2 and f == 1.0:
         raise ValueError(
-            f"ModelConfig.positional='rope' needs an even head_dim; d_model={cfg.d_model} / "
-            f"num_heads={cfg.num_heads} = {cfg.head_dim}"
+            f"ModelConfig.positional={cfg.positional!r} needs an even head_dim; d_model="
+            f"{cfg.d_model} / num_heads={cfg.num_heads} = {cfg.head_dim}"
         )
+    if cfg.head_dim < 2:
+        raise ValueError(
+            f"ModelConfig.positional={cfg.positional!r} needs head_dim >= 2; got {cfg.head_dim}"
+        )
+    _check_rope_scaling(cfg)
+
+
+def _check_rope_scaling(cfg: ModelConfig) -> None:
+    scaling, s, length = cfg.rope_scaling, cfg.rope_scale, cfg.rope_original_length
+    if scaling not in positional.ROPE_SCALINGS:
+        raise ValueError(
+            f"ModelConfig.rope_scaling={scaling!r}: allowed: {list(positional.ROPE_SCALINGS)}"
+        )
+    if isinstance(s, bool) or not isinstance(s, int | float) or not 1.0 <= s < float("inf"):
+        raise ValueError(f"ModelConfig.rope_scale={s!r}: must be a finite number >= 1")
+    if scaling in ("none", "dynamic_ntk") and s != 1.0:
+        raise ValueError(
+            f"ModelConfig.rope_scale={s!r}: must be 1.0 with rope_scaling={scaling!r} "
+            "(dynamic_ntk derives its scale from the current length)"
+        )
+    if length is not None and (
+        isinstance(length, bool) or not isinstance(length, int) or length <= 0
+    ):
+        raise ValueError(
+            f"ModelConfig.rope_original_length={length!r}: must be a positive int or None"
+        )
+    if scaling in ("yarn", "dynamic_ntk") and length is None:
+        raise ValueError(
+            f"ModelConfig.rope_original_length=None: rope_scaling={scaling!r} needs the "
+            "training length"
+        )
+    a, b = cfg.yarn_alpha, cfg.yarn_beta
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)) or not (
+        0.0 <= a < b
+    ):
+        raise ValueError(
+            f"ModelConfig.yarn_alpha={a!r}, yarn_beta={b!r}: need numbers with 0 <= alpha < beta"
+        )
+    rotary_dim = positional.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
+    if scaling in ("ntk", "dynamic_ntk") and rotary_dim <= 2:
+        raise ValueError(
+            f"ModelConfig.rope_scaling={scaling!r} needs more than 2 rotated dims; "
+            f"rope_fraction={cfg.rope_fraction} of head_dim={cfg.head_dim} rotates {rotary_dim}"
+        )
+
+
+def _check_learned(cfg: ModelConfig) -> None:
+    if cfg.randomized_positions and cfg.max_position > cfg.max_length:
+        raise ValueError(
+            f"ModelConfig.max_position={cfg.max_position}: with randomized_positions the "
+            f"learned table needs a row per position, so max_position must be <= "
+            f"max_length={cfg.max_length}"
+        )
+
+
+ROPE_VARIANT_FIELDS = (
+    "rope_base",
+    "rope_layout",
+    "rope_fraction",
+    "rope_scaling",
+    "rope_scale",
+    "rope_original_length",
+    "yarn_alpha",
+    "yarn_beta",
+)
+
+
+def rope_scaling_variant(
+    cfg: ModelConfig, eval_length: int, scaling: str | None = None
+) -> ModelConfig:
+    """The config that evaluates a RoPE model at ``eval_length`` under a context extension.
+
+    ``s = max(1, eval_length / cfg.rope_original_length)`` for ``"pi"``, ``"ntk"`` and
+    ``"yarn"``; ``"none"`` and ``"dynamic_ntk"`` keep ``rope_scale = 1`` (dynamic NTK takes
+    its scale from the positions it sees). ``scaling`` defaults to ``cfg.rope_scaling``.
+    RoPE has no parameters: build the model from the returned config and reuse the trained
+    state (``nnx.update``). Name the results row with `encoding_row_name`.
+    """
+    scaling = cfg.rope_scaling if scaling is None else scaling
+    if cfg.positional != "rope":
+        raise ValueError(
+            f"ModelConfig.positional={cfg.positional!r}: rope_scaling_variant needs 'rope'"
+        )
+    if scaling not in positional.ROPE_SCALINGS:
+        raise ValueError(
+            f"scaling={scaling!r} is not known; allowed: {list(positional.ROPE_SCALINGS)}"
+        )
+    if cfg.rope_original_length is None:
+        raise ValueError(
+            "ModelConfig.rope_original_length=None: set it to the training length to derive "
+            "the scale s = eval_length / rope_original_length"
+        )
+    if isinstance(eval_length, bool) or not isinstance(eval_length, int) or eval_length <= 0:
+        raise ValueError(f"eval_length={eval_length!r}: must be a positive int")
+    s = max(1.0, eval_length / cfg.rope_original_length)
+    if scaling in ("none", "dynamic_ntk"):
+        s = 1.0
+    return cfg.replace(rope_scaling=scaling, rope_scale=float(s))
+
+
+def encoding_row_name(cfg: ModelConfig) -> str:
+    """The encoding's name in results rows: ``cfg.positional``, plus ``"+<scaling>"`` for a
+    RoPE context extension (``"rope+pi"``, ``"rope+ntk"``, ``"rope+dynamic_ntk"``,
+    ``"rope+yarn"``). The exact variant is in ``EncodingSpec.variant(cfg)``."""
+    if cfg.positional == "rope" and cfg.rope_scaling != "none":
+        return f"rope+{cfg.rope_scaling}"
+    return cfg.positional
 
 
 register(EncodingSpec("none", "none", NoPositionalEncoding, summary="NoPE: no positions"))
@@ -247,6 +399,7 @@ register(
         "add",
         LearnedEncoding,
         variant_fields=("max_length",),
+        check=_check_learned,
         summary="trained absolute table added to the embeddings",
     )
 )
@@ -255,7 +408,7 @@ register(
         "rope",
         "rotate",
         RotaryEncoding,
-        variant_fields=("rope_base", "rope_layout"),
+        variant_fields=ROPE_VARIANT_FIELDS,
         check=_check_rope,
         summary="rotary embedding of queries and keys (Su et al. 2021)",
     )

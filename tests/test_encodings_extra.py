@@ -1,0 +1,572 @@
+"""Issue 6 encodings: NoPE, T5 bias, xPos, KERPLE, FIRE, randomized positions, partial rotary
+and RoPE context extension (PI, NTK, dynamic NTK, YaRN).
+
+Every test compares against an independent computation written here (numpy formula or a
+hand-worked case) or an invariant the paper states.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import flaxformer_lite as fl
+from flaxformer_lite import encodings, encodings_extra, positional
+
+NEW_ENCODINGS = ("xpos", "t5", "kerple_log", "kerple_power", "fire")
+
+
+def tiny_cfg(positional_name: str, **kw) -> fl.ModelConfig:
+    base = dict(
+        vocab_size=13,
+        d_model=16,
+        num_heads=2,
+        d_ff=16,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dropout_rate=0.0,
+        positional=positional_name,
+        max_length=64,
+    )
+    return fl.ModelConfig(**(base | kw))
+
+
+def build(cfg: fl.ModelConfig, seed: int = 0):
+    return fl.get_positional_encoding(cfg.positional).build(cfg, rngs=nnx.Rngs(seed))
+
+
+def logits_of(q, k):
+    return np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), np.asarray(k, np.float64))
+
+
+# --------------------------------------------------------------------------------- NoPE
+
+
+def test_nope_docstring_says_causal_only():
+    doc = fl.get_positional_encoding("none").factory.__doc__
+    assert "causal" in doc and "permutation" in doc
+
+
+# ---------------------------------------------------------------------------- T5 buckets
+
+
+def np_t5_bucket(q_minus_k, bidirectional, num_buckets, max_distance):
+    """T5's algorithm in T5's own sign convention (memory - query), float64."""
+    rp = -np.asarray(q_minus_k, np.int64)  # memory_position - query_position
+    n = -rp
+    ret = np.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(np.int64) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    safe_n = np.maximum(n, max_exact)  # the log branch is only used for n >= max_exact
+    x = np.log(safe_n / max_exact) / np.log(max_distance / max_exact) * (num_buckets - max_exact)
+    large = max_exact + np.floor(x + 1e-9).astype(np.int64)  # tolerance: exact boundaries
+    large = np.minimum(large, num_buckets - 1)
+    return ret + np.where(n < max_exact, n, large)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (10, 20), (8, 100)])
+def test_t5_buckets_match_numpy_reference(bidirectional, num_buckets, max_distance):
+    rel = np.arange(-400, 401)
+    got = positional.t5_relative_position_bucket(
+        jnp.asarray(rel),
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+    )
+    want = np_t5_bucket(rel, bidirectional, num_buckets, max_distance)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert got.dtype == jnp.int32
+    assert int(got.min()) >= 0 and int(got.max()) == num_buckets - 1
+
+
+def test_t5_buckets_hand_worked():
+    # Bidirectional, 32 buckets: 16 per side, exact below 8, then 8 + floor(2 log2(n / 8)).
+    rel = [0, 1, 7, 8, 11, 12, 16, 22, 23, 90, 91, 127, 128, 5000, -1, -7, -16, -1000]
+    bi = [0, 1, 7, 8, 8, 9, 10, 10, 11, 14, 15, 15, 15, 15, 17, 23, 26, 31]
+    # Causal, 32 buckets: exact below 16, then 16 + floor(16/3 log2(n / 16)); future -> 0.
+    causal = [0, 1, 7, 8, 11, 12, 16, 18, 18, 29, 29, 31, 31, 31, 0, 0, 0, 0]
+    kw = dict(num_buckets=32, max_distance=128)
+    got_bi = positional.t5_relative_position_bucket(jnp.array(rel), bidirectional=True, **kw)
+    got_c = positional.t5_relative_position_bucket(jnp.array(rel), bidirectional=False, **kw)
+    assert got_bi.tolist() == bi
+    assert got_c.tolist() == causal
+
+
+def test_t5_module_bias_reads_table_with_our_sign_convention():
+    cfg = tiny_cfg("t5", t5_num_buckets=8, t5_max_distance=16)
+    pe = build(cfg)
+    table = np.arange(16, dtype=np.float32).reshape(8, 2)  # bucket b, head h -> 2b + h
+    pe.table[...] = jnp.asarray(table)
+    pos = jnp.array([[0, 1, 2, 3, 9]])
+    bias_c = np.asarray(pe.bias(pos, pos, causal=True))
+    bias_b = np.asarray(pe.bias(pos, pos, causal=False))
+    assert bias_c.shape == (1, 2, 5, 5)
+    # query at 9, key at 0: q - k = 9 (past). Causal: 8 buckets, exact below 4,
+    # 4 + floor(log(9/4) / log(4) * 4) = 4 + 2 = 6. Bidirectional: 4 per side, exact below
+    # 2, 2 + floor(log(9/2) / log(8) * 2) = 2 + 1 = 3.
+    assert bias_c[0, 1, 4, 0] == 2 * 6 + 1
+    assert bias_b[0, 1, 4, 0] == 2 * 3 + 1
+    # query at 1, key at 3: q - k = -2 (future). Causal: bucket 0; bidirectional:
+    # 4 + (2 + floor(log(2/2)...)) = 4 + 2 = 6.
+    assert bias_c[0, 0, 1, 3] == 0
+    assert bias_b[0, 0, 1, 3] == 2 * 6
+    # Diagonal (distance 0) is bucket 0 in both.
+    np.testing.assert_array_equal(np.diagonal(bias_b[0, 1]), np.ones(5))
+
+
+def test_t5_config_validation():
+    with pytest.raises(ValueError, match="t5_num_buckets=5"):
+        tiny_cfg("t5", t5_num_buckets=5)
+    with pytest.raises(ValueError, match="t5_max_distance=8"):
+        tiny_cfg("t5", t5_num_buckets=16, t5_max_distance=8)
+
+
+# ------------------------------------------------------------------------------------ xPos
+
+
+def np_rope_half(x, pos, base=10000.0):
+    """Rotate-half RoPE in numpy: x [b, l, h, d], pos [b, l]."""
+    d = x.shape[-1]
+    theta = base ** (-2.0 * np.arange(d // 2) / d)
+    ang = pos[:, :, None, None] * theta
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate(
+        [x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)], -1
+    )
+
+
+def test_xpos_matches_numpy_reference():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 4, 2, 8)).astype(np.float32)
+    pos = np.array([[0, 5, 100, 700]])
+    d = 8
+    zeta = (np.arange(0, d, 2) + 0.4 * d) / (1.4 * d)  # torchscale's scale buffer
+    for inverse, sign in ((False, 1.0), (True, -1.0)):
+        got = positional.apply_xpos(jnp.asarray(x), jnp.asarray(pos), center=0, inverse=inverse)
+        scale = zeta[None, None, :] ** (sign * pos[:, :, None] / 512.0)
+        scale = np.concatenate([scale, scale], -1)[:, :, None, :]
+        want = np_rope_half(x.astype(np.float64), pos) * scale
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [None, 4])
+def test_xpos_without_decay_is_rope_exactly(layout, rotary_dim):
+    x = jax.random.normal(jax.random.key(1), (2, 5, 2, 8))
+    pos = jnp.array([[0, 1, 2, 3, 4], [7, 30, 31, 200, 900]])
+    got = positional.apply_xpos(
+        x, pos, center=3, scale_base=math.inf, layout=layout, rotary_dim=rotary_dim
+    )
+    want = positional.apply_rope(x, pos, layout=layout, rotary_dim=rotary_dim)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_xpos_logits_are_relative_and_decay():
+    cfg = tiny_cfg("xpos", num_heads=1)
+    pe = build(cfg)
+    q = jax.random.normal(jax.random.key(2), (1, 6, 1, 16))
+    k = jax.random.normal(jax.random.key(3), (1, 6, 1, 16))
+    pos = jnp.array([[0, 1, 2, 5, 9, 20]])
+    ref = logits_of(*pe.rotate(q, k, pos, pos))
+    shifted = logits_of(*pe.rotate(q, k, pos + 1000, pos + 1000))
+    np.testing.assert_allclose(shifted, ref, rtol=1e-3, atol=2e-3)
+    # The centre cancels: an explicit centre of 0 gives the same logits.
+    q0 = positional.apply_xpos(q, pos, center=0)
+    k0 = positional.apply_xpos(k, pos, center=0, inverse=True)
+    np.testing.assert_allclose(logits_of(q0, k0), ref, rtol=1e-4, atol=1e-4)
+    # Against plain RoPE, each pair's contribution is damped by zeta_i^((n - m)/512).
+    qr, kr = positional.apply_rope(q, pos), positional.apply_rope(k, pos)
+    zeta = np.asarray(positional.xpos_zeta(16), np.float64)
+    qr, kr = np.asarray(qr, np.float64), np.asarray(kr, np.float64)
+    p = np.asarray(pos[0], np.float64)
+    per_pair = qr[0, :, 0, None, :] * kr[0, None, :, 0, :]  # [q, k, d]
+    damp = zeta[None, None, :] ** ((p[:, None, None] - p[None, :, None]) / 512.0)
+    want = (per_pair * np.concatenate([damp, damp], -1)).sum(-1)
+    np.testing.assert_allclose(ref[0, 0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_xpos_is_causal_only():
+    cfg = tiny_cfg("xpos")
+    assert fl.get_positional_encoding("xpos").causal_only
+    with pytest.raises(ValueError, match="only for causal"):
+        fl.Encoder(cfg, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="rope_scaling"):
+        tiny_cfg("xpos", rope_scaling="pi", rope_scale=2.0)
+    with pytest.raises(ValueError, match="xpos_scale_base=0"):
+        tiny_cfg("xpos", xpos_scale_base=0)
+
+
+# ---------------------------------------------------------------------------------- KERPLE
+
+
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_power"])
+def test_kerple_matches_numpy_and_depends_only_on_distance(name):
+    pe = build(tiny_cfg(name, num_heads=4))
+    r1 = np.asarray(pe.r1[...], np.float64)
+    r2 = np.asarray(pe.r2[...], np.float64)
+    assert np.all(r1 >= np.float32(0.01)) and np.all(r2 >= np.float32(0.01))
+    if name == "kerple_power":
+        assert np.all(r2 <= 2.0)
+    pos = np.array([[0, 3, 4, 10, 250]])
+    got = np.asarray(pe.bias(jnp.asarray(pos), jnp.asarray(pos), causal=True))
+    d = np.abs(pos[0][:, None] - pos[0][None, :]).astype(np.float64)
+    if name == "kerple_log":
+        want = -r1[:, None, None] * np.log(1 + r2[:, None, None] * d)
+    else:
+        want = -r1[:, None, None] * d ** r2[:, None, None]
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    shifted = pe.bias(jnp.asarray(pos + 777), jnp.asarray(pos + 777), causal=True)
+    np.testing.assert_array_equal(np.asarray(shifted), got)
+    bidi = np.asarray(pe.bias(jnp.asarray(pos), jnp.asarray(pos), causal=False))
+    np.testing.assert_array_equal(bidi[0], np.swapaxes(bidi[0], -1, -2))
+
+
+def test_kerple_clamps_with_straight_through_gradient():
+    pe = build(tiny_cfg("kerple_power", num_heads=2))
+    pe.r1[...] = jnp.array([-1.0, 0.5])
+    pe.r2[...] = jnp.array([5.0, 0.001])
+    r1, r2 = pe.coefficients()
+    np.testing.assert_allclose(np.asarray(r1), [0.01, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(r2), [2.0, 0.01], rtol=1e-6)
+    pos = jnp.arange(5)[None]
+
+    def loss(model):
+        return model.bias(pos, pos, causal=True).sum()
+
+    grads = nnx.grad(loss)(pe)
+    g1, g2 = np.asarray(grads.r1[...]), np.asarray(grads.r2[...])
+    assert np.all(np.isfinite(g1)) and np.all(np.isfinite(g2))  # 0^r2 at distance 0
+    assert np.all(g1 != 0) and np.all(g2 != 0)  # outside the box, still a gradient
+
+
+# ------------------------------------------------------------------------------------ FIRE
+
+
+def np_fire(pe, qp, kp):
+    w1, b1 = np.asarray(pe.w1[...], np.float64), np.asarray(pe.b1[...], np.float64)
+    w2, b2 = np.asarray(pe.w2[...], np.float64), np.asarray(pe.b2[...], np.float64)
+    c = abs(float(pe.c[...]))
+    big_l = abs(float(pe.threshold_scale[...])) * pe.threshold_init
+    psi = lambda x: np.log(c * x + 1.0)
+    i = qp[:, None].astype(np.float64)
+    u = psi(np.abs(qp[:, None] - kp[None, :])) / (psi(np.maximum(big_l, i)) + 1e-6)
+    hidden = np.maximum(u[..., None] * w1[0] + b1, 0.0)  # [q, k, width]
+    return np.moveaxis(hidden @ w2 + b2, -1, 0), u  # [heads, q, k]
+
+
+def test_fire_matches_numpy_reference_and_normalises_by_query_position():
+    cfg = tiny_cfg("fire", num_heads=2, fire_mlp_width=8, fire_threshold_init=6.0)
+    pe = build(cfg)
+    pe.c[...] = jnp.asarray(0.7)
+    pe.threshold_scale[...] = jnp.asarray(-1.0)  # L = |l| * 6 = 6
+    pos = np.array([0, 2, 4, 6, 10, 14, 40])
+    got = np.asarray(pe.bias(jnp.asarray(pos)[None], jnp.asarray(pos)[None], causal=True))
+    want, u = np_fire(pe, pos, pos)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    got_u = np.asarray(pe.normalized_distance(jnp.asarray(pos)[None], jnp.asarray(pos)[None]))
+    np.testing.assert_allclose(got_u[0], u, rtol=1e-5)
+    # Same distance 4 everywhere below. Queries 4 and 6 are <= L = 6: both normalised by
+    # psi(6), same value; queries 10 and 14 are normalised by psi(10) and psi(14).
+    assert got_u[0, 2, 0] == pytest.approx(got_u[0, 3, 1], rel=1e-6)
+    psi = lambda x: math.log(0.7 * x + 1)
+    assert got_u[0, 2, 0] == pytest.approx(psi(4) / psi(6), rel=1e-5)
+    assert got_u[0, 4, 3] == pytest.approx(psi(4) / psi(10), rel=1e-5)
+    assert got_u[0, 5, 4] == pytest.approx(psi(4) / psi(14), rel=1e-5)
+    # Bidirectional uses |i - j|: symmetric where both positions are below L.
+    bidi = np.asarray(pe.bias(jnp.asarray(pos)[None], jnp.asarray(pos)[None], causal=False))
+    np.testing.assert_allclose(bidi[0, :, :4, :4], np.swapaxes(bidi[0, :, :4, :4], -1, -2))
+
+
+def test_fire_initial_parameters():
+    pe = build(tiny_cfg("fire"))
+    assert float(pe.c[...]) == pytest.approx(0.1)
+    assert float(pe.threshold()) == pytest.approx(512.0)
+    assert pe.w1[...].shape == (1, 32) and pe.w2[...].shape == (32, 2)
+    assert pe.w2.get_metadata()["logical_axes"] == ("fire_mlp", "heads")
+    with pytest.raises(ValueError, match="fire_mlp_width=0"):
+        tiny_cfg("fire", fire_mlp_width=0)
+
+
+# ------------------------------------------------------------------- randomized positions
+
+
+def test_randomized_positions_sorted_unique_in_range_and_deterministic():
+    key = jax.random.key(7)
+    p = np.asarray(positional.randomized_positions(key, 64, 10, max_position=50))
+    assert p.shape == (64, 10) and p.dtype == np.int32
+    assert np.all(np.diff(p, axis=1) > 0)  # sorted and unique
+    assert p.min() >= 0 and p.max() < 50
+    again = np.asarray(positional.randomized_positions(key, 64, 10, max_position=50))
+    np.testing.assert_array_equal(p, again)
+    other = np.asarray(positional.randomized_positions(jax.random.key(8), 64, 10, max_position=50))
+    assert not np.array_equal(p, other)
+    assert len({tuple(row) for row in p}) > 60  # rows are drawn independently
+    full = positional.randomized_positions(key, 2, 12, max_position=12)
+    np.testing.assert_array_equal(np.asarray(full), np.tile(np.arange(12), (2, 1)))
+
+
+def test_randomized_positions_are_uniform_subsets():
+    p = np.asarray(positional.randomized_positions(jax.random.key(0), 4000, 4, max_position=16))
+    counts = np.bincount(p.ravel(), minlength=16) / 4000  # each value in a row w.p. 4/16
+    np.testing.assert_allclose(counts, 0.25, atol=0.03)
+    with pytest.raises(ValueError, match="max_position"):
+        positional.randomized_positions(jax.random.key(0), 1, 5, max_position=4)
+
+
+def test_randomized_positions_config_fields():
+    cfg = tiny_cfg("rope", randomized_positions=True, max_position=4096)
+    assert cfg.max_position == 4096
+    with pytest.raises(ValueError, match="max_position=0"):
+        tiny_cfg("rope", max_position=0)
+    with pytest.raises(ValueError, match="randomized_positions='yes'"):
+        tiny_cfg("rope", randomized_positions="yes")
+    with pytest.raises(ValueError, match=r"max_position=128.*max_length=64"):
+        tiny_cfg("learned", randomized_positions=True, max_position=128)
+    tiny_cfg("learned", randomized_positions=True, max_position=64)
+
+
+# ----------------------------------------------------------------- partial rotary (rope)
+
+
+def test_rotary_dim_for_rounding():
+    assert positional.rotary_dim_for(64, 0.25) == 16
+    assert positional.rotary_dim_for(64, 0.5) == 32
+    assert positional.rotary_dim_for(6, 0.5) == 4  # 3 -> nearest even, halves round up
+    assert positional.rotary_dim_for(10, 0.3) == 4  # 3 -> 4
+    assert positional.rotary_dim_for(8, 0.1) == 2  # at least one pair
+    assert positional.rotary_dim_for(5, 1.0) == 4  # never more than head_dim
+    with pytest.raises(ValueError, match="fraction"):
+        positional.rotary_dim_for(8, 0.0)
+
+
+def test_partial_rotary_rotates_only_the_first_dims():
+    cfg = tiny_cfg("rope", d_model=32, num_heads=2, rope_fraction=0.25)  # head_dim 16 -> 4
+    pe = build(cfg)
+    assert pe.rotary_dim == 4
+    q = jax.random.normal(jax.random.key(0), (1, 5, 2, 16))
+    pos = jnp.array([[0, 3, 9, 27, 81]])
+    q_rot, _ = pe.rotate(q, q, pos, pos)
+    np.testing.assert_array_equal(np.asarray(q_rot[..., 4:]), np.asarray(q[..., 4:]))
+    want = np_rope_half(np.asarray(q[..., :4], np.float64), np.asarray(pos))
+    np.testing.assert_allclose(np.asarray(q_rot[..., :4]), want, rtol=1e-5, atol=1e-5)
+    spec = fl.get_positional_encoding("rope")
+    variant = spec.variant(cfg)
+    assert variant["rope_fraction"] == 0.25 and variant["rope_scaling"] == "none"
+    with pytest.raises(ValueError, match=r"rope_fraction=1\.5"):
+        tiny_cfg("rope", rope_fraction=1.5)
+
+
+# -------------------------------------------------------------- RoPE context extension
+
+
+@pytest.mark.parametrize("scaling", ["pi", "ntk", "yarn", "dynamic_ntk"])
+def test_scalings_at_scale_one_equal_plain_rope_exactly(scaling):
+    plain = build(tiny_cfg("rope"))
+    scaled = build(tiny_cfg("rope", rope_scaling=scaling, rope_original_length=16))
+    q = jax.random.normal(jax.random.key(0), (2, 8, 2, 8))
+    k = jax.random.normal(jax.random.key(1), (2, 8, 2, 8))
+    pos = jnp.array([[0, 1, 2, 3, 4, 5, 6, 7], [3, 4, 5, 6, 7, 8, 9, 15]])  # max+1 <= 16
+    for a, b in zip(plain.rotate(q, k, pos, pos), scaled.rotate(q, k, pos, pos), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if scaling != "dynamic_ntk":
+        freqs = positional.rope_scaled_inv_frequencies(
+            8, scaling=scaling, scale=1.0, original_length=16
+        )
+        np.testing.assert_array_equal(
+            np.asarray(freqs), np.asarray(positional.rope_inv_frequencies(8))
+        )
+
+
+def test_pi_interpolates_positions():
+    x = jax.random.normal(jax.random.key(0), (1, 4, 1, 8))
+    inv = positional.rope_scaled_inv_frequencies(8, scaling="pi", scale=4.0)
+    got = positional.apply_rotary(x, positional.rope_angles(jnp.array([[0, 4, 8, 40]]), inv))
+    want = positional.apply_rope(x, jnp.array([[0, 1, 2, 10]]))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_ntk_base_formula():
+    d, s, b = 16, 4.0, 10000.0
+    assert positional.ntk_scaled_base(b, s, d) == pytest.approx(b * s ** (d / (d - 2)), rel=1e-12)
+    got = np.asarray(positional.rope_scaled_inv_frequencies(d, scaling="ntk", scale=s))
+    theta = b ** (-2.0 * np.arange(d // 2) / d)
+    want = (b * s ** (d / (d - 2))) ** (-2.0 * np.arange(d // 2) / d)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert got[0] == pytest.approx(theta[0])  # the highest frequency is kept
+    assert got[-1] == pytest.approx(theta[-1] / s, rel=1e-6)  # the lowest is interpolated by s
+
+
+def test_yarn_blend_matches_numpy_reference_at_chosen_dims():
+    d, s, big_l, b = 64, 4.0, 512, 10000.0
+    got = np.asarray(
+        positional.rope_scaled_inv_frequencies(
+            d, scaling="yarn", scale=s, original_length=big_l, alpha=1.0, beta=32.0
+        )
+    )
+    dims = np.array([0, 3, 5, 10, 15, 20, 31])
+    theta = b ** (-2.0 * dims / d)
+    r = big_l / (2 * math.pi / theta)  # L / wavelength
+    gamma = np.clip((r - 1.0) / (32.0 - 1.0), 0.0, 1.0)
+    assert gamma.max() == 1.0 and gamma.min() == 0.0 and np.any((gamma > 0) & (gamma < 1))
+    want = (1 - gamma) * theta / s + gamma * theta
+    np.testing.assert_allclose(got[dims], want, rtol=1e-6)
+    # Hand-worked, pair 10: theta = 10^-1.25 = 0.056234, r = 512 theta / 2 pi = 4.5824,
+    # gamma = 3.5824 / 31 = 0.11556, theta' = 0.88444 theta / 4 + 0.11556 theta = 0.018932.
+    assert got[10] == pytest.approx(0.018932, rel=1e-4)
+
+
+def test_yarn_module_applies_temperature_to_q_and_k():
+    cfg = tiny_cfg("rope", rope_scaling="yarn", rope_scale=4.0, rope_original_length=16)
+    pe = build(cfg)
+    assert pe.attention_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
+    q = jax.random.normal(jax.random.key(0), (1, 5, 2, 8))
+    pos = jnp.arange(5)[None]
+    qs, ks = pe.rotate(q, q, pos, pos)
+    inv = positional.yarn_inv_frequencies(8, scale=4.0, original_length=16)
+    want = positional.apply_rotary(q, positional.rope_angles(pos, inv)) * pe.attention_factor
+    np.testing.assert_allclose(np.asarray(qs), np.asarray(want), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(ks), np.asarray(want), rtol=1e-6)
+
+
+def test_dynamic_ntk_scale_follows_each_rows_length():
+    pos = jnp.array([[0, 1, 2, 3, 4, 5, 6, 7], [0, 4, 8, 12, 16, 20, 24, 31]])
+    got = np.asarray(positional.dynamic_ntk_inv_frequencies(pos, 8, original_length=8))
+    np.testing.assert_array_equal(got[0], np.asarray(positional.rope_inv_frequencies(8)))
+    want = np.asarray(
+        positional.rope_inv_frequencies(8, base=positional.ntk_scaled_base(1e4, 4.0, 8))
+    )
+    np.testing.assert_allclose(got[1], want, rtol=1e-5)  # s = 32 / 8 = 4
+
+
+def test_rope_scaling_variant_and_row_names():
+    cfg = tiny_cfg("rope", rope_original_length=8)
+    for scaling, scale in (("pi", 4.0), ("ntk", 4.0), ("yarn", 4.0), ("dynamic_ntk", 1.0)):
+        v = fl.rope_scaling_variant(cfg, 32, scaling)
+        assert (v.rope_scaling, v.rope_scale) == (scaling, scale)
+        assert fl.encoding_row_name(v) == f"rope+{scaling}"
+        assert fl.get_positional_encoding("rope").variant(v)["rope_scale"] == scale
+    assert fl.rope_scaling_variant(cfg, 4, "yarn").rope_scale == 1.0  # never below 1
+    assert fl.encoding_row_name(cfg) == "rope"
+    with pytest.raises(ValueError, match="rope_original_length=None"):
+        fl.rope_scaling_variant(tiny_cfg("rope"), 32, "pi")
+    with pytest.raises(ValueError, match="positional='alibi'"):
+        fl.rope_scaling_variant(tiny_cfg("alibi", rope_original_length=8), 32, "pi")
+
+
+def test_rope_scaling_config_validation():
+    with pytest.raises(ValueError, match="rope_scaling='linear'"):
+        tiny_cfg("rope", rope_scaling="linear")
+    with pytest.raises(ValueError, match=r"rope_scale=0\.5"):
+        tiny_cfg("rope", rope_scaling="pi", rope_scale=0.5)
+    with pytest.raises(ValueError, match=r"rope_scale=2\.0"):
+        tiny_cfg("rope", rope_scale=2.0)  # with rope_scaling="none"
+    with pytest.raises(ValueError, match="rope_original_length=None"):
+        tiny_cfg("rope", rope_scaling="yarn", rope_scale=2.0)
+    with pytest.raises(ValueError, match="yarn_alpha=4"):
+        tiny_cfg("rope", yarn_alpha=4, yarn_beta=2)
+
+
+def test_scaled_rope_model_reuses_trained_state():
+    cfg = tiny_cfg("rope", rope_original_length=8)
+    model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    state = nnx.state(model)
+    tokens = jnp.arange(16)[None] % 13
+
+    def run(c, length):
+        m = fl.DecoderOnlyLM(c, rngs=nnx.Rngs(1))
+        nnx.update(m, state)
+        t = tokens[:, :length]
+        return np.asarray(nnx.jit(lambda m, t: m(t, fl.default_positions(t)))(m, t))
+
+    plain16 = run(cfg, 16)
+    np.testing.assert_array_equal(run(fl.rope_scaling_variant(cfg, 8, "yarn"), 8), plain16[:, :8])
+    assert not np.allclose(run(fl.rope_scaling_variant(cfg, 16, "pi"), 16), plain16, atol=1e-4)
+
+
+# ------------------------------------------------------------------------- in the models
+
+
+@pytest.mark.parametrize(
+    "name,extra",
+    [(n, {}) for n in NEW_ENCODINGS]
+    + [
+        ("rope", dict(rope_fraction=0.5)),
+        ("rope", dict(rope_scaling="pi", rope_scale=2.0)),
+        ("rope", dict(rope_scaling="ntk", rope_scale=2.0)),
+        ("rope", dict(rope_scaling="dynamic_ntk", rope_original_length=4)),
+        ("rope", dict(rope_scaling="yarn", rope_scale=2.0, rope_original_length=4)),
+    ],
+)
+def test_decoder_only_lm_jit_causal_with_randomized_positions(name, extra):
+    cfg = tiny_cfg(name, **extra)
+    model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 13)
+    pos = positional.randomized_positions(jax.random.key(1), 2, 8, max_position=64)
+
+    @nnx.jit
+    def loss_and_logits(m, t, p):
+        def loss(m):
+            logits = m(t, p)
+            return jnp.mean(logits**2), logits
+
+        (value, logits), grads = nnx.value_and_grad(loss, has_aux=True)(m)
+        return value, logits, grads
+
+    _, logits, grads = loss_and_logits(model, tokens, pos)
+    assert logits.shape == (2, 8, 13) and bool(jnp.isfinite(logits).all())
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+    pe_grads = jax.tree.leaves(grads["decoder"]["pe"]) if name in NEW_ENCODINGS[1:] else []
+    assert all(float(jnp.abs(g).sum()) > 0 for g in pe_grads)
+    changed = tokens.at[:, 5:].set((tokens[:, 5:] + 1) % 13)
+    _, logits2, _ = loss_and_logits(model, changed, pos)
+    np.testing.assert_allclose(np.asarray(logits2[:, :5]), np.asarray(logits[:, :5]), atol=1e-5)
+    assert not np.allclose(np.asarray(logits2[:, 5:]), np.asarray(logits[:, 5:]))
+    # Positions matter: the same tokens at other positions give other logits.
+    _, logits3, _ = loss_and_logits(model, tokens, pos + 3 * jnp.arange(8)[None])
+    assert not np.allclose(np.asarray(logits3[:, 1:]), np.asarray(logits[:, 1:]), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple_log", "fire"])
+def test_bias_encodings_run_bidirectionally_in_encoder_decoder(name):
+    model = fl.EncoderDecoder(tiny_cfg(name), rngs=nnx.Rngs(0))
+    src = jnp.arange(10).reshape(2, 5) % 13
+    tgt = jnp.arange(8).reshape(2, 4) % 13
+    run = nnx.jit(
+        lambda m, s, t: m(
+            s, t, src_positions=fl.default_positions(s), tgt_positions=fl.default_positions(t)
+        )
+    )
+    out = run(model, src, tgt)
+    assert out.shape == (2, 4, 13) and bool(jnp.isfinite(out).all())
+
+
+def test_registry_entries():
+    names = fl.positional_encoding_names()
+    for name in NEW_ENCODINGS:
+        assert name in names
+    hooks = {n: fl.get_positional_encoding(n).hook for n in NEW_ENCODINGS}
+    assert hooks == {
+        "xpos": "rotate",
+        "t5": "bias",
+        "kerple_log": "bias",
+        "kerple_power": "bias",
+        "fire": "bias",
+    }
+    assert isinstance(build(tiny_cfg("kerple_power")), encodings_extra.KerpleBias)
+    assert fl.get_positional_encoding("t5").variant(tiny_cfg("t5")) == {
+        "positional": "t5",
+        "t5_num_buckets": 32,
+        "t5_max_distance": 128,
+    }
+    assert set(encodings.ROPE_VARIANT_FIELDS) <= set(
+        fl.get_positional_encoding("rope").variant_fields
+    )
