@@ -1,0 +1,53 @@
+"""Write the tables, plots and REPORT.md of one or more study directories, from their rows alone.
+
+    python scripts/make_report.py runs/quick
+    python scripts/make_report.py runs/cpu runs/tpu --out=reports/merged
+
+Rows of several run dirs (their ``results.jsonl``) are merged: exact duplicates are dropped,
+distinct measurements kept. A corrupted line is reported with its file and line number and
+skipped. The report goes into ``--out`` (default: the first RUN_DIR); the script prints the
+path of REPORT.md and the Markdown bits-per-byte table(s).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+from flaxformer_lite.experiments import report, results
+
+_OUT = flags.DEFINE_string("out", None, "report directory (default: the first RUN_DIR)")
+_TITLE = flags.DEFINE_string("title", None, "the report's heading (default: studies and presets)")
+
+
+def main(argv: list[str]) -> None:
+    run_dirs = argv[1:]
+    if not run_dirs:
+        raise app.UsageError("usage: make_report.py RUN_DIR [RUN_DIR ...] [--out=DIR]")
+    try:
+        rows, problems = results.load_rows(run_dirs, return_problems=True, warn=False)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if not rows:
+        print(
+            f"error: no results rows in {', '.join(run_dirs)} "
+            "(has the study finished a cell? see results.jsonl)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    out = _OUT.value or run_dirs[0]
+    path = report.write_report(rows, out, problems=problems, title=_TITLE.value)
+    print(f"report: {path}")
+    tables = report.build_tables(rows)
+    shown = [t for t in tables if t.metric == "bits_per_byte"] or tables[:1]
+    for table in shown:
+        print()
+        print(report.render_markdown(table), end="")
+
+
+if __name__ == "__main__":
+    app.run(main)
