@@ -105,6 +105,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     )
     PRESETS[preset](c)
     c.model.max_length = c.data.train_length * max(c.eval.length_multiples)
+    c.model.rope_original_length = c.data.train_length  # L, for RoPE scaling at evaluation
     return c
 
 

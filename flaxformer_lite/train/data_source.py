@@ -63,7 +63,7 @@ class _Source:
             if scaling is not None:
                 from flaxformer_lite.encodings import rope_scaling_variant
 
-                cfg = rope_scaling_variant(cfg.replace(rope_scaling=scaling), length)
+                cfg = rope_scaling_variant(cfg, length, scaling)
             return cfg
 
         return fn

@@ -18,6 +18,7 @@ uninterrupted one would have seen.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -151,6 +152,7 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
         "steps": run.train.num_steps,
         "train_seconds": info["train_seconds"],
         "eval_seconds": time.perf_counter() - t0,
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "eval": results,
         "provenance": env,
     }
