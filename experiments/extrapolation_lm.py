@@ -11,6 +11,8 @@ Presets:
   quick  the README's main job: 5 encodings x 1 seed on the embedded stdlib corpus, <= 10 min
          on a 2-core CPU.
   cpu    the same study with 3 seeds (confidence intervals), <= 45 min on a 2-core CPU.
+  all    every encoding family in the library (+ randomized positions, + RoPE scaling rows
+         PI / NTK / dynamic NTK / YaRN at evaluation), 1 seed, CPU-sized.
   paper  the ALiBi paper's WikiText-103 setting sized for one accelerator (L=512,
          evaluation to 16k tokens); GPU/TPU only.
 
@@ -26,6 +28,19 @@ import ml_collections
 from flaxformer_lite.config import ModelConfig
 
 ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
+# The `all` preset: the four + NoPE, the newer encodings, and randomized positions (a suffix
+# "+randomized" trains and evaluates with sorted random positions, Ruoss et al. 2023).
+ALL_ENCODINGS = (
+    *ENCODINGS,
+    "t5",
+    "xpos",
+    "kerple_log",
+    "kerple_power",
+    "fire",
+    "sinusoidal+randomized",
+    "rope+randomized",
+)
+RANDOMIZED = "+randomized"
 
 
 def _model(**overrides) -> ml_collections.ConfigDict:
@@ -105,6 +120,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     )
     PRESETS[preset](c)
     c.model.max_length = c.data.train_length * max(c.eval.length_multiples)
+    c.model.max_position = c.model.max_length  # randomized positions cover every eval length
     c.model.rope_original_length = c.data.train_length  # L, for RoPE scaling at evaluation
     return c
 
@@ -144,16 +160,24 @@ def _paper(c: ml_collections.ConfigDict) -> None:
     c.sweep.seeds = (0, 1, 2)
 
 
-PRESETS = {"tiny": _tiny, "quick": _quick, "cpu": _cpu, "paper": _paper}
+def _all(c: ml_collections.ConfigDict) -> None:
+    _quick(c)
+    c.sweep.encodings = ALL_ENCODINGS
+    c.eval.rope_scalings = ("pi", "ntk", "dynamic_ntk", "yarn")
+
+
+PRESETS = {"tiny": _tiny, "quick": _quick, "cpu": _cpu, "all": _all, "paper": _paper}
 
 
 def get_sweep(config: ml_collections.ConfigDict) -> list[dict]:
     """The runs of the study as data: ``[{"name", "overrides"}]``, encodings x seeds."""
-    return [
-        {
-            "name": f"{encoding}-seed{seed}",
-            "overrides": {"model.positional": encoding, "seed": seed},
-        }
-        for encoding in config.sweep.encodings
-        for seed in config.sweep.seeds
-    ]
+    cells = []
+    for encoding in config.sweep.encodings:
+        base = encoding.removesuffix(RANDOMIZED)
+        overrides = {"model.positional": base}
+        if base != encoding:
+            overrides["model.randomized_positions"] = True
+        for seed in config.sweep.seeds:
+            name = f"{base}-randomized" if base != encoding else base
+            cells.append({"name": f"{name}-seed{seed}", "overrides": overrides | {"seed": seed}})
+    return cells

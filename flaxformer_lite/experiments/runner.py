@@ -160,17 +160,21 @@ class Study:
 
 
 def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:
-    """Cells whose encoding (``model.positional``) or name is in ``only`` (all if empty)."""
+    """Cells whose name, encoding (``model.positional``) or task is in ``only`` (all if empty)."""
     if not only:
         return sweep
-    known = {c["overrides"].get("model.positional") for c in sweep} | {c["name"] for c in sweep}
+
+    def tags(cell: dict) -> set[str]:
+        o = cell["overrides"]
+        return {cell["name"], o.get("model.positional"), o.get("data.task")} - {None}
+
+    known = set().union(*(tags(c) for c in sweep))
     unknown = sorted(set(only) - known)
     if unknown:
         raise ConfigError(
-            f"--only={','.join(only)}: {unknown} not in this sweep; known: "
-            f"{sorted(k for k in known if k)}"
+            f"--only={','.join(only)}: {unknown} not in this sweep; known: {sorted(known)}"
         )
-    return [c for c in sweep if c["name"] in only or c["overrides"].get("model.positional") in only]
+    return [c for c in sweep if tags(c) & set(only)]
 
 
 def run_study(

@@ -229,8 +229,12 @@ def _validate_eval(run: RunConfig, e: EvalConfig) -> None:
     _positive("config.eval.chunked_threshold", e.chunked_threshold)
     if e.split not in SPLITS:
         _fail("config.eval.split", e.split, f"allowed: {list(SPLITS)}")
-    longest = max(run.eval_lengths)
-    if run.model.positional == "learned" and run.model.max_length < longest:
+    longest = max(run.eval_lengths)  # tokens for corpora (tasks check their own lengths)
+    if (
+        run.data.source == "corpus"
+        and run.model.positional == "learned"
+        and (run.model.max_length < longest)
+    ):
         _fail(
             "config.model.max_length",
             run.model.max_length,

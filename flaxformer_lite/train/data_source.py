@@ -146,14 +146,24 @@ class TaskSource(_Source):
     def __init__(self, run: RunConfig):
         super().__init__(run)
         self.task = data.get_task(run.data.task)
+        for length in (run.data.train_length, *run.eval_lengths):
+            self.task.check_length(length, arg="config.data.train_length x eval multiple")
+        longest = self.task.sequence_length(max(run.eval_lengths))
+        if run.model.positional == "learned" and run.model.max_length < longest:
+            raise ConfigError(
+                f"config.model.max_length={run.model.max_length}: the learned table must cover "
+                f"the longest evaluation sequence ({longest} tokens)"
+            )
 
     def train_batch(self, step: int) -> dict[str, jax.Array]:
+        """A batch at a task length drawn uniformly from ``[task.min_length, L]``, padded to
+        the sequence length of ``L`` (one compiled step serves every training length)."""
         d = self.run.data
         rng = np.random.default_rng([self.run.seed, step])
-        batch = {
-            k: jnp.asarray(v)
-            for k, v in self.task.sample(rng, d.batch_size, d.train_length).items()
-        }
+        length = int(rng.integers(self.task.min_length, d.train_length + 1))
+        pad_to = self.task.sequence_length(d.train_length)
+        sample = self.task.sample(rng, d.batch_size, length, pad_to=pad_to)
+        batch = {k: jnp.asarray(v) for k, v in sample.items()}
         t = batch["inputs"].shape[1]
         batch["positions"] = self.positions((0, step), d.batch_size, t)
         return batch
