@@ -1,0 +1,358 @@
+"""Tests of the pure attention core against numpy references and the seed article's claims.
+
+Every reference here is an independent float64 numpy implementation of
+``softmax(q k^T * scale + bias) v`` (Vaswani et al. 2017, Eq. 1), never the code under test.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flaxformer_lite import attention
+
+B, H, D = 2, 3, 8
+
+
+def np_attention(q, k, v, *, mask=None, bias=None, causal=False, scale=None):
+    """float64 reference: returns (logits with -inf where masked, weights, output)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    b, lq, h, d = q.shape
+    lk = k.shape[1]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if bias is not None:
+        logits = logits + np.asarray(bias, np.float64)
+    allowed = np.ones((b, h, lq, lk), bool)
+    if mask is not None:
+        allowed = allowed & np.broadcast_to(np.asarray(mask), allowed.shape)
+    if causal:
+        allowed = allowed & (np.arange(lk)[None, :] <= np.arange(lq)[:, None])
+    logits = np.where(allowed, logits, -np.inf)
+    rows = allowed.any(-1)
+    shifted = np.exp(logits - np.where(rows, logits.max(-1), 0.0)[..., None])
+    weights = np.where(
+        rows[..., None], shifted / np.maximum(shifted.sum(-1, keepdims=True), 1e-300), 0
+    )
+    out = np.einsum("bhqk,bkhd->bqhd", weights, v)
+    return logits, weights, out, allowed
+
+
+def _qkv(seed, lq=5, lk=7, dtype=np.float32, d=D):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, lq, H, d)).astype(dtype)
+    k = rng.standard_normal((B, lk, H, d)).astype(dtype)
+    v = rng.standard_normal((B, lk, H, d)).astype(dtype)
+    return q, k, v
+
+
+def _case(name, rng, lq, lk):
+    """Keyword arguments for one masking / bias / scale configuration."""
+    if name == "plain":
+        return {}
+    if name == "mask_2d":
+        return {"mask": rng.random((lq, lk)) > 0.3}
+    if name == "mask_4d":
+        return {"mask": rng.random((B, H, lq, lk)) > 0.4}
+    if name == "key_padding":
+        valid = np.ones((B, lk), bool)
+        valid[0, -3:] = False
+        return {"mask": valid[:, None, None, :]}
+    if name == "bias":
+        return {"bias": rng.standard_normal((B, H, lq, lk)).astype(np.float32) * 2}
+    if name == "bias_per_head_broadcast":
+        return {"bias": rng.standard_normal((H, lq, lk)).astype(np.float32)}
+    if name == "causal":
+        return {"causal": True}
+    if name == "causal_mask_bias_scale":
+        return {
+            "causal": True,
+            "mask": rng.random((B, 1, lq, lk)) > 0.2,
+            "bias": rng.standard_normal((B, H, lq, lk)).astype(np.float32),
+            "scale": 0.37,
+        }
+    if name == "scale":
+        return {"scale": 0.05}
+    raise AssertionError(name)
+
+
+CASES = [
+    "plain",
+    "mask_2d",
+    "mask_4d",
+    "key_padding",
+    "bias",
+    "bias_per_head_broadcast",
+    "causal",
+    "causal_mask_bias_scale",
+    "scale",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("lq,lk", [(5, 7), (6, 6)])
+def test_attention_matches_numpy(case, lq, lk):
+    rng = np.random.default_rng(zlib.crc32(f"{case}-{lq}-{lk}".encode()))
+    q, k, v = _qkv(rng.integers(1 << 30), lq, lk)
+    kw = _case(case, rng, lq, lk)
+    ref_logits, ref_w, ref_out, allowed = np_attention(q, k, v, **kw)
+
+    out = attention.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), **kw)
+    w = attention.attention_weights(jnp.asarray(q), jnp.asarray(k), **kw)
+    logits, combined = attention.attention_logits(jnp.asarray(q), jnp.asarray(k), **kw)
+
+    assert out.shape == (B, lq, H, D) and out.dtype == jnp.float32
+    assert w.shape == (B, H, lq, lk) and w.dtype == jnp.float32
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.where(allowed, logits, 0.0), np.where(allowed, ref_logits, 0.0), rtol=1e-5, atol=1e-5
+    )
+    # Masked logits are very negative but finite; the returned mask is the combined one.
+    assert np.all(np.isfinite(logits))
+    assert np.all(np.asarray(logits)[~allowed] < -1e29)
+    if combined is None:
+        assert allowed.all()
+    else:
+        np.testing.assert_array_equal(np.broadcast_to(combined, allowed.shape), allowed)
+
+
+def test_default_scale_is_inverse_sqrt_head_dim():
+    q, k, v = _qkv(1, d=16)
+    _, _, ref, _ = np_attention(q, k, v, scale=0.25)
+    out = attention.dot_product_attention(q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    # ... and a different scale really changes the answer (the comparison has power).
+    _, _, other, _ = np_attention(q, k, v, scale=1.0)
+    assert np.abs(other - ref).max() > 1e-2
+
+
+def test_causal_mask_is_top_left_aligned_for_rectangular_inputs():
+    q, k, _ = _qkv(2, lq=3, lk=5)
+    w = np.asarray(attention.attention_weights(q, k, causal=True))
+    assert np.all(w[..., 0, 1:] == 0.0)  # query 0 sees only key 0
+    assert np.all(w[..., 2, 3:] == 0.0)
+    np.testing.assert_allclose(w[..., 0, 0], 1.0, rtol=1e-6)
+
+
+def test_bf16_inputs_give_float32_accurate_logits():
+    d = 64
+    q, k, v = _qkv(3, lq=8, lk=8, d=d)
+    qb, kb, vb = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
+    # Reference from the exact bf16 values, in float64.
+    q64, k64 = np.asarray(qb, np.float64), np.asarray(kb, np.float64)
+    ref = np.einsum("bqhd,bkhd->bhqk", q64, k64) / np.sqrt(d)
+    logits, _ = attention.attention_logits(qb, kb)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
+    # The tolerance above is tight enough that bf16 logits would fail it.
+    bf16_logits = jnp.einsum("bqhd,bkhd->bhqk", qb, kb).astype(jnp.float32) / np.sqrt(d)
+    assert np.abs(np.asarray(bf16_logits) - ref).max() > 1e-3
+
+    w = attention.attention_weights(qb, kb, causal=True)
+    assert w.dtype == jnp.float32
+    _, ref_w, ref_out, _ = np_attention(q64, k64, np.asarray(vb, np.float64), causal=True)
+    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+    out = attention.dot_product_attention(qb, kb, vb, causal=True)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref_out, rtol=2e-2, atol=2e-2)
+
+
+def _fully_masked_mask(lq, lk):
+    mask = np.ones((B, 1, lq, lk), bool)
+    mask[0, 0, 1, :] = False  # one query row of batch 0 sees nothing
+    mask[1, 0, :, :] = False  # all of batch 1 sees nothing
+    return mask
+
+
+def test_fully_masked_rows_are_zero_never_nan():
+    q, k, v = _qkv(4)
+    mask = _fully_masked_mask(5, 7)
+    bias = np.full((B, H, 5, 7), -50.0, np.float32)  # a large bias must not break it either
+    for kw in ({"mask": mask}, {"mask": mask, "bias": bias, "causal": True}):
+        out = np.asarray(attention.dot_product_attention(q, k, v, **kw))
+        w = np.asarray(attention.attention_weights(q, k, **kw))
+        assert np.all(np.isfinite(out)) and np.all(np.isfinite(w))
+        np.testing.assert_array_equal(out[0, 1], 0.0)
+        np.testing.assert_array_equal(out[1], 0.0)
+        np.testing.assert_array_equal(w[0, :, 1], 0.0)
+        np.testing.assert_array_equal(w[1], 0.0)
+        # The other rows are the ordinary numpy answer.
+        _, _, ref, _ = np_attention(q, k, v, **kw)
+        np.testing.assert_allclose(out[0, [0, 2, 3, 4]], ref[0, [0, 2, 3, 4]], atol=1e-5)
+
+
+def test_fully_masked_rows_have_finite_gradients():
+    q, k, v = _qkv(5)
+    mask = jnp.asarray(_fully_masked_mask(5, 7))
+    cot = np.random.default_rng(0).standard_normal((B, 5, H, D)).astype(np.float32)
+
+    def loss(q, k, v):
+        return jnp.sum(attention.dot_product_attention(q, k, v, mask=mask, causal=True) * cot)
+
+    grads = jax.grad(loss, argnums=(0, 1, 2))(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    gq, gk, gv = (np.asarray(g) for g in grads)
+    # Nothing reaches or leaves a fully masked query row / batch.
+    np.testing.assert_array_equal(gq[0, 1], 0.0)
+    np.testing.assert_array_equal(gq[1], 0.0)
+    np.testing.assert_array_equal(gk[1], 0.0)
+    np.testing.assert_array_equal(gv[1], 0.0)
+    assert np.abs(gq[0, 2]).max() > 0  # ... while live rows do get gradient
+
+
+def test_attention_weights_rows_sum_to_one():
+    rng = np.random.default_rng(6)
+    q, k, _ = _qkv(6, lq=6, lk=6)
+    mask = rng.random((B, H, 6, 6)) > 0.5
+    mask[0, 0, 3] = False
+    w = np.asarray(attention.attention_weights(q, k, mask=mask, causal=True))
+    live = (mask & (np.arange(6)[None, :] <= np.arange(6)[:, None])).any(-1)
+    assert live.sum() > 10 and (~live).sum() >= 1
+    np.testing.assert_allclose(w.sum(-1)[live], 1.0, atol=1e-6)
+    np.testing.assert_array_equal(w.sum(-1)[~live], 0.0)
+    assert np.all(w >= 0)
+    # Masked entries are exactly zero.
+    np.testing.assert_array_equal(w[~np.broadcast_to(mask, w.shape)], 0.0)
+    np.testing.assert_array_equal(np.triu(np.ones((6, 6)), 1)[None, None] * w, 0.0)
+
+
+@pytest.mark.parametrize("lq,lk", [(4, 4), (3, 5), (5, 3), (1, 1)])
+def test_causal_mask_values(lq, lk):
+    m = np.asarray(attention.causal_mask(lq, lk))
+    assert m.dtype == bool and m.shape == (lq, lk)
+    ref = np.array([[j <= i for j in range(lk)] for i in range(lq)])
+    np.testing.assert_array_equal(m, ref)
+
+
+def test_padding_mask_values():
+    qv = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.int32)
+    kv = np.array([[1, 0, 1, 1, 1], [1, 1, 0, 0, 0]], bool)
+    m = np.asarray(attention.padding_mask(qv, kv))
+    assert m.shape == (2, 1, 4, 5) and m.dtype == bool
+    for b in range(2):
+        for i in range(4):
+            for j in range(5):
+                assert m[b, 0, i, j] == bool(qv[b, i] and kv[b, j])
+    self_m = np.asarray(attention.padding_mask(qv))
+    assert self_m.shape == (2, 1, 4, 4)
+    np.testing.assert_array_equal(self_m[:, 0], qv[:, :, None].astype(bool) & qv[:, None, :])
+
+
+def test_mask_from_positions_values():
+    qp = np.array([[4, 5], [0, 1]], np.int32)  # batch 0: two queries appended to a cache
+    kp = np.array([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]], np.int32)
+    m = np.asarray(attention.mask_from_positions(qp, kp))
+    assert m.shape == (2, 1, 2, 6)
+    ref = kp[:, None, None, :] <= qp[:, None, :, None]
+    np.testing.assert_array_equal(m, ref)
+    np.testing.assert_array_equal(m[0, 0, 0], [1, 1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(m[1, 0, 0], [1, 0, 0, 0, 0, 0])
+    # For positions 0..L-1 it is the causal mask.
+    ar = np.arange(5, dtype=np.int32)[None]
+    np.testing.assert_array_equal(
+        attention.mask_from_positions(ar, ar)[0, 0], attention.causal_mask(5, 5)
+    )
+
+
+# ------------------------------------------------------------------ seed-article properties
+
+
+@pytest.mark.parametrize("d_k", [16, 64, 256])
+def test_scaling_keeps_logit_variance_near_one(d_k):
+    """q, k ~ N(0, 1): q.k has variance d_k; dividing by sqrt(d_k) brings it back to 1.
+
+    2048 independent query and key vectors give a standard error below 0.012 on the
+    variance (measured over 100 seeds), so the +-0.1 band is about 9 standard errors wide,
+    while a wrong scale (none, or 1/d_k) misses it by a factor >= 16.
+    """
+    rng = np.random.default_rng(d_k)
+    q = jnp.asarray(rng.standard_normal((4, 64, 8, d_k)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((4, 64, 8, d_k)), jnp.float32)
+    scaled, _ = attention.attention_logits(q, k)
+    unscaled, _ = attention.attention_logits(q, k, scale=1.0)
+    var_scaled = float(np.var(np.asarray(scaled, np.float64)))
+    var_unscaled = float(np.var(np.asarray(unscaled, np.float64)))
+    assert abs(var_scaled - 1.0) < 0.1, var_scaled
+    assert abs(var_unscaled / d_k - 1.0) < 0.1, var_unscaled  # grows linearly with d_k
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_causal_outputs_have_zero_gradient_wrt_future_inputs(with_bias):
+    lq = 6
+    q, k, v = _qkv(7, lq=lq, lk=lq)
+    bias = np.random.default_rng(1).standard_normal((B, H, lq, lq)).astype(np.float32)
+
+    def f(q, k, v):
+        return attention.dot_product_attention(
+            q, k, v, causal=True, bias=bias if with_bias else None
+        )
+
+    jq, jk, jv = jax.jacobian(f, argnums=(0, 1, 2))(*map(jnp.asarray, (q, k, v)))
+    # Jacobians are [B, L, H, D, B, L, H, D]: output (b, t, ...) w.r.t. input (b', s, ...).
+    for j, name in ((jq, "q"), (jk, "k"), (jv, "v")):
+        j = np.asarray(j)
+        for t in range(lq):
+            future = j[:, t, :, :, :, t + 1 :]
+            assert np.all(future == 0.0), (name, t)
+            past = j[:, t, :, :, :, : t + 1]
+            # The test has power: the past does matter (query 0 attends only to key 0 with
+            # weight 1, so its output depends on v alone).
+            if t > 0 or name == "v":
+                assert np.abs(past).max() > 0, (name, t)
+
+
+# Every implementation that runs on any backend ("cudnn" is GPU-only and takes no bias_fn;
+# tests/test_chunked_attention.py covers it).
+PORTABLE = [impl for impl in attention.IMPLEMENTATIONS if impl != "cudnn"]
+
+
+@pytest.mark.parametrize("implementation", PORTABLE)
+def test_attend_with_bias_fn_matches_numpy(implementation):
+    q, k, v = _qkv(8, lq=6, lk=6)
+    qp = np.array([[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]], np.int32)
+    rng = np.random.default_rng(9)
+    mask = rng.random((B, 1, 6, 6)) > 0.2
+    mask[0, 0, 2] = False  # a fully masked row: zeros in every implementation
+    slopes = np.array([0.5, 0.25, 0.125], np.float32)
+
+    def bias_fn(qpos, kpos):
+        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
+        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
+
+    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
+    _, _, ref, _ = np_attention(q, k, v, mask=mask, bias=ref_bias, causal=True)
+    out = attention.attend(
+        q,
+        k,
+        v,
+        q_positions=qp,
+        k_positions=qp,
+        bias_fn=bias_fn,
+        mask=mask,
+        causal=True,
+        implementation=implementation,
+    )
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out)[0, 2], 0.0)
+
+
+def test_invalid_arguments_raise_clear_errors():
+    q, k, v = _qkv(10)
+    with pytest.raises(ValueError, match="implementation='nope'"):
+        attention.attend(q, k, v, q_positions=None, k_positions=None, implementation="nope")
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        attention.dot_product_attention(q, k, v, mask=np.ones((5, 7), np.float32))
+    with pytest.raises(ValueError, match="mask has shape"):
+        attention.dot_product_attention(q, k, v, mask=np.ones((5, 6), bool))
+    with pytest.raises(ValueError, match="q must have rank 4"):
+        attention.dot_product_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="head_dim"):
+        attention.dot_product_attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="q_len must be a positive int"):
+        attention.causal_mask(0, 3)
