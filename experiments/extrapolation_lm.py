@@ -108,7 +108,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             split="validation",  # or "test"
             num_examples=256,  # task studies only
             rope_scalings=(),  # extra rows for rope: "pi", "ntk", "dynamic_ntk", "yarn"
-            chunked_threshold=4096,  # chunked attention above this many keys
+            chunked_threshold=1024,  # chunked (memory-efficient) attention above this many keys
         )
     )
     c.model = _model()

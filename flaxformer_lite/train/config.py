@@ -68,7 +68,7 @@ class EvalConfig:
     split: str = "validation"  # "validation" or "test"
     num_examples: int = 256  # task sequences scored per length
     rope_scalings: tuple[str, ...] = ()  # extra RoPE rows, e.g. ("pi", "ntk", "yarn")
-    chunked_threshold: int = 4096  # use chunked attention above this many keys
+    chunked_threshold: int = 1024  # evaluate with chunked attention above this many keys
 
 
 @dataclasses.dataclass(frozen=True)

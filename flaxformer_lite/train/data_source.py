@@ -58,8 +58,10 @@ class _Source:
         threshold = self.run.eval.chunked_threshold
 
         def fn(cfg: ModelConfig, length: int) -> ModelConfig:
-            if length > threshold and "chunked" in attention.IMPLEMENTATIONS:
-                cfg = cfg.replace(attention_impl="chunked")
+            impl = attention.choose_implementation(
+                cfg.attention_impl, length, length, threshold=threshold
+            )
+            cfg = cfg.replace(attention_impl=impl)
             if scaling is not None:
                 from flaxformer_lite.encodings import rope_scaling_variant
 
