@@ -28,11 +28,13 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.generate import generate
 from flaxformer_lite.train.step import make_eval_step, split_model
 
 # (window index, batch size, length) -> int32 positions [batch, length]
 PositionFn = Callable[[int, int, int], np.ndarray]
 LN2 = math.log(2.0)
+TASK_MODES = ("teacher_forced", "generate")
 
 
 def arange_positions(index: int, batch: int, length: int) -> np.ndarray:
@@ -202,20 +204,27 @@ def evaluate_task(
     seed: int = 0,
     positions_fn: PositionFn = arange_positions,
     variant: Callable[[ModelConfig, int], ModelConfig] | None = None,
+    mode: str = "teacher_forced",
 ) -> list[dict[str, Any]]:
     """Exact-match accuracy (every answer token right) of a synthetic task at each length.
 
     Examples are drawn from ``np.random.default_rng([seed, length])`` so every model sees the
-    same examples at a given length. Teacher-forced: predictions are the argmax at each
-    answer position given the true prefix.
+    same examples at a given length. ``mode="teacher_forced"`` (default): predictions are
+    the argmax at each answer position given the true prefix. ``mode="generate"``: the
+    answer is decoded greedily from the prompt alone (`generate_predictions`); rows then
+    carry ``"mode": "generate"``. For one example the two agree on exact match (greedy
+    decoding reproduces the answer iff every teacher-forced answer argmax is right); the
+    per-token ``accuracy`` differs after a first error.
     """
+    if mode not in TASK_MODES:
+        raise ValueError(f"mode={mode!r} is not known; allowed: {list(TASK_MODES)}")
     results = []
     for length in lengths:
         m = model
         if variant is not None:
             cfg = variant(model.cfg, length)
             m = model if cfg == model.cfg else rebuild_model(model, cfg)
-        evaluator = _Evaluator(m)
+        evaluator = _Evaluator(m) if mode == "teacher_forced" else None
         rng = np.random.default_rng([seed, length])
         exact, correct, count, done, index = 0.0, 0.0, 0.0, 0, 0
         while done < num_examples:
@@ -223,20 +232,47 @@ def evaluate_task(
             n = min(batch_size, num_examples - done)
             t = batch["inputs"].shape[1]
             batch = dict(batch, positions=positions_fn(index, batch_size, t))
-            out = evaluator(batch)
-            exact += float(np.asarray(task.exact_match(out["predictions"], batch))[:n].sum())
+            if evaluator is None:
+                predictions = generate_predictions(m, task, batch, length)
+            else:
+                predictions = evaluator(batch)["predictions"]
+            exact += float(np.asarray(task.exact_match(predictions, batch))[:n].sum())
             mask = batch["loss_mask"][:n]
-            correct += float(((out["predictions"][:n] == batch["targets"][:n]) * mask).sum())
+            correct += float(((predictions[:n] == batch["targets"][:n]) * mask).sum())
             count += float(mask.sum())
             done += n
             index += 1
-        results.append(
-            {
-                "eval_length": length,
-                "protocol": "task",
-                "exact_match": exact / num_examples,
-                "accuracy": correct / max(count, 1.0),
-                "examples": num_examples,
-            }
-        )
+        row = {
+            "eval_length": length,
+            "protocol": "task",
+            "exact_match": exact / num_examples,
+            "accuracy": correct / max(count, 1.0),
+            "examples": num_examples,
+        }
+        results.append(row if mode == "teacher_forced" else row | {"mode": mode})
     return results
+
+
+def generate_predictions(
+    model: nnx.Module, task: Any, batch: dict[str, Any], length: int
+) -> np.ndarray:
+    """Predictions int32 ``[B, T]`` for a task batch by greedy decoding of the answer.
+
+    The answer is the last ``A = task.answer_length(length)`` targets (``loss_mask`` 1 there
+    and 0 before). The prompt is ``inputs[:, :T - A + 1]``; `generate` produces ``A``
+    tokens at ``batch["positions"]`` (``[B, T]``, the positions of the fed tokens), written
+    into the answer positions; other positions hold 0 (unscored).
+    """
+    inputs = np.asarray(batch["inputs"])
+    mask = np.asarray(batch["loss_mask"]) > 0
+    t, a = inputs.shape[1], task.answer_length(length)
+    if not 1 <= a <= t or mask[:, : t - a].any() or not mask[:, t - a :].all():
+        raise ValueError(
+            f"mode='generate' needs the answer to be the last answer_length={a} targets of "
+            f"every sequence (loss_mask 1 there, 0 before); task {getattr(task, 'name', task)!r} "
+            f"at length={length} does not mark it so (a padded batch?)"
+        )
+    tokens = generate(model, inputs[:, : t - a + 1], max_new_tokens=a, positions=batch["positions"])
+    predictions = np.zeros(inputs.shape, np.int32)
+    predictions[:, t - a :] = np.asarray(tokens)
+    return predictions

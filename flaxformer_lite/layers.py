@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite import attention
+from flaxformer_lite import attention, kv_cache
 from flaxformer_lite.config import ModelConfig
 from flaxformer_lite.encodings import PositionalEncoding
+from flaxformer_lite.kv_cache import CrossKVCache, KVCache
 
 Array = jax.Array
 
@@ -182,6 +183,91 @@ class MultiHeadAttention(nnx.Module):
         bias = None if bias_fn is None else bias_fn(q_positions, kv_positions)
         return attention.attention_weights(q, k, mask=mask, bias=bias, causal=causal)
 
+    # ------------------------------------------------------------------ cached decoding
+
+    def init_cache(
+        self, batch: int, capacity: int, *, positions: Array | None = None, dtype=jnp.float32
+    ) -> KVCache:
+        """An empty self-attention `KVCache` ``[batch, capacity, heads, head_dim]``."""
+        return kv_cache.init_kv_cache(
+            batch, capacity, self.num_heads, self.head_dim, dtype=dtype, positions=positions
+        )
+
+    def decode_step(
+        self,
+        x: Array,
+        positions: Array,
+        cache: KVCache,
+        *,
+        pe: PositionalEncoding | None = None,
+    ) -> tuple[Array, KVCache]:
+        """Causal self-attention of ``l`` new tokens through a key-value cache.
+
+        Writes the new keys/values (before rotation) into the cache, then attends from the
+        new queries to every filled slot whose position is <= the query's: the rotate hook
+        gets the new queries and the whole cache with their positions, the bias hook
+        ``pe.bias(positions, cache.positions, causal=True)``. Equals `__call__` with
+        ``causal=True`` over all tokens written so far (see `flaxformer_lite.kv_cache`).
+
+        Args:
+          x: ``[batch, l, d_model]`` (``l = prompt length`` to prefill, 1 per step).
+          positions: int32 ``[batch, l]``, the tokens' absolute positions.
+          cache: this layer's `KVCache` with at least ``l`` free slots.
+          pe: the stack's positional encoding (rotate / bias hooks).
+
+        Returns:
+          ``([batch, l, d_model], updated cache)``.
+        """
+        k_new, v_new = self._split(self.key(x)), self._split(self.value(x))
+        cache = kv_cache.write(cache, k_new, v_new, positions)
+        q, k = self._split(self.query(x)), cache.key
+        if pe is not None:
+            q, k = pe.rotate(q, k, positions, cache.positions)
+        out = attention.attend(
+            q,
+            k,
+            cache.value,
+            q_positions=positions,
+            k_positions=cache.positions,
+            bias_fn=self._bias_fn(pe, True),
+            mask=kv_cache.self_attention_mask(positions, cache),
+            causal=False,  # the causal mask is built from positions above, not from indices
+            implementation=self.implementation,
+        )
+        return self.out(out.reshape((*out.shape[:2], -1))), cache
+
+    def cross_cache(
+        self, kv: Array, kv_positions: Array, kv_valid: Array | None = None
+    ) -> CrossKVCache:
+        """Project the encoder output ``kv`` ``[batch, s, d_model]`` once for cross-attention.
+
+        ``kv_positions`` int ``[batch, s]``; ``kv_valid`` bool ``[batch, s]`` (default all).
+        """
+        valid = jnp.ones(kv.shape[:2], bool) if kv_valid is None else jnp.asarray(kv_valid, bool)
+        return CrossKVCache(
+            key=self._split(self.key(kv)),
+            value=self._split(self.value(kv)),
+            positions=jnp.broadcast_to(kv_positions, kv.shape[:2]).astype(jnp.int32),
+            valid=valid,
+        )
+
+    def cross_decode_step(self, x: Array, positions: Array, cache: CrossKVCache) -> Array:
+        """Cross-attention of ``x`` ``[batch, l, d_model]`` to cached encoder keys/values.
+
+        Equals `__call__` ``(x, encoded, kv_positions=..., mask=padding_mask(...))`` (no
+        positional encoding, as in cross-attention); returns ``[batch, l, d_model]``.
+        """
+        out = attention.attend(
+            self._split(self.query(x)),
+            cache.key,
+            cache.value,
+            q_positions=positions,
+            k_positions=cache.positions,
+            mask=cache.valid[:, None, None, :],
+            implementation=self.implementation,
+        )
+        return self.out(out.reshape((*out.shape[:2], -1)))
+
 
 class FeedForward(nnx.Module):
     """Position-wise feed-forward ``W2 act(W1 x + b1) + b2`` (paper §3.3, ReLU; GELU option)."""
@@ -284,3 +370,33 @@ class DecoderBlock(nnx.Module):
             )
             x = self.cross_attention_norm(x, cross, deterministic=deterministic)
         return self.ffn_norm(x, self.ffn, deterministic=deterministic)
+
+    def decode_step(
+        self,
+        x: Array,
+        positions: Array,
+        cache: KVCache,
+        *,
+        pe: PositionalEncoding,
+        cross: CrossKVCache | None = None,
+    ) -> tuple[Array, KVCache]:
+        """`__call__` for ``l`` new tokens through caches (inference: no dropout).
+
+        ``x`` ``[b, l, d]``, positions int32 ``[b, l]``, ``cache`` this block's self-attention
+        `KVCache`, ``cross`` its `CrossKVCache` (required with cross-attention). Returns
+        ``([b, l, d], updated cache)``.
+        """
+        new_cache = cache
+
+        def attend(h: Array) -> Array:
+            nonlocal new_cache
+            out, new_cache = self.self_attention.decode_step(h, positions, cache, pe=pe)
+            return out
+
+        x = self.self_attention_norm(x, attend, deterministic=True)
+        if self.cross_attention is not None:
+            if cross is None:
+                raise ValueError("this DecoderBlock has cross-attention: pass `cross`")
+            cross_attend = lambda h: self.cross_attention.cross_decode_step(h, positions, cross)
+            x = self.cross_attention_norm(x, cross_attend, deterministic=True)
+        return self.ffn_norm(x, self.ffn, deterministic=True), new_cache

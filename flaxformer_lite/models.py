@@ -18,6 +18,7 @@ from flax import nnx
 from flaxformer_lite import attention, positional
 from flaxformer_lite.config import ModelConfig
 from flaxformer_lite.encodings import get_positional_encoding
+from flaxformer_lite.kv_cache import CrossKVCache, DecoderCache, KVCache, slot_positions
 from flaxformer_lite.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _layer_norm
 
 Array = jax.Array
@@ -156,6 +157,68 @@ class Decoder(_Stack):
             )
         return self._finish(x)
 
+    # ------------------------------------------------------------------ cached decoding
+
+    def init_cache(
+        self, batch: int, capacity: int, *, positions: Array | None = None
+    ) -> tuple[KVCache, ...]:
+        """Empty self-attention caches, one per block, of ``capacity`` slots each.
+
+        ``positions``: the positions the slots will hold, int ``[batch, capacity]`` or
+        ``[capacity]`` (default ``0..capacity-1``); see `flaxformer_lite.kv_cache`.
+        """
+        positions = slot_positions(batch, capacity, positions)
+        return tuple(
+            block.self_attention.init_cache(
+                batch, capacity, positions=positions, dtype=self.cfg.compute_dtype
+            )
+            for block in self.blocks
+        )
+
+    def cross_cache(
+        self, encoded: Array, encoded_positions: Array, encoded_valid: Array | None = None
+    ) -> tuple[CrossKVCache, ...]:
+        """Each block's cross-attention keys/values of ``encoded`` ``[b, s, d]`` (computed
+        once per source); ``encoded_positions`` int ``[b, s]`` or ``[s]``, ``encoded_valid``
+        bool ``[b, s]``."""
+        if not self.has_cross_attention:
+            raise ValueError("Decoder(cross_attention=False) has no cross-attention to cache")
+        encoded_positions = positional.as_batched_positions(encoded_positions)
+        encoded_positions = jnp.broadcast_to(encoded_positions, encoded.shape[:2])
+        return tuple(
+            block.cross_attention.cross_cache(encoded, encoded_positions, encoded_valid)
+            for block in self.blocks
+        )
+
+    def decode_step(
+        self, tokens: Array, positions: Array, cache: DecoderCache
+    ) -> tuple[Array, DecoderCache]:
+        """`__call__` for ``l`` new tokens ``[b, l]`` at positions ``[b, l]`` (or ``[l]``)
+        through the cache: returns hidden states ``[b, l, d]`` and the updated cache.
+
+        Prefill a prompt with ``l = prompt length``, then decode with ``l = 1``. The states
+        equal those of `__call__` over every token written so far (inference: no dropout).
+        """
+        _check_tokens(tokens)
+        positions = _positions(tokens, positions).astype(jnp.int32)
+        if len(cache.self_attention) != len(self.blocks):
+            raise ValueError(
+                f"cache has {len(cache.self_attention)} layers; the decoder has {len(self.blocks)}"
+            )
+        if self.has_cross_attention and cache.cross_attention is None:
+            raise ValueError("Decoder(cross_attention=True) needs cache.cross_attention")
+        cross = cache.cross_attention or (None,) * len(self.blocks)
+        x = self._embed(tokens, positions, True)
+        layers = []
+        for block, layer_cache, layer_cross in zip(
+            self.blocks, cache.self_attention, cross, strict=True
+        ):
+            x, layer_cache = block.decode_step(
+                x, positions, layer_cache, pe=self.pe, cross=layer_cross
+            )
+            layers.append(layer_cache)
+        return self._finish(x), cache._replace(self_attention=tuple(layers))
+
 
 class DecoderOnlyLM(nnx.Module):
     """GPT-style causal language model: tokens -> float32 next-token logits ``[b, l, vocab]``."""
@@ -174,6 +237,22 @@ class DecoderOnlyLM(nnx.Module):
     ) -> Array:
         h = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
         return self.decoder.embed.decode(h)
+
+    def init_cache(
+        self, batch: int, capacity: int, *, positions: Array | None = None
+    ) -> DecoderCache:
+        """An empty `DecoderCache` for ``capacity`` tokens (prompt + generated) per row;
+        ``positions`` int ``[batch, capacity]`` are the positions the slots will hold
+        (default ``0..capacity-1``)."""
+        return DecoderCache(self.decoder.init_cache(batch, capacity, positions=positions))
+
+    def decode_step(
+        self, tokens: Array, positions: Array, cache: DecoderCache
+    ) -> tuple[Array, DecoderCache]:
+        """Logits ``[b, l, vocab]`` (float32) of ``l`` new tokens ``[b, l]`` at positions
+        ``[b, l]``, and the updated cache. Equal to `__call__` over all tokens so far."""
+        h, cache = self.decoder.decode_step(tokens, positions, cache)
+        return self.decoder.embed.decode(h), cache
 
 
 class EncoderDecoder(nnx.Module):
@@ -214,3 +293,31 @@ class EncoderDecoder(nnx.Module):
             deterministic=deterministic,
         )
         return self.decoder.embed.decode(h)
+
+    def init_cache(
+        self,
+        src: Array,
+        src_positions: Array,
+        *,
+        capacity: int,
+        src_valid: Array | None = None,
+        positions: Array | None = None,
+    ) -> DecoderCache:
+        """Encode ``src`` ``[b, s]`` once and return a `DecoderCache` holding every decoder
+        block's cross-attention keys/values and empty self-attention caches of ``capacity``
+        target tokens (planned target ``positions`` ``[b, capacity]``, default
+        ``0..capacity-1``)."""
+        encoded = self.encode(src, src_positions, src_valid=src_valid)
+        return DecoderCache(
+            self.decoder.init_cache(src.shape[0], capacity, positions=positions),
+            self.decoder.cross_cache(encoded, src_positions, src_valid),
+        )
+
+    def decode_step(
+        self, tokens: Array, positions: Array, cache: DecoderCache
+    ) -> tuple[Array, DecoderCache]:
+        """Target logits ``[b, l, vocab]`` of ``l`` new target tokens ``[b, l]`` at positions
+        ``[b, l]``, and the updated cache. Equal to `__call__` over the source and all
+        target tokens so far."""
+        h, cache = self.decoder.decode_step(tokens, positions, cache)
+        return self.decoder.embed.decode(h), cache

@@ -1,0 +1,157 @@
+"""Key-value caches for autoregressive decoding, as plain pytrees (no hidden module state).
+
+A cache is a value: layers take one and return the updated one, so decoding composes with
+``jax.jit`` and ``jax.lax`` loops (`flaxformer_lite.generate`). Shapes::
+
+    KVCache        key, value  [batch, capacity, heads, head_dim]   projected, NOT rotated
+                   positions   int32 [batch, capacity]   position of each slot
+                   valid       bool  [batch, capacity]   the slot holds a key
+                   index       int32 []                  next slot to write
+    CrossKVCache   key, value  [batch, src_len, heads, head_dim]   the encoder's, projected once
+                   positions   int32 [batch, src_len];  valid  bool [batch, src_len]
+    DecoderCache   self_attention: one KVCache per decoder block
+                   cross_attention: one CrossKVCache per block (EncoderDecoder) or None
+
+Why keys are cached before rotation: a rotate-hook encoding may depend on the whole set of
+key positions, not only on each key's own (xPos centres its scale on ``(min + max) // 2`` of
+the key positions; dynamic NTK takes its scale from the largest). Each decoding step therefore
+calls the encoding's ``rotate(q, k, q_positions, k_positions)`` on the new queries and the
+whole cache, with the cache's slot positions -- exactly the call a full forward pass makes.
+``positions`` is filled at creation with the positions the slots *will* hold (default
+``0..capacity-1``) and overwritten with the true ones as tokens are written, so a cache of
+``capacity`` slots reproduces the full forward pass over ``capacity`` tokens for every
+registered encoding. Unfilled slots are masked out by ``valid``; the causal mask comes from
+positions (`attention.mask_from_positions`), not from slot indices.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from flaxformer_lite import attention, positional
+
+Array = jax.Array
+
+
+class KVCache(NamedTuple):
+    """One self-attention layer's cache (see the module docstring for shapes)."""
+
+    key: Array
+    value: Array
+    positions: Array
+    valid: Array
+    index: Array
+
+    @property
+    def capacity(self) -> int:
+        return self.key.shape[1]
+
+
+class CrossKVCache(NamedTuple):
+    """One cross-attention layer's encoder keys and values, computed once per source."""
+
+    key: Array
+    value: Array
+    positions: Array
+    valid: Array
+
+
+class DecoderCache(NamedTuple):
+    """A decoder stack's caches: per-block self-attention, optional per-block cross-attention."""
+
+    self_attention: tuple[KVCache, ...]
+    cross_attention: tuple[CrossKVCache, ...] | None = None
+
+
+def slot_positions(batch: int, capacity: int, positions: Array | None = None) -> Array:
+    """int32 ``[batch, capacity]`` planned slot positions: ``positions`` or ``0..capacity-1``."""
+    _check_positive_int("batch", batch)
+    _check_positive_int("capacity", capacity)
+    if positions is None:
+        positions = jnp.arange(capacity, dtype=jnp.int32)
+    positions = positional.as_batched_positions(jnp.asarray(positions))
+    if positions.shape[1] != capacity or positions.shape[0] not in (1, batch):
+        raise ValueError(
+            f"positions shape {positions.shape} does not match the cache: expected "
+            f"[batch={batch}, capacity={capacity}] or [capacity]"
+        )
+    return jnp.broadcast_to(positions.astype(jnp.int32), (batch, capacity))
+
+
+def init_kv_cache(
+    batch: int,
+    capacity: int,
+    num_heads: int,
+    head_dim: int,
+    *,
+    dtype: jnp.dtype = jnp.float32,
+    positions: Array | None = None,
+) -> KVCache:
+    """An empty `KVCache` of ``capacity`` slots whose planned positions are ``positions``
+    (int ``[batch, capacity]`` or ``[capacity]``; default ``0..capacity-1``)."""
+    shape = (batch, capacity, num_heads, head_dim)
+    return KVCache(
+        key=jnp.zeros(shape, dtype),
+        value=jnp.zeros(shape, dtype),
+        positions=slot_positions(batch, capacity, positions),
+        valid=jnp.zeros((batch, capacity), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache:
+    """Store ``l`` new keys/values ``[batch, l, heads, head_dim]`` at positions int
+    ``[batch, l]`` into slots ``index .. index + l - 1``; returns the updated cache.
+
+    Writing past ``capacity`` is a ``ValueError`` when it can be seen (eagerly); under
+    ``jit`` the index is traced, and the caller (e.g. `generate`) sizes the cache.
+    """
+    batch, length = key.shape[:2]
+    if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
+        raise ValueError(
+            f"key {key.shape} and value {value.shape} must both be "
+            f"[batch={cache.key.shape[0]}, l, heads, head_dim]"
+        )
+    if positions.shape != (batch, length):
+        raise ValueError(
+            f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
+        )
+    if length > cache.capacity:
+        raise ValueError(f"{length} new tokens do not fit a cache of capacity {cache.capacity}")
+    try:
+        filled = int(cache.index)
+    except jax.errors.ConcretizationTypeError:  # traced (under jit): cannot check here
+        filled = None
+    if filled is not None and filled + length > cache.capacity:
+        raise ValueError(
+            f"the cache holds {filled} of {cache.capacity} slots; {length} more tokens do "
+            "not fit (create it with a larger capacity)"
+        )
+    start = cache.index
+    return KVCache(
+        key=jax.lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), (0, start, 0, 0)),
+        value=jax.lax.dynamic_update_slice(
+            cache.value, value.astype(cache.value.dtype), (0, start, 0, 0)
+        ),
+        positions=jax.lax.dynamic_update_slice(
+            cache.positions, positions.astype(jnp.int32), (0, start)
+        ),
+        valid=jax.lax.dynamic_update_slice(
+            cache.valid, jnp.ones((batch, length), bool), (0, start)
+        ),
+        index=start + length,
+    )
+
+
+def self_attention_mask(q_positions: Array, cache: KVCache) -> Array:
+    """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's."""
+    causal = attention.mask_from_positions(q_positions, cache.positions)
+    return causal & cache.valid[:, None, None, :]
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a positive int")

@@ -1,0 +1,382 @@
+"""Cached decoding and `generate`: equal to the full forward pass for every encoding, greedy
+and sampling semantics, stop bytes, the learned-table limit, the task "generate" scoring mode
+on a trained model, and scripts/generate.py end to end."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import extrapolation_lm
+from flaxformer_lite import data, evaluate
+from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.encodings import get_positional_encoding, positional_encoding_names
+from flaxformer_lite.generate import generate, sample_logits
+from flaxformer_lite.models import DecoderOnlyLM, EncoderDecoder
+
+ROOT = Path(__file__).resolve().parent.parent
+V, P, N = 32, 5, 11  # vocab, prompt length, new tokens
+T = P + N  # the sequence compared with the full forward pass
+TRAIN_LENGTH = 8  # "training length" of the scaled RoPE variants: T goes past it
+
+
+def small_cfg(name: str, **kw) -> ModelConfig:
+    """Tiny shapes; encoding hyper-parameters chosen so that T = 16 exercises them: xPos
+    decays visibly, T5 reaches its log-spaced buckets, FIRE's threshold is passed, dynamic
+    NTK and YaRN extend past TRAIN_LENGTH, the learned table just covers the positions."""
+    base = dict(
+        vocab_size=V,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dropout_rate=0.0,
+        max_length=T + 3,
+        positional=name,
+        xpos_scale_base=4.0,
+        t5_num_buckets=8,
+        t5_max_distance=10,
+        fire_threshold_init=4.0,
+        rope_original_length=TRAIN_LENGTH,
+    )
+    return ModelConfig(**(base | kw))
+
+
+ROPE_SCALINGS = {
+    "pi": dict(rope_scaling="pi", rope_scale=2.0),
+    "ntk": dict(rope_scaling="ntk", rope_scale=2.0),
+    "dynamic_ntk": dict(rope_scaling="dynamic_ntk"),
+    "yarn": dict(rope_scaling="yarn", rope_scale=2.0),
+}
+CASES = [(name, "") for name in positional_encoding_names()] + [
+    ("rope", scaling) for scaling in ROPE_SCALINGS
+]
+
+
+def _tokens(seed: int, shape: tuple[int, int]) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).integers(0, V, shape), jnp.int32)
+
+
+# Positions with an offset on the second row: positions are explicit, not slot indices.
+POSITIONS = jnp.asarray(np.arange(T)[None, :] + np.array([0, 3])[:, None], jnp.int32)
+
+
+SRC = _tokens(1, (2, 7))
+SRC_POSITIONS = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (2, 7))
+SRC_VALID = jnp.asarray([[True] * 7, [True] * 6 + [False]])  # a padded source token
+
+
+def _full_and_cached(model, tokens, positions):
+    """Logits ``[b, T, V]`` of one full forward pass, and of prefilling ``P`` tokens and
+    then decoding the rest one token at a time through the cache (a ``lax.scan``)."""
+    if isinstance(model, EncoderDecoder):
+        src_kw = dict(src_positions=SRC_POSITIONS, src_valid=SRC_VALID)
+        full = model(SRC, tokens, tgt_positions=positions, **src_kw)
+        cache = model.init_cache(SRC, capacity=T, positions=positions, **src_kw)
+    else:
+        full = model(tokens, positions)
+        cache = model.init_cache(tokens.shape[0], T, positions=positions)
+    first, cache = model.decode_step(tokens[:, :P], positions[:, :P], cache)
+
+    def step(cache, xs):
+        token, position = xs  # [b] each
+        logits, cache = model.decode_step(token[:, None], position[:, None], cache)
+        return cache, logits[:, 0]
+
+    _, rest = jax.lax.scan(step, cache, (tokens[:, P:].T, positions[:, P:].T))
+    return full, jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _compare_all(graphdefs, states, tokens, positions):
+    """`_full_and_cached` for several models in one compile (fewer compiles, faster tests)."""
+    return [
+        _full_and_cached(nnx.merge(g, s), tokens, positions)
+        for g, s in zip(graphdefs, states, strict=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "scaling"), CASES, ids=[f"{n}{'+' + s if s else ''}" for n, s in CASES]
+)
+def test_cached_decoding_equals_full_forward(name, scaling):
+    """Prompt of 5 tokens prefilled at once, 11 more one at a time, total 16 > the training
+    length 8 of the scaled RoPE variants; offset positions on row 1. The DecoderOnlyLM, and
+    the EncoderDecoder (unless the encoding is causal-only; with a padded source token, so
+    cached cross-attention is compared with recomputing it)."""
+    cfg = small_cfg(name, **ROPE_SCALINGS.get(scaling, {}))
+    models = [DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))]
+    if not get_positional_encoding(name).causal_only and not scaling:
+        models.append(EncoderDecoder(cfg, rngs=nnx.Rngs(0)))
+    graphdefs, states = zip(*(nnx.split(m) for m in models), strict=True)
+    results = _compare_all(tuple(graphdefs), list(states), _tokens(0, (2, T)), POSITIONS)
+    for model, (full, cached) in zip(models, results, strict=True):
+        assert np.isfinite(np.asarray(full)).all(), type(model).__name__
+        np.testing.assert_allclose(
+            np.asarray(cached),
+            np.asarray(full),
+            atol=1e-5,
+            rtol=1e-5,
+            err_msg=f"{type(model).__name__} with {name} {scaling}",
+        )
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+@pytest.fixture(scope="module")
+def lm() -> DecoderOnlyLM:
+    return DecoderOnlyLM(small_cfg("rope", num_decoder_layers=2), rngs=nnx.Rngs(3))
+
+
+@pytest.fixture(scope="module")
+def prompt() -> jax.Array:
+    return _tokens(5, (2, P))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, tokens):
+    model = nnx.merge(graphdef, state)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    return model(tokens, positions)
+
+
+def _fed_logits(model, prompt, new_tokens) -> np.ndarray:
+    """Full-forward logits ``[b, N, V]`` at the positions that predict each new token."""
+    fed = jnp.concatenate([prompt, new_tokens[:, :-1]], axis=1)
+    logits = _forward(*nnx.split(model), fed)
+    return np.asarray(logits[:, prompt.shape[1] - 1 :])
+
+
+def test_greedy_is_deterministic_and_the_argmax_of_the_full_forward(lm, prompt):
+    out = generate(lm, prompt, max_new_tokens=N)
+    assert out.shape == (2, N) and out.dtype == jnp.int32
+    np.testing.assert_array_equal(generate(lm, prompt, max_new_tokens=N), out)
+    np.testing.assert_array_equal(np.argmax(_fed_logits(lm, prompt, out), -1), out)
+
+
+def test_sampling_is_reproducible_and_top_k_stays_in_the_top_k(lm, prompt):
+    k = 4
+    kw = dict(max_new_tokens=N, temperature=2.0, top_k=k)
+    a = np.asarray(generate(lm, prompt, rng=jax.random.key(1), **kw))
+    np.testing.assert_array_equal(generate(lm, prompt, rng=jax.random.key(1), **kw), a)
+    b = np.asarray(generate(lm, prompt, rng=jax.random.key(2), **kw))
+    assert (a != b).any()
+    for out in (a, b):
+        logits = _fed_logits(lm, prompt, jnp.asarray(out))
+        top = np.argsort(-logits, axis=-1)[..., :k]  # [b, N, k]
+        assert (top == out[..., None]).any(-1).all()
+    greedy = np.asarray(generate(lm, prompt, max_new_tokens=N))
+    assert (a != greedy).any()  # temperature 2 over 4 candidates is not the argmax
+
+
+def test_sample_logits_follows_the_tempered_softmax():
+    logits = jnp.asarray([0.0, 1.0, 2.0, -1.0, 0.5], jnp.float32)
+    rows = jnp.broadcast_to(logits, (20000, 5))
+    for temperature, top_k in ((0.5, None), (2.0, 3)):
+        draws = sample_logits(
+            rows, jax.random.key(0), temperature=temperature, top_k=top_k, greedy=False
+        )
+        freq = np.bincount(np.asarray(draws), minlength=5) / draws.shape[0]
+        expected = np.exp(np.asarray(logits) / temperature)
+        if top_k is not None:
+            expected[np.argsort(-np.asarray(logits))[top_k:]] = 0.0
+        np.testing.assert_allclose(freq, expected / expected.sum(), atol=0.015)
+
+
+def test_stop_byte(lm, prompt):
+    kw = dict(max_new_tokens=N, temperature=2.0, top_k=4, rng=jax.random.key(1))
+    free = np.asarray(generate(lm, prompt, **kw))  # the same draws until a row stops
+    # A stop byte both rows emit (so the loop ends early), whose first occurrence in row 0
+    # is followed by other tokens (so the padding after it is visible).
+    candidates = [
+        int(v)
+        for i, v in enumerate(free[0, :-1])
+        if (free[0, i + 1 :] != v).any() and v in free[1] and v not in free[0, :i]
+    ]
+    assert candidates, f"no usable stop byte in {free}; pick another seed"
+    stop = candidates[0]
+    out, lengths = generate(lm, prompt, stop_byte=stop, return_lengths=True, **kw)
+    for row, got, length in zip(free, np.asarray(out), np.asarray(lengths), strict=True):
+        n = int(np.flatnonzero(row == stop)[0]) + 1  # tokens up to and including the stop
+        assert length == n
+        np.testing.assert_array_equal(got[:n], row[:n])
+        np.testing.assert_array_equal(got[n:], np.full(N - n, stop))
+    assert lengths[0] < N and (np.asarray(out)[0] != free[0]).any()
+
+
+def test_learned_table_limit_is_a_clear_error():
+    model = DecoderOnlyLM(small_cfg("learned", max_length=12), rngs=nnx.Rngs(0))
+    prompt = _tokens(0, (1, P))
+    with pytest.raises(ValueError, match="max_length=12"):
+        generate(model, prompt, max_new_tokens=9)  # feeds 5 + 9 - 1 = 13 tokens
+    assert generate(model, prompt, max_new_tokens=8).shape == (1, 8)  # feeds 12
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=2, temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=2, temperature=1.0), "rng"),
+        (dict(max_new_tokens=2, top_k=V + 1), "top_k"),
+        (dict(max_new_tokens=2, stop_byte=V), "stop_byte"),
+        (dict(max_new_tokens=2, positions=jnp.arange(3)), "positions"),
+        (dict(max_new_tokens=2, src=jnp.zeros((2, 3), jnp.int32)), "EncoderDecoder"),
+    ],
+)
+def test_bad_arguments_name_the_argument(lm, prompt, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(lm, prompt, **kwargs)
+
+
+def test_encoder_decoder_generate_is_the_argmax_of_the_full_forward():
+    model = EncoderDecoder(small_cfg("t5"), rngs=nnx.Rngs(0))
+    src, start = _tokens(1, (2, 7)), jnp.ones((2, 1), jnp.int32)
+    out = generate(model, start, src=src, max_new_tokens=6)
+    fed = jnp.concatenate([start, out[:, :-1]], axis=1)
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(
+        lambda state, src, tgt: nnx.merge(graphdef, state)(
+            src, tgt, src_positions=jnp.arange(7), tgt_positions=jnp.arange(6)
+        )
+    )
+    np.testing.assert_array_equal(np.argmax(np.asarray(forward(state, src, fed)), -1), out)
+    with pytest.raises(ValueError, match="src"):
+        generate(model, start, max_new_tokens=2)
+
+
+# ------------------------------------------------------- task scoring on a trained model
+
+
+@pytest.fixture(scope="module")
+def copy_model():
+    """A 2-layer ALiBi LM trained 300 steps on copying strings of 1..6 letters: it solves
+    short strings and fails on longer ones, so both outcomes are scored."""
+    from flaxformer_lite.train.config import OptimConfig
+    from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+    from flaxformer_lite.train.step import init_train_state, make_train_step
+
+    task = data.get_task("copy", alphabet=b"abcdefgh")
+    cfg = ModelConfig(
+        vocab_size=128,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        num_encoder_layers=0,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+        norm="pre",
+        max_length=32,
+        positional="alibi",
+    )
+    steps, optim = 300, OptimConfig(learning_rate=1e-2, warmup_steps=20)
+    tx = make_optimizer(optim, steps)
+    graphdef, state = init_train_state(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)), tx)
+    train_step = jax.jit(
+        make_train_step(graphdef, tx, learning_rate_schedule(optim, steps)), donate_argnums=0
+    )
+    rng = np.random.default_rng(0)
+    positions = np.broadcast_to(np.arange(12, dtype=np.int32), (32, 12))
+    for _ in range(steps):
+        batch = task.sample(rng, 32, int(rng.integers(1, 7)), pad_to=12)
+        state, _ = train_step(state, batch | {"positions": positions})
+    return nnx.merge(graphdef, state["params"], state["rest"]), task
+
+
+def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
+    model, task = copy_model
+    lengths, num = (3, 5), 32
+    outcomes = []
+    for length in lengths:
+        batch = task.sample(np.random.default_rng([0, length]), num, length)
+        t = batch["inputs"].shape[1]
+        batch["positions"] = evaluate.arange_positions(0, num, t)
+        teacher = np.asarray(jnp.argmax(model(batch["inputs"], batch["positions"]), -1))
+        generated = evaluate.generate_predictions(model, task, batch, length)
+        tf_exact = task.exact_match(teacher, batch)
+        np.testing.assert_array_equal(task.exact_match(generated, batch), tf_exact)
+        # Stronger: greedy decoding follows the teacher-forced argmax up to its first error.
+        answer = slice(t - task.answer_length(length), t)
+        for tf_row, gen_row, target in zip(
+            teacher[:, answer], generated[:, answer], batch["targets"][:, answer], strict=True
+        ):
+            wrong = np.flatnonzero(tf_row != target)
+            upto = len(target) if wrong.size == 0 else wrong[0] + 1
+            np.testing.assert_array_equal(gen_row[:upto], tf_row[:upto])
+        outcomes.append(tf_exact)
+    outcomes = np.concatenate(outcomes)
+    assert 0 < outcomes.sum() < outcomes.size, "need both solved and failed examples"
+    rows = {
+        mode: evaluate.evaluate_task(
+            model, task, lengths, num_examples=num, batch_size=num, mode=mode
+        )
+        for mode in ("teacher_forced", "generate")
+    }
+    for tf_row, gen_row, length in zip(
+        rows["teacher_forced"], rows["generate"], lengths, strict=True
+    ):
+        assert "mode" not in tf_row and gen_row["mode"] == "generate"
+        assert gen_row["exact_match"] == tf_row["exact_match"]
+        assert tf_row["eval_length"] == gen_row["eval_length"] == length
+    with pytest.raises(ValueError, match="mode="):
+        evaluate.evaluate_task(model, task, lengths, mode="beam")
+
+
+# ------------------------------------------------------------------ scripts/generate.py
+
+
+def test_generate_script_end_to_end(tmp_path):
+    from flaxformer_lite.train.checkpoint import Checkpointer
+    from flaxformer_lite.train.config import RunConfig
+    from flaxformer_lite.train.loop import build_model, train_and_evaluate
+    from flaxformer_lite.train.optim import make_optimizer
+    from flaxformer_lite.train.step import init_train_state
+
+    c = extrapolation_lm.get_config("tiny")
+    c.train.update(num_steps=4, checkpoint_every=2)
+    c.eval.update(length_multiples=(1,), max_tokens=64)
+    c.model.max_length = c.data.train_length
+    workdir = tmp_path / "run"
+    train_and_evaluate(c, workdir)
+    prompt, n = "def ", 12
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "generate.py"),
+            f"--workdir={workdir}",
+            f"--prompt={prompt}",
+            f"--max_new_tokens={n}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # The expected continuation from the newest checkpoint (step 4), computed here.
+    run = RunConfig.from_config(json.loads((workdir / "config.json").read_text()))
+    graphdef, state = init_train_state(
+        build_model(run), make_optimizer(run.optim, run.train.num_steps)
+    )
+    ckpt = Checkpointer(workdir / "checkpoints", keep=2)
+    state, step = ckpt.restore_latest(state)
+    ckpt.close()
+    assert step == 4
+    model = nnx.merge(graphdef, state["params"], state["rest"])
+    ids = jnp.asarray([list(prompt.encode())], jnp.int32)
+    tokens = np.asarray(generate(model, ids, max_new_tokens=n))[0]
+    text = (prompt.encode() + bytes(tokens.tolist())).decode("utf-8", errors="replace")
+    assert proc.stdout == text + "\n"
+    assert proc.stdout.startswith(prompt)
