@@ -1,513 +1,53 @@
-"""Tables (Markdown, LaTeX booktabs, CSV), plots and ``REPORT.md`` from results rows alone.
+"""Plots and ``REPORT.md`` from results rows alone; the tables come from `tables`.
 
 ``write_report(rows, out_dir)`` is the entry point (``scripts/make_report.py`` and the sweep
-runner call it). The pieces are public for notebooks and tests:
-
-* `build_tables` groups rows into `Table` s: one per metric x protocol (x task, x train
-  length or study when several are present). Rows = encodings, in the order they first appear
-  with every ``base+variant`` label (RoPE scaling, randomized positions) right after its base;
-  columns = evaluation lengths ("2× (128)"), or window-offset buckets at the longest length for
-  ``bucket_loss``; cells = mean ± 95% Student-t CI across seeds (`stats.mean_ci`).
-* `render_markdown`, `render_latex`, `render_csv` turn a table into text.
-
-Output is deterministic: the same rows give byte-identical tables and ``REPORT.md``.
+runner call it). It writes ``tables/*.md|.tex|.csv``, ``plots/*.png|.pdf`` and ``REPORT.md``,
+which embeds the tables and plots and states the commands, commits, versions, devices,
+corpus and wall time found in the rows. Output is deterministic: the same rows give
+byte-identical tables and ``REPORT.md``.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flaxformer_lite.experiments import plots
-from flaxformer_lite.experiments.stats import mean_ci
-
-CONFIDENCE = 0.95
-MISSING_MD = "—"
-MISSING_TEX = "---"
-
-
-@dataclasses.dataclass(frozen=True)
-class MetricInfo:
-    """How a metric is named and shown: title, unit, which direction is better, decimals."""
-
-    title: str
-    unit: str = ""
-    better: str | None = None  # "lower", "higher" or None (no best marked)
-    digits: int = 3
-
-
-METRICS: dict[str, MetricInfo] = {
-    "bits_per_byte": MetricInfo("Bits per byte", "bits/byte", "lower"),
-    "exact_match": MetricInfo("Exact match", "fraction of examples", "higher"),
-    "accuracy": MetricInfo("Accuracy", "fraction of target tokens", "higher"),
-    "bucket_loss": MetricInfo("Loss by window-offset bucket", "nats/token", "lower"),
-    "loss": MetricInfo("Loss", "nats/token", "lower"),
-    "perplexity": MetricInfo("Perplexity", "", "lower", digits=2),
-}
-# Tables of these metrics are embedded in REPORT.md; the others are linked.
-MAIN_METRICS = ("bits_per_byte", "exact_match", "accuracy", "bucket_loss")
-_METRIC_ORDER = {m: i for i, m in enumerate(METRICS)}
-
-
-def metric_info(metric: str) -> MetricInfo:
-    """`MetricInfo` of ``metric`` (an unknown metric is shown by name, with no best marked)."""
-    return METRICS.get(metric, MetricInfo(metric))
-
-
-# ----------------------------------------------------------------------------- tables
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-    """A table column: an evaluation length, or a window-offset bucket at one length."""
-
-    key: Any
-    eval_length: int
-    train_length: int | None
-    bucket: str | None = None
-
-    @property
-    def multiple(self) -> float | None:
-        """Evaluation length as a multiple of the training length."""
-        return self.eval_length / self.train_length if self.train_length else None
-
-    def label(self) -> str:
-        """Plain-text header: ``"2× (128)"``, a bucket ``"[64,128)"``, or ``"128"``."""
-        if self.bucket is not None:
-            return self.bucket
-        if self.multiple is None:
-            return str(self.eval_length)
-        return f"{self.multiple:g}× ({self.eval_length})"
-
-    def latex_label(self) -> str:
-        """LaTeX header: ``"$2\\times$ (128)"``, ``"{[}64,128)"``, or ``"128"``."""
-        if self.bucket is not None:
-            return latex_escape(self.bucket)
-        if self.multiple is None:
-            return str(self.eval_length)
-        return f"${self.multiple:g}\\times$ ({self.eval_length})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """Aggregate of one (encoding, column): mean, CI half width (None if n = 1), n, seeds."""
-
-    mean: float
-    half_width: float | None
-    n: int
-    seeds: tuple[Any, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    """One results table: ``cells[(encoding, column.key)]`` (absent = not measured)."""
-
-    name: str
-    metric: str
-    study: str | None
-    protocol: str | None
-    task: str | None
-    train_length: int | None
-    eval_length: int | None  # bucket tables: the evaluation length the buckets come from
-    encodings: tuple[str, ...]
-    columns: tuple[Column, ...]
-    cells: Mapping[tuple[str, Any], Cell]
-    strides: tuple[int, ...] = ()
-
-    @property
-    def info(self) -> MetricInfo:
-        return metric_info(self.metric)
-
-    def title(self) -> str:
-        """Short heading, e.g. ``"Bits per byte — nonoverlapping"``."""
-        parts = [self.info.title]
-        if self.metric == "bucket_loss" and self.eval_length:
-            parts[0] += f" at length {self.eval_length}"
-        where = [p for p in (self.task, None if self.task else self.protocol) if p]
-        if where:
-            parts.append(", ".join(where))
-        return " — ".join(parts)
-
-    def caption(self) -> str:
-        """Plain-text caption: what is shown, the setting, the statistic and n."""
-        info = self.info
-        unit = f" ({info.unit})" if info.unit else ""
-        better = f", {info.better} is better" if info.better else ""
-        text = [f"{info.title}{unit}{better}."]
-        setting = []
-        if self.study:
-            setting.append(f"study {self.study}")
-        if self.task:
-            setting.append(f"task {self.task}")
-        if self.protocol and self.protocol != "task":
-            protocol = f"protocol {self.protocol}"
-            if self.protocol == "sliding" and self.strides:
-                protocol += " (strides " + ", ".join(map(str, self.strides)) + ")"
-            setting.append(protocol)
-        if self.train_length:
-            setting.append(f"train length L = {self.train_length}")
-        if self.metric == "bucket_loss" and self.eval_length:
-            length = f"evaluation length {self.eval_length}"
-            if self.train_length:
-                length += f" ({self.eval_length / self.train_length:g}× L)"
-            setting.append(f"{length}; columns are window offsets [lo, hi)")
-        elif self.train_length:
-            setting.append("columns: evaluation length as a multiple of L (tokens)")
-        if setting:
-            text.append(_sentence("; ".join(setting)))
-        text.append(self.n_note())
-        if self.best_marked():
-            text.append("Bold: best per column.")
-        if any(self.cell(e, c) is None for e in self.encodings for c in self.columns):
-            text.append(f"{MISSING_MD}: not measured.")
-        return " ".join(text)
-
-    def n_note(self) -> str:
-        """The statistic and the number of samples, e.g. ``n=1: no interval``."""
-        ns = sorted({c.n for c in self.cells.values()})
-        if ns == [1]:
-            return "One seed per cell (n=1: no interval)."
-        n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]} per cell; see CSV"
-        note = f"Mean ± {CONFIDENCE:.0%} CI across seeds (Student t, n={n})."
-        if ns[0] == 1:
-            note += " Cells marked (n=1) have no interval."
-        repeated = any(
-            len(set(seeds)) < len(seeds)
-            for seeds in ([s for s in c.seeds if s is not None] for c in self.cells.values())
-        )
-        if repeated:
-            note += " Some cells hold several measurements of one seed (merged runs)."
-        return note
-
-    def cell(self, encoding: str, column: Column) -> Cell | None:
-        return self.cells.get((encoding, column.key))
-
-    def best_marked(self) -> bool:
-        return any(self.best(c) for c in self.columns)
-
-    def best(self, column: Column) -> set[str]:
-        """Encodings with the best mean of ``column`` as displayed (ties all best).
-
-        Empty when the metric has no direction or fewer than two encodings have a finite mean.
-        """
-        better = self.info.better
-        shown = {}
-        for e in self.encodings:
-            c = self.cell(e, column)
-            if c is not None and math.isfinite(c.mean):
-                shown[e] = float(format_number(c.mean, self.info.digits))
-        if better is None or len(shown) < 2:
-            return set()
-        target = min(shown.values()) if better == "lower" else max(shown.values())
-        return {e for e, v in shown.items() if v == target}
-
-    def mixed_n(self) -> bool:
-        return len({c.n for c in self.cells.values()}) > 1
-
-
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:] + "."
-
-
-def format_number(x: float, digits: int) -> str:
-    """Fixed ``digits`` decimals; scientific beyond 1e5; ``nan``/``inf`` spelled out."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if abs(x) >= 1e5:
-        return f"{x:.{digits}e}"
-    return f"{x:.{digits}f}"
-
-
-def encoding_order(labels: Iterable[str]) -> list[str]:
-    """Distinct labels in order of first appearance, each ``base+variant`` right after ``base``.
-
-    ``["sinusoidal", "rope", "alibi", "rope+pi", "rope+yarn"]`` ->
-    ``["sinusoidal", "rope", "rope+pi", "rope+yarn", "alibi"]``. A variant whose base is absent
-    keeps its own position.
-    """
-    order = list(dict.fromkeys(labels))
-    present = set(order)
-
-    def base(label: str) -> str | None:
-        head = label.split("+", 1)[0]
-        return head if "+" in label and head in present else None
-
-    out = []
-    for label in order:
-        if base(label) is None:
-            out.append(label)
-            out += [v for v in order if base(v) == label]
-    return out
-
-
-def _bucket_lo(bucket: str) -> tuple[float, str]:
-    m = re.match(r"\s*[\[(]\s*(-?\d+)", bucket)
-    return (float(m.group(1)) if m else math.inf, bucket)
-
-
-def _group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (row.get("study"), row.get("protocol"), row.get("task"), row.get("train_length"))
-
-
-def table_names(keys: Iterable[tuple[str, tuple[Any, ...]]]) -> dict[tuple[str, Any], str]:
-    """File stems for ``(metric, (study, protocol, task, train_length))`` keys.
-
-    ``metric[_protocol][_task]`` (protocol ``task`` is implied by a task name), prefixed by the
-    study and suffixed by ``_L<train length>`` only where that is needed to tell keys apart,
-    so a single-study report has stable names like ``bits_per_byte_nonoverlapping``.
-    """
-    keys = list(dict.fromkeys(keys))
-    families: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
-    for metric, (study, protocol, task, train_length) in keys:
-        families.setdefault((metric, protocol, task), []).append((study, train_length))
-    names = {}
-    for metric, key in keys:
-        study, protocol, task, train_length = key
-        members = families[(metric, protocol, task)]
-        parts = [str(study)] if study and len({m[0] for m in members}) > 1 else []
-        parts.append(metric)
-        if protocol and protocol != "task":
-            parts.append(str(protocol))
-        if task:
-            parts.append(str(task))
-        if train_length and len({m[1] for m in members}) > 1:
-            parts.append(f"L{train_length}")
-        names[(metric, key)] = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(parts))
-    return names
-
-
-def _aggregate(groups: Mapping[tuple[str, Any], list[Mapping[str, Any]]]) -> dict:
-    cells = {}
-    for key, rs in groups.items():
-        mean, half, n = mean_ci([r["value"] for r in rs], confidence=CONFIDENCE)
-        cells[key] = Cell(mean, half, n, tuple(r.get("seed") for r in rs))
-    return cells
-
-
-def build_tables(rows: Sequence[Mapping[str, Any]]) -> list[Table]:
-    """Group scalar rows into tables (see the module docstring); ``loss_by_position`` is plotted,
-    not tabulated. Tables are ordered by study, then metric (bits/byte, exact match, accuracy,
-    buckets, loss, perplexity, others by name), then first appearance."""
-    scalar = [r for r in rows if r["metric"] != "loss_by_position"]
-    order = encoding_order(r["encoding"] for r in rows)
-    studies = list(dict.fromkeys(r.get("study") for r in rows))
-
-    grouped: dict[tuple[str, tuple[Any, ...]], list[Mapping[str, Any]]] = {}
-    for r in scalar:
-        grouped.setdefault((r["metric"], _group_key(r)), []).append(r)
-
-    names = table_names(grouped)
-    tables = []
-    for index, ((metric, key), rs) in enumerate(grouped.items()):
-        train_length = key[3]
-        eval_length = None
-        if metric == "bucket_loss":
-            eval_length = max(r["eval_length"] for r in rs)
-            rs = [r for r in rs if r["eval_length"] == eval_length]
-            buckets = sorted({r["bucket"] for r in rs}, key=_bucket_lo)
-            columns = tuple(Column(b, eval_length, train_length, bucket=b) for b in buckets)
-            by_cell = _by(rs, lambda r: (r["encoding"], r["bucket"]))
-        else:
-            lengths = sorted({r["eval_length"] for r in rs})
-            columns = tuple(Column(n, n, train_length) for n in lengths)
-            by_cell = _by(rs, lambda r: (r["encoding"], r["eval_length"]))
-        present = {r["encoding"] for r in rs}
-        strides = sorted({r["stride"] for r in rs if isinstance(r.get("stride"), int)})
-        table = Table(
-            name=names[(metric, key)],
-            metric=metric,
-            study=key[0],
-            protocol=key[1],
-            task=key[2],
-            train_length=train_length,
-            eval_length=eval_length,
-            encodings=tuple(e for e in order if e in present),
-            columns=columns,
-            cells=_aggregate(by_cell),
-            strides=tuple(strides),
-        )
-        sort_key = (
-            studies.index(key[0]),
-            _METRIC_ORDER.get(metric, len(_METRIC_ORDER)),
-            "" if metric in _METRIC_ORDER else metric,
-            index,
-        )
-        tables.append((sort_key, table))
-    tables.sort(key=lambda t: t[0])
-    return _unique_names([t for _, t in tables])
-
-
-def _by(rows: Iterable[Mapping[str, Any]], key) -> dict[Any, list[Mapping[str, Any]]]:
-    out: dict[Any, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(key(r), []).append(r)
-    return out
-
-
-def _unique_names(tables: list[Table]) -> list[Table]:
-    """Suffix ``-2``, ``-3`` ... to names that collide after sanitizing."""
-    seen: dict[str, int] = {}
-    out = []
-    for t in tables:
-        count = seen.get(t.name, 0) + 1
-        seen[t.name] = count
-        out.append(t if count == 1 else dataclasses.replace(t, name=f"{t.name}-{count}"))
-    return out
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def _cell_text(table: Table, cell: Cell | None, *, pm: str, missing: str, n1: str) -> str:
-    if cell is None:
-        return missing
-    digits = table.info.digits
-    text = format_number(cell.mean, digits)
-    if cell.half_width is not None:
-        text += f" {pm} {format_number(cell.half_width, digits)}"
-    elif table.mixed_n():
-        text += f" {n1}"
-    return text
-
-
-def render_markdown(table: Table) -> str:
-    """GitHub-flavoured Markdown: caption paragraph, then the table (best per column bold)."""
-    best = {c.key: table.best(c) for c in table.columns}
-    lines = [f"**{table.title()}.** {table.caption()}", ""]
-    lines.append("| encoding | " + " | ".join(c.label() for c in table.columns) + " |")
-    lines.append("|:--|" + "--:|" * len(table.columns))
-    for e in table.encodings:
-        cells = []
-        for c in table.columns:
-            text = _cell_text(table, table.cell(e, c), pm="±", missing=MISSING_MD, n1="(n=1)")
-            cells.append(f"**{text}**" if e in best[c.key] else text)
-        lines.append(f"| {_md_escape(e)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-_TEX_SPECIAL = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-    "[": "{[}",
-    "]": "{]}",
-    "±": r"$\pm$",
-    "×": r"$\times$",
-    "–": "--",
-    "—": "---",
-    "−": "$-$",
-}
-
-
-def latex_escape(text: str) -> str:
-    """Escape LaTeX special characters (``_`` -> ``\\_``, ``%`` -> ``\\%``, ``±`` -> ``$\\pm$``)."""
-    return "".join(_TEX_SPECIAL.get(ch, ch) for ch in str(text))
-
-
-def render_latex(table: Table) -> str:
-    """A booktabs ``table`` float (``\\toprule``/``\\midrule``/``\\bottomrule``) to ``\\input``.
-
-    Needs ``\\usepackage{booktabs}``; the label is ``tab:<table name>``.
-    """
-    best = {c.key: table.best(c) for c in table.columns}
-    lines = [
-        f"% {table.name}: generated by flaxformer_lite.experiments.report from results rows.",
-        "% Requires \\usepackage{booktabs}.",
-        "\\begin{table}[htbp]",
-        "\\centering",
-        f"\\caption{{{latex_escape(table.caption())}}}",
-        f"\\label{{tab:{table.name}}}",
-        "\\begin{tabular}{l" + "r" * len(table.columns) + "}",
-        "\\toprule",
-        "Encoding & " + " & ".join(c.latex_label() for c in table.columns) + " \\\\",
-        "\\midrule",
-    ]
-    for e in table.encodings:
-        cells = []
-        for c in table.columns:
-            cell = table.cell(e, c)
-            text = _cell_text(table, cell, pm="$\\pm$", missing=MISSING_TEX, n1="($n{=}1$)")
-            cells.append(f"\\textbf{{{text}}}" if e in best[c.key] else text)
-        lines.append(f"{latex_escape(e)} & " + " & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
-    return "\n".join(lines) + "\n"
-
-
-CSV_FIELDS = (
-    "table",
-    "study",
-    "metric",
-    "protocol",
-    "task",
-    "train_length",
-    "encoding",
-    "eval_length",
-    "eval_multiple",
-    "bucket",
-    "mean",
-    "ci_half_width",
-    "n",
+from flaxformer_lite.experiments.tables import (
+    CONFIDENCE,
+    CSV_FIELDS,
+    MAIN_METRICS,
+    MISSING_MD,
+    Table,
+    build_tables,
+    encoding_order,
+    group_by,
+    group_key,
+    latex_escape,
+    md_escape,
+    render_csv,
+    render_latex,
+    render_markdown,
+    table_names,
 )
 
-
-def _csv_number(x: float | None) -> str:
-    return "" if x is None else repr(float(x))
-
-
-def render_csv(table: Table) -> str:
-    """One line per encoding x column: ``mean``, ``ci_half_width`` (empty for n=1), ``n``.
-
-    Full-precision numbers, no ± strings; a cell that was not measured has ``n = 0`` and empty
-    ``mean``/``ci_half_width``.
-    """
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_FIELDS)
-    for e in table.encodings:
-        for c in table.columns:
-            cell = table.cell(e, c)
-            multiple = c.multiple
-            writer.writerow(
-                [
-                    table.name,
-                    table.study or "",
-                    table.metric,
-                    table.protocol or "",
-                    table.task or "",
-                    table.train_length or "",
-                    e,
-                    c.eval_length,
-                    "" if multiple is None else f"{multiple:g}",
-                    c.bucket or "",
-                    _csv_number(None if cell is None else cell.mean),
-                    _csv_number(None if cell is None else cell.half_width),
-                    0 if cell is None else cell.n,
-                ]
-            )
-    return buf.getvalue()
-
-
-# ----------------------------------------------------------------------------- plots
+# The table API is re-exported here so ``report`` is the one module notebooks need.
+__all__ = [
+    "CSV_FIELDS",
+    "build_tables",
+    "encoding_order",
+    "latex_escape",
+    "render_csv",
+    "render_latex",
+    "render_markdown",
+    "render_report",
+    "table_names",
+    "write_report",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -593,7 +133,7 @@ def _position_plots(
     tables: Sequence[Table],
 ) -> list[PlotInfo]:
     curves_rows = [r for r in rows if r["metric"] == "loss_by_position"]
-    groups = _by(curves_rows, _group_key)
+    groups = group_by(curves_rows, group_key)
     many_studies = len({r.get("study") for r in rows}) > 1
     names = table_names(("loss_by_position", key) for key in groups)
     taken = {t.name for t in tables}
@@ -602,7 +142,7 @@ def _position_plots(
         study, protocol, _, train_length = key
         longest = max(r["eval_length"] for r in rs)
         rs = [r for r in rs if r["eval_length"] == longest]
-        by_encoding = _by(rs, lambda r: r["encoding"])
+        by_encoding = group_by(rs, lambda r: r["encoding"])
         order = [e for e in encoding_order(r["encoding"] for r in rows) if e in by_encoding]
         curves = {e: plots.mean_curve([r["value"] for r in by_encoding[e]]) for e in order}
         window = max(1, (train_length or longest) // 8)
@@ -814,7 +354,7 @@ def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{r['train_seconds']:.1f}",
             f"{r['eval_seconds']:.1f}",
         ]
-        lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(md_escape(c) for c in cells) + " |")
     return lines
 
 
