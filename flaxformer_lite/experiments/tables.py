@@ -151,7 +151,8 @@ class Table:
                 length += f" ({self.eval_length / self.train_length:g}× L)"
             setting.append(f"{length}; columns are window offsets [lo, hi)")
         elif self.train_length:
-            setting.append("columns: evaluation length as a multiple of L (tokens)")
+            unit = "task length" if self.task else "tokens"
+            setting.append(f"columns: evaluation length as a multiple of L ({unit})")
         if setting:
             text.append(_sentence("; ".join(setting)))
         text.append(self.n_note())
