@@ -111,6 +111,14 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             chunked_threshold=1024,  # chunked (memory-efficient) attention above this many keys
         )
     )
+    c.mesh = ml_collections.ConfigDict(
+        dict(
+            data=-1,  # data-parallel devices; -1: all devices left over (1 on a CPU)
+            fsdp=1,  # devices that parameters and optimizer state are sharded over
+            multihost=False,  # call jax.distributed.initialize() first (one process per host)
+            rules=("batch=data", "embed=fsdp"),  # logical axis -> mesh axes; others replicated
+        )
+    )
     c.model = _model()
     c.sweep = ml_collections.ConfigDict(
         dict(

@@ -71,6 +71,26 @@ class EvalConfig:
     chunked_threshold: int = 1024  # evaluate with chunked attention above this many keys
 
 
+MESH_AXES = ("data", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = -1  # devices along the data-parallel mesh axis; -1: all devices left over
+    fsdp: int = 1  # devices along the parameter-sharding mesh axis; -1: all devices left over
+    multihost: bool = False  # call jax.distributed.initialize() first (one process per host)
+    # logical axis -> mesh axes ("+"-joined; empty: replicated); unnamed axes are replicated
+    rules: tuple[str, ...] = ("batch=data", "embed=fsdp")
+
+    def parsed_rules(self) -> dict[str, tuple[str, ...]]:
+        """``{"batch": ("data",), "embed": ("fsdp",)}`` from ``rules`` (validated)."""
+        out = {}
+        for rule in self.rules:
+            logical, _, mesh = rule.partition("=")
+            out[logical.strip()] = tuple(a.strip() for a in mesh.split("+") if a.strip())
+        return out
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     study: str
@@ -81,6 +101,7 @@ class RunConfig:
     optim: OptimConfig
     train: TrainConfig
     eval: EvalConfig
+    mesh: MeshConfig = MeshConfig()
 
     @property
     def eval_lengths(self) -> tuple[int, ...]:
@@ -90,7 +111,8 @@ class RunConfig:
     def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
         values = _to_dict(config)
-        known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval", "sweep"}
+        known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
+        known |= {"mesh", "sweep"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"config has unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -107,6 +129,7 @@ class RunConfig:
             optim=_build(OptimConfig, values.get("optim", {}), "config.optim"),
             train=_build(TrainConfig, values.get("train", {}), "config.train"),
             eval=_build(EvalConfig, values.get("eval", {}), "config.eval"),
+            mesh=_build(MeshConfig, values.get("mesh", {}), "config.mesh"),
         )
         _validate(run)
         return run
@@ -117,17 +140,25 @@ class RunConfig:
     def identity(self) -> dict[str, Any]:
         """The fields that define what is trained; a workdir only resumes a run with equal ones.
 
-        Step counts, cadences and evaluation settings may change between invocations.
+        Step counts, cadences, evaluation settings and the device mesh may change between
+        invocations.
         """
         d = self.to_dict()
         d["train"] = {}
         d["eval"] = {}
+        d.pop("mesh")
         d["model"].pop("attention_impl", None)
         return d
 
     def hash(self) -> str:
-        """Short sha256 of the full resolved config (recorded in results rows)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        """Short sha256 of the resolved config (recorded in results rows).
+
+        The device mesh is left out: it decides where the numbers are computed, not what is
+        computed, and leaving it out keeps the hashes of configs written before it existed.
+        """
+        d = self.to_dict()
+        d.pop("mesh")
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -205,6 +236,45 @@ def _validate(run: RunConfig) -> None:
     if t.eval_every < 0:
         _fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _validate_eval(run, e)
+    _validate_mesh(run)
+
+
+def _validate_mesh(run: RunConfig) -> None:
+    """Static checks; those that need the device count are in `train.sharding.make_mesh`."""
+    m = run.mesh
+    for name in MESH_AXES:
+        value = getattr(m, name)
+        if value != -1 and value < 1:
+            _fail(f"config.mesh.{name}", value, "must be >= 1, or -1 for all devices left over")
+    if m.data == -1 and m.fsdp == -1:
+        _fail("config.mesh.fsdp", m.fsdp, "only one of config.mesh.data / fsdp may be -1")
+    seen = set()
+    for rule in m.rules:
+        logical, eq, mesh = rule.partition("=")
+        axes = [a.strip() for a in mesh.split("+") if a.strip()]
+        if not eq or not logical.strip() or any(a not in MESH_AXES for a in axes):
+            _fail(
+                "config.mesh.rules",
+                m.rules,
+                f"each rule is 'logical_axis=mesh_axis[+mesh_axis]' (or 'logical_axis=' for "
+                f"replicated) with mesh axes from {list(MESH_AXES)}; bad rule {rule!r}",
+            )
+        if logical.strip() in seen or len(set(axes)) != len(axes):
+            _fail("config.mesh.rules", m.rules, f"rule {rule!r} repeats a logical or mesh axis")
+        seen.add(logical.strip())
+    batch_axes = m.parsed_rules().get("batch", ())
+    known = [getattr(m, a) for a in batch_axes]
+    if all(n > 0 for n in known):
+        ways = 1
+        for n in known:
+            ways *= n
+        if run.data.batch_size % ways:
+            names = " x ".join(f"config.mesh.{a}={getattr(m, a)}" for a in batch_axes)
+            _fail(
+                "config.data.batch_size",
+                run.data.batch_size,
+                f"must be divisible by the {ways} data-parallel devices ({names}) it is split over",
+            )
 
 
 def _validate_eval(run: RunConfig, e: EvalConfig) -> None:

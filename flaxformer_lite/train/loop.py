@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite import provenance
 from flaxformer_lite.models import DecoderOnlyLM
-from flaxformer_lite.train import data_source
+from flaxformer_lite.train import data_source, sharding
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
@@ -116,27 +116,31 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
       (also saved as ``eval.json``).
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
+    sharding.initialize_distributed(run.mesh)  # before anything touches a device
     source = data_source.build(run)  # fails on bad data settings before anything is written
+    plan = sharding.Plan.create(run)  # None on one device: the plain single-device path
     workdir = Path(workdir)
     prepare_workdir(workdir, run)
     eval_path = workdir / "eval.json"
 
-    model = build_model(run)
     tx = make_optimizer(run.optim, run.train.num_steps)
-    graphdef, state = init_train_state(model, tx)
+    if plan is None:
+        graphdef, state = init_train_state(build_model(run), tx)
+    else:
+        graphdef, state = plan.init_train_state(lambda: build_model(run), tx)
     ckpt = Checkpointer(workdir / "checkpoints", keep=run.train.keep_checkpoints)
     try:
         restored = ckpt.restore_latest(state)
         start = 0 if restored is None else restored[1]
         if restored is not None:
-            state = restored[0]
+            state = restored[0] if plan is None else plan.place(restored[0])
         if start >= run.train.num_steps and eval_path.exists():
             cached = json.loads(eval_path.read_text())
             if cached.get("config_hash") == run.hash():
                 return cached
         info = {"train_seconds": 0.0}
         if start < run.train.num_steps:
-            state, info = _train(run, source, graphdef, state, tx, ckpt, workdir, start)
+            state, info = _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan)
         ckpt.save(run.train.num_steps, state)
     finally:
         ckpt.close()
@@ -160,9 +164,12 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
     return summary
 
 
-def _train(run, source, graphdef, state, tx, ckpt, workdir, start):
+def _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan=None):
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
-    train_step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
+    if plan is None:
+        train_step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
+    else:
+        train_step = plan.jit_train_step(graphdef, tx, schedule, state)
     writer = MetricsWriter(workdir, resume_step=start)
     bar = tqdm(
         total=run.train.num_steps,
@@ -177,6 +184,8 @@ def _train(run, source, graphdef, state, tx, ckpt, workdir, start):
     try:
         for step in range(start, run.train.num_steps):
             batch = source.train_batch(step)
+            if plan is not None:
+                batch = plan.shard_batch(batch)
             state, metrics = train_step(state, batch)
             if pending is not None:
                 _log_step(run, writer, bar, *pending)
