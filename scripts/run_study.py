@@ -18,6 +18,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from flaxformer_lite import cli
 from flaxformer_lite.experiments.runner import run_study
 from flaxformer_lite.train.config import ConfigError
 
@@ -61,9 +62,17 @@ def main(argv: list[str]) -> None:
         config.unlock()
         config.train.progress = config.train.progress and _PROGRESS.value
         config.lock()
+        sweep = load_sweep(config)
+        swept = {path for cell in sweep for path in cell["overrides"]}
+        for name, value in cli.config_overrides(sys.argv):
+            if name.removeprefix("config.") in swept:
+                raise ConfigError(
+                    f"--{name}={value}: set for every cell by the study's sweep; select cells "
+                    "with --only (e.g. --only=rope) or change config.sweep"
+                )
         outcome = run_study(
             config,
-            load_sweep(config),
+            sweep,
             _WORKDIR.value,
             only=_ONLY.value,
             command=command,
@@ -81,4 +90,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -15,6 +15,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from flaxformer_lite import cli
 from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.loop import train_and_evaluate
 
@@ -42,4 +43,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

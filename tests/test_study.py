@@ -1,23 +1,14 @@
-"""The sweep runner: overrides, cell selection, rows, and kill-then-rerun equivalence."""
+"""The sweep runner: overrides, cell selection, rows (kill-then-rerun: test_kill_resume.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from experiments import extrapolation_lm
 from flaxformer_lite.experiments import runner
 from flaxformer_lite.train.config import ConfigError, RunConfig
-
-ROOT = Path(__file__).resolve().parent.parent
-VOLATILE = {"train_seconds", "eval_seconds", "timestamp", "command", "git_commit"}
 
 
 def test_sweep_lists_every_encoding_and_seed():
@@ -101,56 +92,3 @@ def test_rows_for_cell_one_row_per_length_and_metric():
     assert pi["variant"]["rope_scaling"] == "pi"
     assert {r["eval_multiple"] for r in rows} == {1, 2}
     json.dumps(rows)  # serialisable
-
-
-def _study(workdir: Path, *extra: str, check: bool = True) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "run_study.py"),
-        "--config=experiments/extrapolation_lm.py:tiny",
-        f"--workdir={workdir}",
-        "--only=alibi,rope",
-        "--config.train.num_steps=12",
-        "--config.train.checkpoint_every=6",
-        "--progress=false",
-        *extra,
-    ]
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _values(workdir: Path) -> dict:
-    rows = [json.loads(x) for x in (workdir / "results.jsonl").read_text().splitlines()]
-    keys = [
-        (r["encoding"], r["seed"], r["eval_length"], r["metric"], r.get("bucket")) for r in rows
-    ]
-    assert len(keys) == len(set(keys)), "duplicate rows"
-    return {k: r["value"] for k, r in zip(keys, rows, strict=True)}
-
-
-def test_kill_mid_study_then_rerun_gives_the_same_results(tmp_path):
-    clean = _study(tmp_path / "clean")
-    _, err = clean.communicate(timeout=600)
-    assert clean.returncode == 0, err.decode()[-3000:]
-
-    killed = _study(tmp_path / "killed")
-    ckpt = tmp_path / "killed" / "runs" / "rope-seed0" / "checkpoints" / "6"
-    deadline = time.time() + 300
-    while not ckpt.exists() and killed.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert killed.poll() is None, "the study finished before it could be killed"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert not (tmp_path / "killed" / "runs" / "rope-seed0" / "rows.jsonl").exists()
-
-    resumed = _study(tmp_path / "killed")
-    _, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err.decode()[-3000:]
-    assert _values(tmp_path / "killed") == _values(tmp_path / "clean")
-
-    # A third run finds everything finished and changes nothing.
-    before = (tmp_path / "killed" / "results.jsonl").read_bytes()
-    again = _study(tmp_path / "killed")
-    again.communicate(timeout=600)
-    assert again.returncode == 0
-    assert (tmp_path / "killed" / "results.jsonl").read_bytes() == before

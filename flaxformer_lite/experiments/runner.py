@@ -28,8 +28,9 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from flaxformer_lite.encodings import encoding_row_name, get_positional_encoding
+from flaxformer_lite.train import data_source, sharding
 from flaxformer_lite.train.config import ConfigError, RunConfig
-from flaxformer_lite.train.loop import train_and_evaluate
+from flaxformer_lite.train.loop import check_workdir, check_writable_dir, train_and_evaluate
 from flaxformer_lite.train.writer import atomic_write_text
 
 SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
@@ -189,14 +190,21 @@ def run_study(
 ) -> dict[str, Any]:
     """Run every selected cell (skipping finished ones), merge rows, write the report.
 
-    Every cell's config is validated before any training starts, so a bad override fails
-    fast and writes nothing. Returns ``{"done": [...], "failed": {name: error}, "results":
-    path}``.
+    Every selected cell's config, data and workdir are checked before anything is written
+    (`ConfigError`: a bad value, a missing corpus, a batch the devices do not divide, an
+    unwritable directory, a cell workdir that holds a run of a different config), so a bad
+    call fails fast and writes nothing.
+    Returns ``{"done": [...], "failed": {name: error}, "results": path}``.
     """
     cells = select_cells(sweep, only)
-    for cell in cells:
-        RunConfig.from_config(apply_overrides(config, cell["overrides"]))
     study = Study(config, sweep, workdir, command)
+    check_writable_dir(study.workdir, "workdir")
+    for cell in cells:
+        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
+        data_source.build(run)  # corpus / task / length errors
+        sharding.initialize_distributed(run.mesh)  # (multi-host only) before devices are used
+        sharding.make_mesh(run.mesh, batch_size=run.data.batch_size)  # batch vs devices
+        check_workdir(study.cell_dir(cell["name"]), run)
     study.write_manifest()
     failed: dict[str, str] = {}
     todo = [c for c in cells if not study.is_done(c["name"])]

@@ -1,21 +1,60 @@
 """Checkpoints with orbax-checkpoint's ``CheckpointManager`` (no pickle anywhere).
 
 Orbax writes each step into a temporary directory and renames it when complete, so a process
-killed mid-save leaves no half-written step behind. If the newest step is nevertheless
-unreadable (truncated or corrupted files), `Checkpointer.restore_latest` warns and falls back
-to the previous one, and to a fresh start if none can be read; it never mixes states.
+killed mid-save leaves no half-written step behind. Each step also stores a digest (CRC-32 of
+every array's bytes, with its shape and dtype) and is verified against it on restore: a
+truncated, corrupted or foreign step is rejected even when orbax would decode it (a flipped
+byte in a compressed chunk can decode to wrong numbers). `Checkpointer.restore_latest` then
+warns and falls back to the previous step, and to a fresh start if none can be read; the
+state it returns is always one whole, verified step, never a mix.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
+from flaxformer_lite.train import faults
+
 log = logging.getLogger(__name__)
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint step decoded, but its arrays do not match the digest saved with them."""
+
+
+def state_digest(state: Any) -> dict[str, str] | None:
+    """``{tree path: "dtype[shape]:crc32"}`` of every leaf, or None for multi-host arrays.
+
+    The bytes are read on the host (as orbax does when saving); arrays sharded over devices
+    of several processes are not fully addressable here and are not digested.
+    """
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    out = {}
+    for path, leaf in leaves:
+        if isinstance(leaf, jax.Array):
+            if not leaf.is_fully_addressable:
+                return None
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                leaf = jax.random.key_data(leaf)
+        a = np.asarray(jax.device_get(leaf))
+        crc = zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        out[jax.tree_util.keystr(path)] = f"{a.dtype}{list(a.shape)}:{crc:08x}"
+    return out
+
+
+def _first_difference(saved: dict[str, str], restored: dict[str, str]) -> str:
+    for key in sorted(set(saved) | set(restored)):
+        if saved.get(key) != restored.get(key):
+            return f"{key}: saved {saved.get(key)}, read {restored.get(key)}"
+    return "none"
 
 
 class Checkpointer:
@@ -24,29 +63,70 @@ class Checkpointer:
     def __init__(self, directory: str | Path, *, keep: int):
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=False
+            max_to_keep=keep,
+            create=True,
+            enable_async_checkpointing=False,
+            **_fault_options(),
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(
+            self.directory, item_names=("state", "digest"), options=options
+        )
+        self.unreadable: set[int] = set()  # steps restore_latest had to skip
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any) -> None:
-        """Write ``state`` as step ``step`` (synchronously; returns when it is on disk)."""
+        """Write ``state`` as step ``step`` (synchronously; returns when it is on disk).
+
+        An existing step is kept, unless `restore_latest` found it unreadable: then this
+        state (recomputed from an earlier step) replaces it.
+        """
         if step in self.manager.all_steps():
-            return
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+            if step not in self.unreadable:
+                return
+            self.manager.delete(step)
+            self.unreadable.discard(step)
+        digest = {"step": int(step), "leaves": state_digest(state)}
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), digest=ocp.args.JsonSave(digest)
+        )
+        self.manager.save(step, args=args, force=True)
         self.manager.wait_until_finished()
+
+    def restore(self, step: int, abstract_state: Any) -> Any:
+        """The state of ``step``, verified against its digest.
+
+        Raises whatever orbax raises for an unreadable step, or `CorruptCheckpointError`.
+        """
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), digest=ocp.args.JsonRestore()
+        )
+        restored = self.manager.restore(step, args=args)
+        saved = restored["digest"]
+        if not isinstance(saved, dict) or saved.get("step") != step:
+            raise CorruptCheckpointError(f"step {step}: its digest names step {saved!r}")
+        state = restored["state"]
+        if saved.get("leaves") is not None:
+            digest = state_digest(state)
+            if digest is not None and digest != saved["leaves"]:
+                raise CorruptCheckpointError(
+                    f"step {step}: arrays differ from their saved digest "
+                    f"(first: {_first_difference(saved['leaves'], digest)})"
+                )
+        return state
 
     def restore_latest(self, abstract_state: Any) -> tuple[Any, int] | None:
         """``(state, step)`` of the newest readable checkpoint, or None if there is none.
 
-        ``abstract_state`` gives the tree structure, shapes and dtypes (e.g. a fresh state).
+        ``abstract_state`` gives the tree structure, shapes and dtypes (e.g. a fresh state);
+        it is never modified. Each unreadable step is skipped with a `RuntimeWarning`.
         """
         for step in reversed(self.steps()):
             try:
-                state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+                state = self.restore(step, abstract_state)
             except Exception as e:
+                self.unreadable.add(step)
                 warnings.warn(
                     f"checkpoint step {step} in {self.directory} is unreadable "
                     f"({type(e).__name__}: {str(e)[:200]}); falling back to an earlier one",
@@ -65,3 +145,18 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _fault_options() -> dict[str, Any]:
+    """Test-only (`faults`): a temporary-path class that can be killed just before commit."""
+    if not faults.armed("checkpoint_save"):
+        return {}
+    from orbax.checkpoint._src.path import atomicity
+
+    class KillBeforeCommit(atomicity.AtomicRenameTemporaryPath):
+        async def finalize(self, *args, **kwargs):
+            if self._final_path.name.isdigit():  # the step directory, not one of its items
+                faults.hit("checkpoint_save")
+            return await super().finalize(*args, **kwargs)
+
+    return {"temporary_path_class": KillBeforeCommit}

@@ -25,9 +25,19 @@ QUICK_EVAL_TOKENS = 16384
 def build(run: RunConfig) -> _Source:
     """The source for ``run.data`` (raises `ConfigError` for a bad corpus/task/length)."""
     try:
-        return TaskSource(run) if run.data.source == "task" else CorpusSource(run)
+        source = TaskSource(run) if run.data.source == "task" else CorpusSource(run)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"config.data: {e}") from None
+    longest = max(run.eval_lengths)
+    if isinstance(source, TaskSource):
+        longest = source.task.sequence_length(longest)
+    if source.randomized and run.model.max_position < longest:
+        # checked here, not when evaluation reaches that length after the whole training
+        raise ConfigError(
+            f"config.model.max_position={run.model.max_position}: randomized positions need "
+            f"max_position >= the longest evaluation sequence ({longest} tokens)"
+        )
+    return source
 
 
 class _Source:

@@ -22,6 +22,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite import provenance
 from flaxformer_lite.models import DecoderOnlyLM
-from flaxformer_lite.train import data_source, sharding
+from flaxformer_lite.train import data_source, faults, sharding
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
@@ -51,28 +52,55 @@ def build_model(run: RunConfig) -> DecoderOnlyLM:
     return DecoderOnlyLM(run.model, rngs=nnx.Rngs(params=run.seed, dropout=run.seed + 1))
 
 
+def check_workdir(workdir: Path, run: RunConfig) -> None:
+    """Raise `ConfigError` if ``workdir`` cannot hold ``run``; writes nothing.
+
+    Refused: a path that is not (or cannot become) a writable directory, and a workdir that
+    holds a run of a different config (the message lists the fields that differ).
+    """
+    check_writable_dir(workdir, "workdir")
+    path = workdir / "config.json"
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            old = None
+        if isinstance(old, dict):
+            diff = _identity_diff(old, run)
+            if diff:
+                raise ConfigError(
+                    f"workdir={str(workdir)!r} holds a run of a different config "
+                    f"(differs in {', '.join(diff)}); use another --workdir or the same config"
+                )
+
+
+def check_writable_dir(path: Path, name: str) -> None:
+    """Raise `ConfigError` unless ``path`` is, or can be created as, a writable directory."""
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        problem = f"{str(existing)!r} is not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{str(existing)!r} is not writable"
+    else:
+        return
+    raise ConfigError(f"{name}={str(path)!r}: {problem}; must be a writable directory")
+
+
 def prepare_workdir(workdir: Path, run: RunConfig) -> None:
     """Create ``workdir`` and record the config, or check it holds a run of the same config."""
+    check_workdir(workdir, run)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / ".write_test"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"workdir={str(workdir)!r} is not writable: {e.strerror}") from None
+        raise ConfigError(
+            f"workdir={str(workdir)!r}: not writable ({e.strerror}); must be a writable directory"
+        ) from None
     path = workdir / "config.json"
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            old = None
-        if old is not None:
-            diff = _identity_diff(old, run)
-            if diff:
-                raise ConfigError(
-                    f"workdir={str(workdir)!r} holds a run of a different config "
-                    f"(differs in {diff}); use another --workdir or the same config"
-                )
     atomic_write_text(path, json.dumps(run.to_dict(), indent=2, sort_keys=True, default=str))
 
 
@@ -187,6 +215,7 @@ def _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan=None):
             if plan is not None:
                 batch = plan.shard_batch(batch)
             state, metrics = train_step(state, batch)
+            faults.hit("train_step")
             if pending is not None:
                 _log_step(run, writer, bar, *pending)
             pending = (step + 1, metrics)

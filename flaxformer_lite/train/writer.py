@@ -14,6 +14,8 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
+from flaxformer_lite.train import faults
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never torn)."""
@@ -22,6 +24,7 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    faults.hit(f"write:{path.name}")  # test-only kill point (flaxformer_lite.train.faults)
     os.replace(tmp, path)
 
 

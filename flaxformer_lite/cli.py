@@ -1,0 +1,127 @@
+"""Command-line helpers for ``scripts/``: a bad flag is one line on stderr, not a traceback.
+
+    app.run(main, flags_parser=cli.parse_flags)
+
+A malformed ``--config.`` override (a field the config does not have, a value of the wrong
+type, a missing value) or an unknown preset becomes ``error: <flag>=<value>: <what is wrong
+and what is allowed>`` and exit status 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import typing
+from typing import Any
+
+from absl import flags
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str) -> typing.NoReturn:
+    """Print ``error: message`` (one line) to stderr and exit with status 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """A ``flags_parser`` for ``absl.app.run`` that reports bad flags as one line."""
+    try:
+        args = flags.FLAGS(argv)
+        if "config" in flags.FLAGS:
+            # config_flags defers some load errors (a missing file) to the first use
+            _ = flags.FLAGS["config"].value.keys
+    except Exception as e:  # flags.Error, or KeyError/AttributeError from a config override
+        fail(explain_flag_error(argv, e))
+    return args
+
+
+def explain_flag_error(argv: list[str], error: Exception) -> str:
+    """The one-line explanation of ``error`` raised while parsing ``argv``."""
+    config = _load_config(argv)
+    overrides = config_overrides(argv)
+    if config is not None:
+        for name, value in overrides:
+            problem = _check_path(config, name)
+            if problem:
+                return f"--{name}={value}: {problem}"
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()] or [type(error).__name__]
+    if len(lines) > 1 and ("--config=" in lines[0] or "config file" in lines[0]):
+        # The config file failed to load: its last line is the exception, e.g. an unknown preset.
+        reason = re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1])
+        return f"--config={_flag_value(argv, 'config')}: {reason}"
+    for name, value in overrides:
+        if f"--{name}" in lines[0] and config is not None:
+            leaf = _lookup(config, name)
+            expected = _article(type(leaf).__name__) if leaf is not None else "a valid value"
+            if value is None:
+                return f"--{name}: missing value; config.{name[7:]} takes {expected}"
+            return f"--{name}={value!r}: must be {expected}"
+    return lines[0]
+
+
+def _article(type_name: str) -> str:
+    if type_name == "tuple":
+        return "a tuple, e.g. '(1, 2)'"
+    return ("an " if type_name[:1] in "aeiou" else "a ") + type_name
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def config_overrides(argv: list[str]) -> list[tuple[str, str | None]]:
+    """``[("config.a.b", value or None)]`` for every ``--config.a.b[=value]`` argument."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config."):
+            name, eq, value = arg[2:].partition("=")
+            if not eq:
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                value = None if nxt is None or nxt.startswith("--") else nxt
+            out.append((name, value))
+    return out
+
+
+def _load_config(argv: list[str]) -> Any:
+    """The config that ``--config=FILE.py:PRESET`` names (None if it cannot be loaded)."""
+    spec = _flag_value(argv, "config")
+    if not spec:
+        return None
+    path, _, preset = spec.partition(":")
+    try:
+        module_spec = importlib.util.spec_from_file_location("_config_for_errors", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module.get_config(preset) if preset else module.get_config()
+    except Exception:
+        return None
+
+
+def _lookup(config: Any, name: str) -> Any:
+    node = config
+    for part in name.split(".")[1:]:
+        try:
+            node = node[part]
+        except (KeyError, TypeError, AttributeError):
+            return None
+    return node
+
+
+def _check_path(config: Any, name: str) -> str | None:
+    """Why ``config.a.b`` is not a field of ``config`` (None if it is)."""
+    node, path = config, "config"
+    for part in name.split(".")[1:]:
+        if not hasattr(node, "keys"):
+            return f"{path} is a {type(node).__name__}, not a section with field {part!r}"
+        if part not in node:
+            return f"{path} has no field {part!r}; allowed: {sorted(node.keys())}"
+        node, path = node[part], f"{path}.{part}"
+    return None

@@ -1,0 +1,271 @@
+"""Bad input through the command line: one clear line, exit status 2, nothing written.
+
+Every case runs ``scripts/train.py`` or ``scripts/run_study.py`` as a user would, with 8
+simulated CPU devices (for the data-parallel batch check). To keep this fast, one helper
+process per script imports the script once and forks a child per case (the import of JAX,
+Flax and orbax is most of a CLI call's time); the child runs the script's ``main`` through
+``absl.app.run`` exactly as ``python scripts/X.py ARGS`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import extrapolation_lm
+from flaxformer_lite.train.config import RunConfig
+
+# One worker runs this module, so its expensive fixture runs once (with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("bad_input")
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
+
+# Runs in a helper process: argv[1] = script, argv[2] = JSON list of argument lists.
+HARNESS = r"""
+import importlib.util, json, os, sys, tempfile, traceback
+script, cases = sys.argv[1], json.loads(sys.argv[2])
+spec = importlib.util.spec_from_file_location("_script", script)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+from absl import app
+from flaxformer_lite import cli
+out = []
+for args in cases:
+    with tempfile.TemporaryFile("w+") as log:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            sys.argv = [script, *args]
+            code = 0
+            try:
+                app.run(module.main, flags_parser=cli.parse_flags)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        log.seek(0)
+        out.append({"rc": os.waitstatus_to_exitcode(status), "output": log.read()})
+print("RESULTS" + json.dumps(out))
+"""
+
+
+def different_config(workdir: Path, positional: str) -> None:
+    """A workdir holding a run of the tiny config with another learning rate."""
+    c = extrapolation_lm.get_config("tiny")
+    c.model.positional = positional
+    c.optim.learning_rate = 1e-4
+    workdir.mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(RunConfig.from_config(c).to_dict()))
+
+
+def a_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("not a directory\n")
+
+
+# (id, extra arguments, the error line (regex), setup(dir) -> workdir or None for dir/"w")
+COMMON = [
+    ("lr", ["--config.optim.learning_rate=-1"], r"config\.optim\.learning_rate=-1\.0: must be > 0"),
+    ("batch0", ["--config.data.batch_size=0"], r"config\.data\.batch_size=0: must be > 0"),
+    (
+        "eval_shorter",
+        ["--config.eval.length_multiples=(0,1)"],
+        r"config\.eval\.length_multiples=\(0, 1\): each multiple must be >= 1 \(an eval length "
+        r"shorter than the training length",
+    ),
+    ("protocol", ["--config.eval.protocols=('bogus',)"], r"config\.eval\.protocols=.*must be one"),
+    ("encoding", ["--config.model.positional=bogus"], r"positional='bogus'.*allowed: \["),
+    ("heads", ["--config.model.num_heads=3"], r"num_heads=3: d_model=32 must be divisible"),
+    (
+        "learned_table",
+        ["--config.model.positional=learned", "--config.model.max_length=32"],
+        r"config\.model\.max_length=32: the learned table must cover .* 64",
+    ),
+    (
+        "randomized_range",
+        ["--config.model.randomized_positions=true", "--config.model.max_position=20"],
+        r"config\.model\.max_position=20: randomized positions need .* \(64 tokens\)",
+    ),
+    ("source", ["--config.data.source=bogus"], r"config\.data\.source='bogus': allowed: \["),
+    ("no_task", ["--config.data.source=task"], r"config\.data\.task='': a task name is required"),
+    ("corpus", ["--config.data.corpus=bogus"], r"unknown corpus name 'bogus'; valid names: \["),
+    (
+        "corpus_path",
+        ["--config.data.corpus=path", "--config.data.path=/nonexistent/x.txt"],
+        r"config\.data: .*no such file or directory: /nonexistent/x\.txt",
+    ),
+    (
+        "too_long",
+        ["--config.data.train_length=100000000"],
+        r"a training window of length=100000000 needs at least",
+    ),
+    ("vocab", ["--config.model.vocab_size=100"], r"vocab_size=100: byte corpora need >= 256"),
+    ("split", ["--config.eval.split=train"], r"config\.eval\.split='train': allowed: \["),
+    ("b1", ["--config.optim.b1=1.5"], r"config\.optim\.b1=1\.5: must be in \[0, 1\)"),
+    ("steps", ["--config.train.num_steps=0"], r"config\.train\.num_steps=0: must be > 0"),
+    (
+        "dp_divisible",
+        ["--config.data.batch_size=12"],
+        r"config\.data\.batch_size=12: must be divisible by the 8 data-parallel devices",
+    ),
+    (
+        "dp_explicit",
+        ["--config.mesh.data=3"],
+        r"config\.data\.batch_size=8: must be divisible by the 3 data-parallel devices",
+    ),
+    # malformed overrides
+    ("type", ["--config.train.num_steps=abc"], r"--config\.train\.num_steps='abc': must be an int"),
+    (
+        "unknown_field",
+        ["--config.train.bogus=1"],
+        r"--config\.train\.bogus=1: config\.train has no field 'bogus'; allowed: \[.*'num_steps'",
+    ),
+    ("unknown_section", ["--config.bogus.x=1"], r"config has no field 'bogus'; allowed: \["),
+    (
+        "tuple",
+        ["--config.eval.length_multiples=(1,2"],
+        r"length_multiples='\(1,2': must be a tuple",
+    ),
+    ("missing_value", ["--config.train.num_steps"], r"num_steps: missing value; .* takes an int"),
+    (
+        "not_a_section",
+        ["--config.train.num_steps.x=3"],
+        r"config\.train\.num_steps is a int, not a section",
+    ),
+    (
+        "preset",
+        ["--config=experiments/extrapolation_lm.py:bogus"],
+        r"--config=experiments/extrapolation_lm\.py:bogus: preset='bogus' is not known; allowed",
+    ),
+    ("config_file", ["--config=experiments/nope.py:tiny"], r"No such file or directory"),
+]
+WORKDIR_CASES = [
+    ("not_writable", a_file, r"workdir='.*/file/w': '.*/file' is not a directory; must be a"),
+]
+TRAIN_CASES = [
+    *COMMON,
+    (
+        "different_config",
+        ["--config.optim.learning_rate=0.003"],
+        r"workdir='.*' holds a run of a different config \(differs in "
+        r"optim\.learning_rate: 0\.0001 -> 0\.003\); use another --workdir",
+    ),
+]
+STUDY_ONLY = {  # run_study: the sweep sets the encoding, so these cases select it with --only
+    "encoding": (
+        "swept_field",
+        ["--config.model.positional=learned"],
+        r"--config\.model\.positional=learned: set for every cell by the study's sweep; "
+        r"select cells with --only",
+    ),
+    "learned_table": (
+        "learned_table",
+        ["--only=learned", "--config.model.max_length=32"],
+        r"config\.model\.max_length=32: the learned table must cover .* 64",
+    ),
+}
+STUDY_CASES = [
+    *(STUDY_ONLY.get(case[0], case) for case in COMMON),
+    (
+        "different_config",
+        [],
+        r"workdir='.*/runs/rope-seed0' holds a run of a different config \(differs in "
+        r"optim\.learning_rate: 0\.0001 -> 0\.003\)",
+    ),
+    ("swept_seed", ["--config.seed=1"], r"--config\.seed=1: set for every cell by the study's"),
+    ("only", ["--only=xpos"], r"--only=xpos: \['xpos'\] not in this sweep; known: \["),
+]
+
+
+def _setup(script: str, case_id: str, base: Path) -> Path:
+    """The case's --workdir, with its pre-existing content if the case needs some."""
+    if case_id == "not_writable":
+        a_file(base / "file")
+        return base / "file" / "w"
+    if case_id == "different_config":
+        workdir = base / "w"
+        if script == "train":
+            different_config(workdir, "alibi")
+        else:
+            different_config(workdir / "runs" / "rope-seed0", "rope")
+        return workdir
+    return base / "w"
+
+
+def _snapshot(base: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(base)): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+
+
+def _all_cases(script: str):
+    cases = TRAIN_CASES if script == "train" else STUDY_CASES
+    return [*cases, *((i, [], m) for i, _, m in WORKDIR_CASES)]
+
+
+def _run_all(script: str, tmp: Path) -> dict[str, tuple[dict, dict, dict]]:
+    argvs, bases, before = [], {}, {}
+    for case_id, extra, _ in _all_cases(script):
+        base = tmp / case_id
+        base.mkdir()
+        workdir = _setup(script, case_id, base)
+        bases[case_id], before[case_id] = base, _snapshot(base)
+        config = [] if any(a.startswith("--config=") for a in extra) else [CONFIG]
+        only = (
+            ["--only=rope"]
+            if script == "run_study" and not any("--only" in a for a in extra)
+            else []
+        )
+        argvs.append([*config, f"--workdir={workdir}", *only, *extra])
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env.pop("FLAXFORMER_LITE_FAULT", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", HARNESS, f"scripts/{script}.py", json.dumps(argvs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
+    outcomes = json.loads(proc.stdout.split("RESULTS", 1)[1])
+    return {
+        case_id: (out, before[case_id], _snapshot(bases[case_id]))
+        for (case_id, _, _), out in zip(_all_cases(script), outcomes, strict=True)
+    }
+
+
+@pytest.fixture(scope="session")  # session: built once even when xdist interleaves modules
+def outcomes(tmp_path_factory):
+    return {
+        script: _run_all(script, tmp_path_factory.mktemp(script))
+        for script in ("train", "run_study")
+    }
+
+
+@pytest.mark.parametrize(
+    ("script", "case_id", "pattern"),
+    [("train", i, m) for i, _, m in _all_cases("train")]
+    + [("run_study", i, m) for i, _, m in _all_cases("run_study")],
+    ids=[f"train-{c[0]}" for c in _all_cases("train")]
+    + [f"run_study-{c[0]}" for c in _all_cases("run_study")],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(outcomes, script, case_id, pattern):
+    out, before, after = outcomes[script][case_id]
+    lines = [line for line in out["output"].splitlines() if line.strip()]
+    assert out["rc"] == 2, out["output"][-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out["output"][-3000:]
+    assert re.search(pattern, lines[0]), lines[0]
+    assert after == before, "wrote " + str(sorted(set(after) - set(before)))

@@ -1,0 +1,188 @@
+"""Kill anywhere, lose nothing: a study SIGKILLed at exact points resumes to the same results.
+
+A study (tiny preset, two encodings, 8 steps) runs through ``scripts/run_study.py`` in a
+subprocess. `flaxformer_lite.train.faults` makes the process SIGKILL itself at an exact point
+(``FLAXFORMER_LITE_FAULT=<point>:<n>``); each kill is followed by a rerun of the same command,
+itself killed at the next point, until a last, uninterrupted rerun. The final results and
+tables must equal those of a clean run, with no duplicated or torn row. The same clean run
+backs the end-to-end checks of a corrupted checkpoint and a corrupted results line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from flaxformer_lite.experiments import results
+from flaxformer_lite.train.checkpoint import Checkpointer
+from flaxformer_lite.train.config import RunConfig
+from flaxformer_lite.train.loop import build_model
+from flaxformer_lite.train.optim import make_optimizer
+from flaxformer_lite.train.step import init_train_state
+
+# One worker runs this module, so its expensive fixture runs once (with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("kill_resume")
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDY_ARGS = (
+    "--config=experiments/extrapolation_lm.py:tiny",
+    "--only=alibi,rope",  # cells in sweep order: rope-seed0, then alibi-seed0
+    "--config.train.num_steps=8",
+    "--config.train.checkpoint_every=4",
+    "--config.eval.length_multiples=(1,2)",
+    "--config.eval.max_tokens=512",  # 4 + 2 evaluation batches per cell
+    "--progress=false",
+)
+KILLED = -signal.SIGKILL
+
+
+def run_study(workdir: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "FLAXFORMER_LITE_FAULT"}
+    env["JAX_PLATFORMS"] = "cpu"
+    if fault:
+        env["FLAXFORMER_LITE_FAULT"] = fault
+    cmd = [sys.executable, "scripts/run_study.py", f"--workdir={workdir}", *STUDY_ARGS]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def values(workdir: Path) -> dict:
+    """``{(encoding, seed, length, metric, bucket): value}`` of a study's results.jsonl;
+    fails on a torn, invalid or duplicated line."""
+    rows, problems = results.read_rows_file(workdir / "results.jsonl")
+    assert problems == [], problems
+    keys = [
+        (r["encoding"], r["seed"], r["eval_length"], r["metric"], r.get("bucket")) for r in rows
+    ]
+    assert len(keys) == len(set(keys)), "duplicate rows"
+    return {k: r["value"] for k, r in zip(keys, rows, strict=True)}
+
+
+def tables(workdir: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((workdir / "tables").iterdir())}
+
+
+@pytest.fixture(scope="session")  # session: built once even when xdist interleaves modules
+def clean(tmp_path_factory) -> Path:
+    """One uninterrupted study, the reference for every test here (read-only)."""
+    workdir = tmp_path_factory.mktemp("clean") / "study"
+    proc = run_study(workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {k[0] for k in values(workdir)} == {"alibi", "rope"}
+    return workdir
+
+
+def test_kill_at_every_point_then_rerun_gives_the_same_results(clean, tmp_path):
+    study = tmp_path / "study"
+    rope, alibi = study / "runs" / "rope-seed0", study / "runs" / "alibi-seed0"
+
+    def killed_at(fault: str) -> None:
+        proc = run_study(study, fault)
+        assert proc.returncode == KILLED, (
+            f"{fault}: not killed ({proc.returncode})\n" + (proc.stderr[-3000:])
+        )
+
+    def steps(cell: Path) -> list[str]:
+        return sorted(p.name for p in (cell / "checkpoints").iterdir())
+
+    # 1. Training, step 6 of rope (its checkpoint at step 4 is on disk).
+    killed_at("train_step:6")
+    assert steps(rope) == ["4"]
+
+    # 2. Saving rope's final checkpoint: written, not yet committed by orbax's rename.
+    killed_at("checkpoint_save:1")
+    assert "4" in steps(rope) and "8" not in steps(rope)
+    assert any("tmp" in name for name in steps(rope)), steps(rope)
+
+    # 3. Evaluation, third batch (after the final checkpoint).
+    killed_at("eval_batch:3")
+    assert "8" in steps(rope) and not (rope / "eval.json").exists()
+
+    # 4. Writing rope's rows (its eval.json is done).
+    killed_at("write:rows.jsonl:1")
+    assert (rope / "eval.json").exists() and not (rope / "rows.jsonl").exists()
+    assert not (study / "results.jsonl").exists()
+
+    # 5. Training alibi, step 3, before any checkpoint (rope's rows are merged by now).
+    killed_at("train_step:3")
+    assert {k[0] for k in values(study)} == {"rope"}
+    assert not (alibi / "checkpoints").exists() or steps(alibi) == []
+
+    # 6. Rewriting results.jsonl with both cells: the old file stays whole.
+    killed_at("write:results.jsonl:1")
+    assert (alibi / "rows.jsonl").exists()
+    assert {k[0] for k in values(study)} == {"rope"}
+
+    # 7. An uninterrupted rerun finishes the study.
+    proc = run_study(study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert values(study) == values(clean)
+    assert tables(study) == tables(clean)
+
+    # A further run finds everything finished and changes nothing.
+    before = (study / "results.jsonl").read_bytes()
+    proc = run_study(study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (study / "results.jsonl").read_bytes() == before
+
+
+def test_corrupted_newest_checkpoint_falls_back_with_a_warning(clean, tmp_path):
+    """A study whose cell died after corrupting its newest checkpoint resumes from the one
+    before, says so, and ends with the clean run's numbers."""
+    study = tmp_path / "study"
+    shutil.copytree(clean, study)
+    cell = study / "runs" / "rope-seed0"
+    for name in ("rows.jsonl", "eval.json"):
+        (cell / name).unlink()
+    (study / "results.jsonl").unlink()
+    data = [p for p in (cell / "checkpoints" / "8" / "state").rglob("*") if p.is_file()]
+    for p in data:  # truncate every file of the newest step's state
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+    proc = run_study(study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint step 8" in proc.stderr and "falling back" in proc.stderr
+    assert values(study) == values(clean)
+
+    # The recomputed step 8 replaced the corrupted one.
+    run = RunConfig.from_config(json.loads((cell / "config.json").read_text()))
+    _, state = init_train_state(build_model(run), make_optimizer(run.optim, 8))
+    ckpt = Checkpointer(cell / "checkpoints", keep=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ckpt.restore_latest(state)[1] == 8
+    ckpt.close()
+
+
+def test_make_report_skips_a_corrupted_line_and_names_it(clean, tmp_path):
+    study = tmp_path / "study"
+    shutil.copytree(clean, study)
+    lines = (study / "results.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = lines[2][: len(lines[2]) // 2] + "\n"  # a torn line 3
+    (study / "results.jsonl").write_text("".join(lines))
+    shutil.rmtree(study / "tables")
+    (study / "REPORT.md").unlink()
+
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_report.py", str(study)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{study / 'results.jsonl'}:3: skipped: not valid JSON" in proc.stderr
+    report = (study / "REPORT.md").read_text()
+    assert "## Problems" in report and "results.jsonl:3: skipped" in report
+    # Every other row made it into the tables: only the torn row's cell differs.
+    rows, problems = results.read_rows_file(study / "results.jsonl")
+    assert [p.line for p in problems] == [3]
+    assert len(rows) == len(lines) - 1
