@@ -28,7 +28,7 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from flaxformer_lite.encodings import encoding_row_name, get_positional_encoding
-from flaxformer_lite.train import data_source, sharding
+from flaxformer_lite.train import allocator, data_source, sharding
 from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.loop import check_workdir, check_writable_dir, train_and_evaluate
 from flaxformer_lite.train.writer import atomic_write_text
@@ -199,6 +199,7 @@ def run_study(
     cells = select_cells(sweep, only)
     study = Study(config, sweep, workdir, command)
     check_writable_dir(study.workdir, "workdir")
+    allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
     for cell in cells:
         run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
         data_source.build(run)  # corpus / task / length errors

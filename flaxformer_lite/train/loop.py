@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite import provenance
 from flaxformer_lite.models import DecoderOnlyLM
-from flaxformer_lite.train import data_source, faults, sharding
+from flaxformer_lite.train import allocator, data_source, faults, sharding
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
@@ -144,6 +144,7 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
       (also saved as ``eval.json``).
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
+    allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
     sharding.initialize_distributed(run.mesh)  # before anything touches a device
     source = data_source.build(run)  # fails on bad data settings before anything is written
     plan = sharding.Plan.create(run)  # None on one device: the plain single-device path
