@@ -1,10 +1,13 @@
 """Test-wide JAX settings: implicit rank promotion is an error, as the design requires.
 
 Tests marked ``notebook`` (executing notebooks/, about a minute) run only with
-``--run-notebook`` or ``FLAXFORMER_LITE_RUN_NOTEBOOK=1`` (as .ci/run does).
+``--run-notebook`` or ``FLAXFORMER_LITE_RUN_NOTEBOOK=1`` (as .ci/run does). The ``shared``
+fixture builds an expensive, read-only test input once per run, across pytest-xdist workers.
 """
 
+import fcntl
 import os
+import shutil
 
 import jax
 import pytest
@@ -23,3 +26,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "notebook" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+    """``shared(name, produce)``: a directory that ``produce(directory)`` filled, once per test
+    run even with pytest-xdist (a file lock in the temporary root all workers share), so tests
+    of one module on different workers reuse it. Treat it as read-only."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # <run>/popen-gwN -> <run>
+
+    def get(name, produce):
+        directory = root / f"shared-{name}"
+        with open(root / f"shared-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (directory / ".done").exists():
+                shutil.rmtree(directory, ignore_errors=True)
+                directory.mkdir()
+                produce(directory)
+                (directory / ".done").write_text("")
+        return directory
+
+    return get

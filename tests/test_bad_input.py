@@ -9,6 +9,7 @@ Flax and orbax is most of a CLI call's time); the child runs the script's ``main
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,9 +21,6 @@ import pytest
 
 from experiments import extrapolation_lm
 from flaxformer_lite.train.config import RunConfig
-
-# One worker runs this module, so its expensive fixture runs once (with --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("bad_input")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
@@ -205,8 +203,10 @@ def _setup(script: str, case_id: str, base: Path) -> Path:
     return base / "w"
 
 
-def _snapshot(base: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(base)): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+def _snapshot(base: Path) -> dict[str, str]:
+    """``{file: sha256}`` of everything under ``base``."""
+    files = (p for p in base.rglob("*") if p.is_file())
+    return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def _all_cases(script: str):
@@ -247,12 +247,18 @@ def _run_all(script: str, tmp: Path) -> dict[str, tuple[dict, dict, dict]]:
     }
 
 
-@pytest.fixture(scope="session")  # session: built once even when xdist interleaves modules
-def outcomes(tmp_path_factory):
-    return {
-        script: _run_all(script, tmp_path_factory.mktemp(script))
-        for script in ("train", "run_study")
-    }
+@pytest.fixture(scope="session")
+def outcomes(shared):
+    """Every case of both scripts, run once per test run (shared by the xdist workers)."""
+
+    def produce(directory: Path) -> None:
+        out = {}
+        for script in ("train", "run_study"):
+            (directory / script).mkdir()
+            out[script] = _run_all(script, directory / script)
+        (directory / "outcomes.json").write_text(json.dumps(out))
+
+    return json.loads((shared("bad_input", produce) / "outcomes.json").read_text())
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,6 @@ from flaxformer_lite.train.loop import build_model
 from flaxformer_lite.train.optim import make_optimizer
 from flaxformer_lite.train.step import init_train_state
 
-# One worker runs this module, so its expensive fixture runs once (with --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("kill_resume")
-
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_ARGS = (
     "--config=experiments/extrapolation_lm.py:tiny",
@@ -69,12 +66,15 @@ def tables(workdir: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted((workdir / "tables").iterdir())}
 
 
-@pytest.fixture(scope="session")  # session: built once even when xdist interleaves modules
-def clean(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")
+def clean(shared) -> Path:
     """One uninterrupted study, the reference for every test here (read-only)."""
-    workdir = tmp_path_factory.mktemp("clean") / "study"
-    proc = run_study(workdir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def produce(directory: Path) -> None:
+        proc = run_study(directory / "study")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    workdir = shared("kill_resume_clean", produce) / "study"
     assert {k[0] for k in values(workdir)} == {"alibi", "rope"}
     return workdir
 

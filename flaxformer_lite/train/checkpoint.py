@@ -11,7 +11,9 @@ state it returns is always one whole, verified step, never a mix.
 
 from __future__ import annotations
 
+import gc
 import logging
+import sys
 import warnings
 import zlib
 from pathlib import Path
@@ -127,6 +129,7 @@ class Checkpointer:
                 state = self.restore(step, abstract_state)
             except Exception as e:
                 self.unreadable.add(step)
+                _collect_quietly()
                 warnings.warn(
                     f"checkpoint step {step} in {self.directory} is unreadable "
                     f"({type(e).__name__}: {str(e)[:200]}); falling back to an earlier one",
@@ -145,6 +148,17 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _collect_quietly() -> None:
+    """A failed orbax read leaves un-awaited read coroutines behind: collect them now, without
+    the traceback Python prints for each one when it is garbage-collected later."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 
 def _fault_options() -> dict[str, Any]:
