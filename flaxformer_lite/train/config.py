@@ -153,11 +153,12 @@ class RunConfig:
     def hash(self) -> str:
         """Short sha256 of the resolved config (recorded in results rows).
 
-        The device mesh is left out: it decides where the numbers are computed, not what is
-        computed, and leaving it out keeps the hashes of configs written before it existed.
+        The device mesh and the progress-bar switch are left out: they decide where and how
+        visibly the numbers are computed, not what is computed.
         """
         d = self.to_dict()
         d.pop("mesh")
+        d["train"].pop("progress")
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
