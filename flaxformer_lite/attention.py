@@ -139,9 +139,11 @@ def attention_weights(
     del v
     logits, combined = attention_logits(q, k, mask=mask, bias=bias, causal=causal, scale=scale)
     weights = jax.nn.softmax(logits, axis=-1)
-    if combined is not None:
+    if mask is not None:
         # Zero out masked entries; for an all-masked row the softmax was uniform over
-        # identical sentinel logits, so this also turns that row into zeros.
+        # identical sentinel logits, so this also turns that row into zeros. A causal mask
+        # alone needs no pass: it never hides a whole row (every query sees key 0) and its
+        # entries are already exactly 0 (exp(-1e30 - max) underflows).
         weights = jnp.where(combined, weights, jnp.float32(0.0))
     return weights
 
