@@ -1,0 +1,464 @@
+"""Training-speed benchmark: JAX train step vs an equivalent PyTorch eager model, one run.
+
+Issue 7 (a). Measures, in one process and interleaved round by round (so that load from
+other processes hits every contestant alike):
+
+* the machine's f32 matmul ceiling: ``jnp.dot`` of two 2048 x 2048 float32 matrices
+  (and the bf16 one with float32 accumulation, for reference);
+* the reference model (decoder-only LM, 4 layers, d_model 256, 4 heads, d_ff 1024, pre-LN,
+  GELU, tied embeddings, sinusoidal positions, seq 256, batch 16, AdamW with clipping):
+  train tokens/s and MFU of `flaxformer_lite.train.step.make_train_step` (jitted exactly as
+  `train.loop` does) and of the same model in PyTorch eager
+  (``F.scaled_dot_product_attention(is_causal=True)``, ``torch.optim.AdamW``), each in
+  float32 and in bf16 compute (JAX: ``ModelConfig.dtype="bfloat16"``, float32 parameters,
+  float32 accumulation; PyTorch: ``torch.autocast("cpu", dtype=torch.bfloat16)``);
+* the study's quick-preset model (d_model 64, 4 layers, 4 heads, d_ff 256, L=64,
+  batch 32): ms per step (JAX, float32, per positional encoding);
+* compile time (JAX: lower + compile of the train step; PyTorch: its first step).
+
+MFU counts model FLOPs the usual way (Kaplan et al. 2020 / PaLM appendix B): 6 x matmul
+parameters x tokens plus 12 x layers x length x d_model per token for the attention score
+and value products (the causal half that could be skipped is counted, as in PaLM), divided
+by the measured f32 ``jnp.dot`` ceiling of the same run.
+
+    .venv/bin/python benchmarks/train_speed.py                  # everything, 5 rounds
+    .venv/bin/python benchmarks/train_speed.py --rounds 3 --no-torch
+
+Prints a Markdown table (machine, load average, versions and git commit) on stdout. PyTorch is
+optional (``pip install -e '.[bench]'``); without it the PyTorch rows are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flaxformer_lite.train.allocator import configure_host_allocator
+
+if "--default-malloc" not in sys.argv:
+    # As train_and_evaluate does, before JAX's CPU client exists. It applies to the whole
+    # process, so PyTorch (same process) gets the same allocator behaviour.
+    configure_host_allocator()
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.models import DecoderOnlyLM
+from flaxformer_lite.train.config import OptimConfig
+from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+from flaxformer_lite.train.step import init_train_state, make_train_step
+
+NUM_STEPS = 1000  # length of the LR schedule (irrelevant to speed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str
+    d_model: int
+    num_heads: int
+    d_ff: int
+    num_layers: int
+    length: int
+    batch: int
+    vocab: int = 256
+
+    def model_flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 N (matmul parameters incl. the tied output layer) plus
+        the attention products 12 * layers * length * d_model (forward 4, backward 8)."""
+        d, f, n = self.d_model, self.d_ff, self.num_layers
+        matmul_params = n * (4 * d * d + 2 * d * f) + d * self.vocab
+        return 6.0 * matmul_params + 12.0 * n * self.length * d
+
+
+REFERENCE = Shape(
+    "reference", d_model=256, num_heads=4, d_ff=1024, num_layers=4, length=256, batch=16
+)
+QUICK = Shape("quick", d_model=64, num_heads=4, d_ff=256, num_layers=4, length=64, batch=32)
+
+
+def model_config(shape: Shape, *, positional: str, dtype: str, impl: str) -> ModelConfig:
+    """The study's decoder (experiments/extrapolation_lm.py) at ``shape``."""
+    return ModelConfig(
+        vocab_size=shape.vocab,
+        d_model=shape.d_model,
+        num_heads=shape.num_heads,
+        d_ff=shape.d_ff,
+        num_encoder_layers=0,
+        num_decoder_layers=shape.num_layers,
+        dropout_rate=0.0,
+        norm="pre",
+        activation="gelu",
+        positional=positional,
+        max_length=max(1024, shape.length),
+        attention_impl=impl,
+        dtype=dtype,
+        param_dtype="float32",
+    )
+
+
+def make_batch(shape: Shape, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, shape.vocab, (shape.batch, shape.length + 1), dtype=np.int32)
+    return {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "loss_mask": np.ones((shape.batch, shape.length), np.float32),
+        "positions": np.broadcast_to(
+            np.arange(shape.length, dtype=np.int32), (shape.batch, shape.length)
+        ).copy(),
+    }
+
+
+class Contestant:
+    """Something that trains ``steps`` steps when called; records its compile time."""
+
+    label: str
+    compile_s: float
+
+    def run(self, steps: int) -> None:
+        raise NotImplementedError
+
+
+class JaxTrainer(Contestant):
+    """`make_train_step` jitted with the state donated, exactly as `train.loop` runs it."""
+
+    def __init__(self, shape: Shape, *, positional: str, dtype: str, impl: str = "xla"):
+        self.label = f"JAX {dtype}" + ("" if impl == "xla" else f" ({impl})")
+        cfg = model_config(shape, positional=positional, dtype=dtype, impl=impl)
+        optim = OptimConfig()
+        tx = make_optimizer(optim, NUM_STEPS)
+        model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+        graphdef, self.state = init_train_state(model, tx)
+        schedule = learning_rate_schedule(optim, NUM_STEPS)
+        self.batch = jax.device_put(make_batch(shape))
+        fn = make_train_step(graphdef, tx, schedule)
+        # Compile time on its own (ahead of time); the jitted function below compiles the
+        # same program again on its first call and is what the loop runs.
+        t0 = time.perf_counter()
+        jax.jit(fn, donate_argnums=0).lower(self.state, self.batch).compile()
+        self.compile_s = time.perf_counter() - t0
+        self.step = jax.jit(fn, donate_argnums=0)
+        self.state, metrics = self.step(self.state, self.batch)
+        self.loss = float(metrics["loss"])
+
+    def run(self, steps: int) -> None:
+        metrics = None
+        for _ in range(steps):
+            self.state, metrics = self.step(self.state, self.batch)
+        jax.block_until_ready(metrics)
+
+
+class TorchTrainer(Contestant):
+    """The same model in PyTorch eager: fused qkv projection, SDPA, AdamW + clipping."""
+
+    def __init__(self, shape: Shape, *, dtype: str):
+        import torch
+
+        self.torch = torch
+        self.label = f"PyTorch {dtype}" + (" (autocast)" if dtype == "bfloat16" else "")
+        torch.manual_seed(0)
+        self.model = _torch_model(shape)
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        o = OptimConfig()
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": o.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=o.learning_rate,
+            betas=(o.b1, o.b2),
+            eps=o.eps,
+        )
+        self.clip = o.clip_norm
+        self.autocast = dtype == "bfloat16"
+        batch = make_batch(shape)
+        self.inputs = torch.from_numpy(batch["inputs"]).long()
+        self.targets = torch.from_numpy(batch["targets"]).long()
+        t0 = time.perf_counter()
+        self.run(1)
+        self.compile_s = time.perf_counter() - t0  # eager: no compile; the first step
+
+    def run(self, steps: int) -> None:
+        torch = self.torch
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                logits = self.model(self.inputs)
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().flatten(0, 1), self.targets.flatten()
+                )
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            self.opt.step()
+        self.loss = float(loss.detach())
+
+
+def _torch_model(shape: Shape):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    d, h = shape.d_model, shape.num_heads
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
+            self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.wi, self.wo = nn.Linear(d, shape.d_ff), nn.Linear(shape.d_ff, d)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.wo(F.gelu(self.wi(self.ln2(x)), approximate="tanh"))
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(shape.vocab, d)
+            nn.init.normal_(self.embed.weight, std=d**-0.5)
+            self.blocks = nn.ModuleList([Block() for _ in range(shape.num_layers)])
+            self.norm = nn.LayerNorm(d, eps=1e-6)
+            pos = torch.arange(shape.length, dtype=torch.float32)[:, None]
+            inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+            pe = torch.zeros(shape.length, d)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
+            self.register_buffer("pe", pe)
+
+        def forward(self, tokens):
+            x = self.embed(tokens) * d**0.5 + self.pe
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x) @ self.embed.weight.T
+
+    return LM()
+
+
+def matmul_gflops(dtype) -> float:
+    """GFLOP/s of one jitted ``jnp.dot`` of two 2048 x 2048 matrices (float32 accumulation)."""
+    n = 2048
+    x = jnp.ones((n, n), dtype) * jnp.asarray(0.01, dtype)
+    f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    f(x, x).block_until_ready()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        f(x, x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def measure(
+    contestants: list[Contestant], *, rounds: int, steps: Callable[[Contestant], int]
+) -> dict[str, list[float]]:
+    """Seconds per step of every contestant, one short timed block each per round."""
+    times: dict[str, list[float]] = {c.label: [] for c in contestants}
+    for r in range(rounds):
+        order = contestants if r % 2 == 0 else contestants[::-1]
+        for c in order:
+            n = steps(c)
+            t0 = time.perf_counter()
+            c.run(n)
+            times[c.label].append((time.perf_counter() - t0) / n)
+    return times
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        )
+        return out.stdout.strip() + (" (+ uncommitted changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument("--seconds", type=float, default=3.0, help="target seconds per timed block")
+    p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    p.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc malloc at its defaults (see flaxformer_lite/train/allocator.py)",
+    )
+    p.add_argument("--no-quick", action="store_true", help="leave the quick model out")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--impl", default="xla", help="attention implementation of the JAX models")
+    p.add_argument("--positional", default="sinusoidal", help="reference model's encoding")
+    p.add_argument("--quick-positional", nargs="+", default=["alibi", "rope", "sinusoidal"])
+    args = p.parse_args(argv)
+
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+        except ImportError:
+            print("PyTorch is not installed: PyTorch rows left out.", file=sys.stderr)
+    if torch is not None:
+        torch.set_num_threads(os.cpu_count() or 1)
+
+    load_before = os.getloadavg()
+    ref: list[Contestant] = []
+    for dtype in args.dtypes:
+        ref.append(JaxTrainer(REFERENCE, positional=args.positional, dtype=dtype, impl=args.impl))
+        if torch is not None:
+            ref.append(TorchTrainer(REFERENCE, dtype=dtype))
+    quick: list[Contestant] = []
+    if not args.no_quick:
+        for pe in args.quick_positional:
+            c = JaxTrainer(QUICK, positional=pe, dtype="float32", impl=args.impl)
+            c.label = f"JAX float32 {pe}"
+            quick.append(c)
+        if torch is not None:
+            c = TorchTrainer(QUICK, dtype="float32")
+            c.label = "PyTorch float32 sinusoidal"
+            quick.append(c)
+
+    # Steps per timed block from one timed step of each contestant.
+    per_step = {}
+    for c in ref + quick:
+        t0 = time.perf_counter()
+        c.run(1)
+        per_step[c.label] = time.perf_counter() - t0
+    steps = lambda c: max(1, round(args.seconds / per_step[c.label]))
+
+    ceiling, ceiling_bf16 = [], []
+    times: dict[str, list[float]] = {c.label: [] for c in ref + quick}
+    for r in range(args.rounds):
+        ceiling.append(matmul_gflops(jnp.float32))
+        ceiling_bf16.append(matmul_gflops(jnp.bfloat16))
+        for group in (ref, quick):
+            for label, ts in measure(
+                group if r % 2 == 0 else group[::-1], rounds=1, steps=steps
+            ).items():
+                times[label] += ts
+    load_after = os.getloadavg()
+    print(report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after))
+
+
+def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after) -> str:
+    """The Markdown section: setup, reference-model table, quick-model table, targets."""
+    peak, peak_bf16 = statistics.median(ceiling), statistics.median(ceiling_bf16)
+    med = {label: statistics.median(ts) for label, ts in times.items()}
+    flops = REFERENCE.model_flops_per_token()
+    tok = REFERENCE.batch * REFERENCE.length
+    lines = [
+        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; jax {jax.__version__}"
+        + (f", torch {torch.__version__}" if torch is not None else "")
+        + f"; commit {_git_commit()}; malloc "
+        + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)"),
+        f"- Load average (1 min) before / after: {load_before[0]:.1f} / {load_after[0]:.1f}; "
+        f"{args.rounds} interleaved rounds of ~{args.seconds:g} s per contestant, medians.",
+        f"- f32 `jnp.dot` 2048^2 ceiling: {peak:.0f} GFLOP/s (median of rounds, "
+        f"{min(ceiling):.0f}-{max(ceiling):.0f}); bf16 x bf16 -> f32: {peak_bf16:.0f} GFLOP/s.",
+        "",
+        f"Reference model: {REFERENCE.num_layers} layers, d_model {REFERENCE.d_model}, "
+        f"{REFERENCE.num_heads} heads, d_ff {REFERENCE.d_ff}, seq {REFERENCE.length}, batch "
+        f"{REFERENCE.batch}, AdamW; {flops / 1e6:.1f} MFLOP per token; {args.positional} "
+        "positions.",
+        "",
+        "| framework | compute | compile (s) | ms/step | tokens/s | GFLOP/s | MFU (f32 ceiling) "
+        "| vs PyTorch f32 | vs PyTorch same compute |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    torch_f32 = med.get("PyTorch float32")
+    for c in ref:
+        s = med[c.label]
+        fw, dt = c.label.split(" ", 1)
+        same = next(
+            (med[o.label] for o in ref if o.label.startswith("PyTorch " + dt.split()[0])), None
+        )
+        is_torch = fw == "PyTorch"
+        vs_f32 = "" if (is_torch and dt == "float32") or not torch_f32 else f"{torch_f32 / s:.2f}x"
+        vs_same = "" if is_torch or not same else f"{same / s:.2f}x"
+        compile_s = f"{c.compile_s:.1f}" if not is_torch else f"(eager; 1st step {c.compile_s:.1f})"
+        lines.append(
+            f"| {fw} | {dt} | {compile_s} | {s * 1e3:.0f} | {tok / s:.0f} | "
+            f"{tok / s * flops / 1e9:.0f} | {tok / s * flops / 1e9 / peak:.0%} | {vs_f32} | "
+            f"{vs_same} |"
+        )
+    if quick:
+        lines += [
+            "",
+            f"Quick-preset model: {QUICK.num_layers} layers, d_model {QUICK.d_model}, "
+            f"{QUICK.num_heads} heads, d_ff {QUICK.d_ff}, L={QUICK.length}, batch "
+            f"{QUICK.batch}, AdamW, float32.",
+            "",
+            "| model | compile (s) | ms/step (median) | fastest round | tokens/s |",
+            "|---|---|---|---|---|",
+        ]
+        for c in quick:
+            ts = times[c.label]
+            s = med[c.label]
+            compile_s = f"{c.compile_s:.1f}" if c.label.startswith("JAX") else "(eager)"
+            lines.append(
+                f"| {c.label} | {compile_s} | {s * 1e3:.1f} | {min(ts) * 1e3:.1f} | "
+                f"{QUICK.batch * QUICK.length / s:.0f} |"
+            )
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    jax_quick = [med[c.label] for c in quick if c.label.startswith("JAX")]
+    if jax_quick:
+        worst = max(jax_quick)
+        lines.append(
+            f"| quick model <= 40 ms/step | {worst * 1e3:.1f} ms (slowest encoding) | "
+            f"{'yes' if worst <= 0.040 else 'no'} |"
+        )
+    targets = (
+        ("float32", "PyTorch float32", 1.1, "f32 train step >= 1.1x PyTorch eager f32"),
+        ("bfloat16", "PyTorch float32", 1.5, "bf16 compute >= 1.5x PyTorch eager f32"),
+        (
+            "bfloat16",
+            "PyTorch bfloat16 (autocast)",
+            1.5,
+            "bf16 compute >= 1.5x PyTorch autocast bf16",
+        ),
+    )
+    for dt, other, goal, name in targets:
+        mine = med.get(f"JAX {dt}" + ("" if args.impl == "xla" else f" ({args.impl})"))
+        if mine is not None and other in med:
+            ratio = med[other] / mine
+            lines.append(f"| {name} | {ratio:.2f}x | {'yes' if ratio >= goal else 'no'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
