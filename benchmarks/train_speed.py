@@ -1,7 +1,9 @@
 """Training-speed benchmark: JAX train step vs an equivalent PyTorch eager model, one run.
 
-Issue 7 (a). Measures, in one process and interleaved round by round (so that load from
-other processes hits every contestant alike):
+Issue 7 (a). Measures, in one invocation and interleaved round by round (so that load from
+other processes hits every contestant alike; PyTorch runs in a worker process that the
+rounds drive block by block, with glibc's default malloc, JAX in this one with the
+allocator settings of `flaxformer_lite.train.allocator`, each framework at its best):
 
 * the machine's f32 matmul ceiling: ``jnp.dot`` of two 2048 x 2048 float32 matrices
   (and the bf16 one with float32 accumulation, for reference);
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -45,9 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flaxformer_lite.train.allocator import configure_host_allocator
 
-if "--default-malloc" not in sys.argv:
-    # As train_and_evaluate does, before JAX's CPU client exists. It applies to the whole
-    # process, so PyTorch (same process) gets the same allocator behaviour.
+if "--default-malloc" not in sys.argv and "--torch-worker" not in sys.argv:
+    # As train_and_evaluate does, before JAX's CPU client exists. PyTorch runs in a worker
+    # process with glibc's defaults: the tuning (one malloc arena) slows its multi-threaded
+    # bf16 kernels by ~40% (docs/performance.md), and each framework gets its best setting.
     configure_host_allocator()
 
 import jax
@@ -207,6 +211,64 @@ class TorchTrainer(Contestant):
         self.loss = float(loss.detach())
 
 
+class _Remote(Contestant):
+    """A contestant that lives in the PyTorch worker process."""
+
+    def __init__(self, worker: TorchWorker, index: int, label: str, compile_s: float):
+        self.worker, self.index, self.label, self.compile_s = worker, index, label, compile_s
+
+    def run(self, steps: int) -> None:
+        self.worker.ask(f"{self.index} {steps}")
+
+
+class TorchWorker:
+    """PyTorch in its own process (glibc malloc defaults), driven step block by step block
+    over a pipe, so its rounds interleave with the JAX ones exactly as in-process ones would.
+    """
+
+    def __init__(self, specs: list[str], *, default_malloc: bool):
+        cmd = [sys.executable, __file__, "--torch-worker", *specs]
+        if default_malloc:
+            cmd.append("--default-malloc")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.contestants = []
+        for i in range(len(specs)):
+            compile_s, label = self._read().split(" ", 1)
+            self.contestants.append(_Remote(self, i, label, float(compile_s)))
+
+    def _read(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the PyTorch worker died; run it alone to see its error")
+        return line.strip()
+
+    def ask(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def torch_worker(specs: list[str]) -> None:
+    """Worker side: build one `TorchTrainer` per ``shape:dtype`` spec, then run blocks."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    shapes = {"reference": REFERENCE, "quick": QUICK}
+    trainers = []
+    for spec in specs:
+        name, dtype = spec.split(":")
+        trainers.append(TorchTrainer(shapes[name], dtype=dtype))
+        print(f"{trainers[-1].compile_s} {trainers[-1].label}", flush=True)
+    for line in sys.stdin:
+        index, steps = map(int, line.split())
+        trainers[index].run(steps)
+        print("done", flush=True)
+
+
 def _torch_model(shape: Shape):
     import torch
     from torch import nn
@@ -325,31 +387,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--impl", default="xla", help="attention implementation of the JAX models")
     p.add_argument("--positional", default="sinusoidal", help="reference model's encoding")
     p.add_argument("--quick-positional", nargs="+", default=["alibi", "rope", "sinusoidal"])
+    p.add_argument("--torch-worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
-    torch = None
+    if args.torch_worker:
+        return torch_worker(args.torch_worker)
+    torch = None  # the installed PyTorch version; PyTorch itself is only imported by the worker
     if not args.no_torch:
         try:
-            import torch
-        except ImportError:
+            torch = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
             print("PyTorch is not installed: PyTorch rows left out.", file=sys.stderr)
-    if torch is not None:
-        torch.set_num_threads(os.cpu_count() or 1)
 
     load_before = os.getloadavg()
+    specs = [f"reference:{dt}" for dt in args.dtypes] + ([] if args.no_quick else ["quick:float32"])
+    worker = TorchWorker(specs, default_malloc=args.default_malloc) if torch else None
     ref: list[Contestant] = []
-    for dtype in args.dtypes:
+    for i, dtype in enumerate(args.dtypes):
         ref.append(JaxTrainer(REFERENCE, positional=args.positional, dtype=dtype, impl=args.impl))
-        if torch is not None:
-            ref.append(TorchTrainer(REFERENCE, dtype=dtype))
+        if worker is not None:
+            ref.append(worker.contestants[i])
     quick: list[Contestant] = []
     if not args.no_quick:
         for pe in args.quick_positional:
             c = JaxTrainer(QUICK, positional=pe, dtype="float32", impl=args.impl)
             c.label = f"JAX float32 {pe}"
             quick.append(c)
-        if torch is not None:
-            c = TorchTrainer(QUICK, dtype="float32")
+        if worker is not None:
+            c = worker.contestants[-1]
             c.label = "PyTorch float32 sinusoidal"
             quick.append(c)
 
@@ -372,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
             ).items():
                 times[label] += ts
     load_after = os.getloadavg()
+    if worker is not None:
+        worker.close()
     print(report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after))
 
 
@@ -383,9 +450,10 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
     tok = REFERENCE.batch * REFERENCE.length
     lines = [
         f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; jax {jax.__version__}"
-        + (f", torch {torch.__version__}" if torch is not None else "")
-        + f"; commit {_git_commit()}; malloc "
-        + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)"),
+        + (f", torch {torch}" if torch is not None else "")
+        + f"; commit {_git_commit()}; JAX malloc "
+        + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)")
+        + "; PyTorch in a worker process with glibc defaults",
         f"- Load average (1 min) before / after: {load_before[0]:.1f} / {load_after[0]:.1f}; "
         f"{args.rounds} interleaved rounds of ~{args.seconds:g} s per contestant, medians.",
         f"- f32 `jnp.dot` 2048^2 ceiling: {peak:.0f} GFLOP/s (median of rounds, "
