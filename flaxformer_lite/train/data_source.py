@@ -81,9 +81,13 @@ class _Source:
         return fn
 
     def variants(self) -> list[tuple[str, Any]]:
-        """``(label, variant fn)``: the base model, plus RoPE scalings when asked for."""
+        """``(label, variant fn)``: the base model, plus RoPE scalings when asked for.
+
+        Scalings are skipped for randomized positions: such a model was trained on positions
+        spread over ``[0, max_position)`` already, so there is nothing to interpolate.
+        """
         out = [("base", self.variant(None))]
-        if self.run.model.positional == "rope":
+        if self.run.model.positional == "rope" and not self.randomized:
             out += [(s, self.variant(s)) for s in self.run.eval.rope_scalings]
         return out
 
