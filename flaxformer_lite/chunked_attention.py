@@ -292,64 +292,71 @@ def _forward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts):
     return out, lse
 
 
+def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
+    """The ``fori_loop`` body of `_backward` for key block ``j``: one query block ``i``.
+
+    Accumulates dK_j, dV_j (float32) and the bias-parameter gradients, and adds this block's
+    contribution to the rows of dQ.
+    """
+    q, g, lse, delta, qpos, mask, consts = tensors
+    k_j, v_j, kpos_j = kv_j
+    bq = cfg.bq
+
+    def body(i, carry):
+        dk_j, dv_j, dq, dconsts = carry
+        q_i = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2)
+        g_i = lax.dynamic_slice_in_dim(g, i * bq, bq, axis=2)
+        lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=2)
+        delta_i = lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=2)
+        qpos_i = lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1)
+        s, valid = _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask)
+        p = jnp.exp(s - lse_i[..., None])
+        if valid is not None:
+            p = jnp.where(valid, p, _F32(0.0))
+        dv_j = dv_j + jnp.einsum(
+            "bhqk,bhqd->bhkd", p.astype(g.dtype), g_i, preferred_element_type=_F32
+        )
+        dp = jnp.einsum("bhqd,bhkd->bhqk", g_i, v_j, preferred_element_type=_F32)
+        ds = p * (dp - delta_i[..., None])  # d loss / d logits (incl. the bias)
+        dk_j = dk_j + jnp.einsum(
+            "bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=_F32
+        )
+        dq_i = jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k_j.dtype), k_j, preferred_element_type=_F32)
+        dq = lax.dynamic_update_slice_in_dim(
+            dq, lax.dynamic_slice_in_dim(dq, i * bq, bq, axis=2) + dq_i, i * bq, axis=2
+        )
+        if consts:
+            _, bias_vjp = jax.vjp(lambda *c: bias_fn(qpos_i, kpos_j, *c).astype(_F32), *consts)
+            grads = bias_vjp(_sum_to(ds, jax.eval_shape(bias_fn, qpos_i, kpos_j, *consts)))
+            dconsts = tuple(a + gc for a, gc in zip(dconsts, grads, strict=True))
+        return dk_j, dv_j, dq, dconsts
+
+    return body
+
+
 def _backward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse, g):
     """FlashAttention-2 backward: key blocks outside, query blocks inside, dq accumulated."""
-    bq, bk = cfg.bq, cfg.bk
+    bk = cfg.bk
     # D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's diagonal correction.
     delta = jnp.sum(g.astype(_F32) * out.astype(_F32), axis=-1)
     g = g.astype(v.dtype)
+    tensors = (q, g, lse, delta, qpos, mask, consts)
 
     def key_block(j, carry):
         dq, dconsts = carry
-        k_j = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
-        v_j = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
-        kpos_j = lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1)
-
-        def make_body(index_mask):
-            def body(i, carry):
-                dk_j, dv_j, dq, dconsts = carry
-                q_i = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2)
-                g_i = lax.dynamic_slice_in_dim(g, i * bq, bq, axis=2)
-                lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=2)
-                delta_i = lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=2)
-                qpos_i = lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1)
-                s, valid = _logits(
-                    cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask
-                )
-                p = jnp.exp(s - lse_i[..., None])
-                if valid is not None:
-                    p = jnp.where(valid, p, _F32(0.0))
-                dv_j = dv_j + jnp.einsum(
-                    "bhqk,bhqd->bhkd", p.astype(g.dtype), g_i, preferred_element_type=_F32
-                )
-                dp = jnp.einsum("bhqd,bhkd->bhqk", g_i, v_j, preferred_element_type=_F32)
-                ds = p * (dp - delta_i[..., None])  # d loss / d logits (incl. the bias)
-                dk_j = dk_j + jnp.einsum(
-                    "bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=_F32
-                )
-                dq_i = jnp.einsum(
-                    "bhqk,bhkd->bhqd", ds.astype(k.dtype), k_j, preferred_element_type=_F32
-                )
-                dq = lax.dynamic_update_slice_in_dim(
-                    dq, lax.dynamic_slice_in_dim(dq, i * bq, bq, axis=2) + dq_i, i * bq, axis=2
-                )
-                if consts:
-                    _, bias_vjp = jax.vjp(
-                        lambda *c: bias_fn(qpos_i, kpos_j, *c).astype(_F32), *consts
-                    )
-                    grads = bias_vjp(_sum_to(ds, jax.eval_shape(bias_fn, qpos_i, kpos_j, *consts)))
-                    dconsts = tuple(a + gc for a, gc in zip(dconsts, grads, strict=True))
-                return dk_j, dv_j, dq, dconsts
-
-            return body
-
-        zeros = jnp.zeros(k_j.shape, _F32)
+        kv_j = (
+            lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2),
+            lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2),
+            lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1),
+        )
+        zeros = jnp.zeros(kv_j[0].shape, _F32)
         start, full = _q_start(cfg, j), _q_full(cfg, j)
         carry = (zeros, zeros, dq, dconsts)
-        carry = lax.fori_loop(start, jnp.maximum(start, full), make_body(True), carry)
-        dk_j, dv_j, dq, dconsts = lax.fori_loop(
-            jnp.maximum(start, full), cfg.nq, make_body(False), carry
-        )
+        # Query blocks on the diagonal need the index (causal) mask; those below do not.
+        masked = _backward_step(cfg, bias_fn, tensors, j, kv_j, True)
+        unmasked = _backward_step(cfg, bias_fn, tensors, j, kv_j, False)
+        carry = lax.fori_loop(start, jnp.maximum(start, full), masked, carry)
+        dk_j, dv_j, dq, dconsts = lax.fori_loop(jnp.maximum(start, full), cfg.nq, unmasked, carry)
         return dq, dconsts, dk_j * _F32(cfg.scale), dv_j
 
     def scan_body(carry, j):
