@@ -27,6 +27,7 @@ from typing import Any
 import ml_collections
 from tqdm.auto import tqdm
 
+from flaxformer_lite import provenance
 from flaxformer_lite.encodings import encoding_row_name, get_positional_encoding
 from flaxformer_lite.train import allocator, data_source, sharding
 from flaxformer_lite.train.config import ConfigError, RunConfig
@@ -200,6 +201,7 @@ def run_study(
     study = Study(config, sweep, workdir, command)
     check_writable_dir(study.workdir, "workdir")
     allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
+    provenance.git_commit()  # read (and cache) the commit now: the code that runs is this one
     for cell in cells:
         run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
         data_source.build(run)  # corpus / task / length errors

@@ -145,6 +145,7 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
+    provenance.git_commit()  # read (and cache) the commit now: the code that runs is this one
     sharding.initialize_distributed(run.mesh)  # before anything touches a device
     source = data_source.build(run)  # fails on bad data settings before anything is written
     plan = sharding.Plan.create(run)  # None on one device: the plain single-device path
