@@ -488,7 +488,10 @@ def test_scaled_rope_model_reuses_trained_state():
         return np.asarray(nnx.jit(lambda m, t: m(t, fl.default_positions(t)))(m, t))
 
     plain16 = run(cfg, 16)
-    np.testing.assert_array_equal(run(fl.rope_scaling_variant(cfg, 8, "yarn"), 8), plain16[:, :8])
+    # At eval length == rope_original_length the scale is 1: YaRN is plain RoPE. Compared at
+    # float32 tolerance: a length-8 and a length-16 program may round differently (jax 0.12).
+    yarn8 = run(fl.rope_scaling_variant(cfg, 8, "yarn"), 8)
+    np.testing.assert_allclose(yarn8, plain16[:, :8], rtol=1e-5, atol=1e-5)
     assert not np.allclose(run(fl.rope_scaling_variant(cfg, 16, "pi"), 16), plain16, atol=1e-4)
 
 
