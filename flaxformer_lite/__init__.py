@@ -73,3 +73,18 @@ __all__ = [
     "rope_scaling_variant",
     "sinusoidal",
 ]
+
+# The engine imports orbax, tensorboardX and the data layer: load it on first use only.
+_LAZY = {
+    "train_and_evaluate": "flaxformer_lite.train.loop",
+    "evaluate_lengths": "flaxformer_lite.evaluate",
+    "run_study": "flaxformer_lite.experiments.runner",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'flaxformer_lite' has no attribute {name!r}")
