@@ -18,17 +18,20 @@ zero weights and a zero output, never NaN.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from flaxformer_lite import chunked_attention as _chunked
+from flaxformer_lite._checks import (
+    MASKED_LOGIT,
+    BiasFn,
+    as_rank4,
+    check_broadcastable,
+    check_positive_int,
+)
 
 Array = jax.Array
-# A function of (q_positions [b, q_len], k_positions [b, kv_len]) returning a float32 logit
-# bias [b, heads, q_len, kv_len]. Positional encodings of the "bias" kind provide one.
-BiasFn = Callable[[Array, Array], Array]
 
 # "xla": plain, materialises the [b, heads, q_len, kv_len] scores. "chunked": online softmax
 # over blocks, O(length) memory, bias built per block (`chunked_attention`). "cudnn": the
@@ -47,7 +50,6 @@ _BIAS_REASON = (
     "the fused kernel cannot evaluate a positional bias_fn (the bias would have to be "
     "materialised as [batch, heads, q_len, kv_len])"
 )
-_MASKED_LOGIT = -1e30  # finite, so an all-masked row never produces inf - inf = NaN
 
 
 def causal_mask(q_len: int, kv_len: int) -> Array:
@@ -58,8 +60,8 @@ def causal_mask(q_len: int, kv_len: int) -> Array:
     at the end of a longer key sequence, build the mask from positions instead
     (`mask_from_positions`).
     """
-    _check_positive_int("q_len", q_len)
-    _check_positive_int("kv_len", kv_len)
+    check_positive_int("q_len", q_len)
+    check_positive_int("kv_len", kv_len)
     return jnp.arange(kv_len)[None, :] <= jnp.arange(q_len)[:, None]
 
 
@@ -112,12 +114,12 @@ def attention_logits(
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(scale)
     if bias is not None:
-        bias = _as_rank4(jnp.asarray(bias, dtype=jnp.float32))
-        _check_broadcastable("bias", bias, logits.shape)
+        bias = as_rank4(jnp.asarray(bias, dtype=jnp.float32))
+        check_broadcastable("bias", bias.shape, logits.shape)
         logits = logits + bias
     combined = _combine_masks(mask, causal, q.shape[1], k.shape[1], logits.shape)
     if combined is not None:
-        logits = jnp.where(combined, logits, jnp.float32(_MASKED_LOGIT))
+        logits = jnp.where(combined, logits, jnp.float32(MASKED_LOGIT))
     return logits, combined
 
 
@@ -278,9 +280,9 @@ def choose_implementation(
         raise ValueError(
             f"implementation={requested!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
         )
-    _check_positive_int("q_len", q_len)
-    _check_positive_int("kv_len", kv_len)
-    _check_positive_int("threshold", threshold)
+    check_positive_int("q_len", q_len)
+    check_positive_int("kv_len", kv_len)
+    check_positive_int("threshold", threshold)
     if requested == "xla" and kv_len > threshold and q_len > 1:
         return "chunked"
     return requested
@@ -320,11 +322,11 @@ def _fused_attention(
     _check_qk(q, k)
     mask4 = None
     if mask is not None:
-        mask4 = _as_rank4(jnp.asarray(mask))
+        mask4 = as_rank4(jnp.asarray(mask))
         if mask4.dtype != jnp.bool_:
             raise ValueError(f"mask must be boolean (True = attend); got dtype {mask4.dtype}")
         q_len, kv_len = q.shape[1], k.shape[1]
-        _check_broadcastable("mask", mask4, (q.shape[0], q.shape[2], q_len, kv_len))
+        check_broadcastable("mask", mask4.shape, (q.shape[0], q.shape[2], q_len, kv_len))
     out = jax.nn.dot_product_attention(
         q, k, v, mask=mask4, scale=scale, is_causal=causal, implementation=kernel
     )
@@ -361,20 +363,13 @@ def _combine_masks(
         mask = jnp.asarray(mask)
         if mask.dtype != jnp.bool_:
             raise ValueError(f"mask must be boolean (True = attend); got dtype {mask.dtype}")
-        mask = _as_rank4(mask)
-        _check_broadcastable("mask", mask, shape)
+        mask = as_rank4(mask)
+        check_broadcastable("mask", mask.shape, shape)
         combined = mask
     if causal:
         tri = causal_mask(q_len, kv_len)[None, None, :, :]
         combined = tri if combined is None else jnp.logical_and(combined, tri)
     return combined
-
-
-def _as_rank4(x: Array) -> Array:
-    """Prepend unit axes explicitly (the code must run with rank promotion set to raise)."""
-    if x.ndim > 4:
-        raise ValueError(f"expected at most 4 axes [batch, heads, q_len, kv_len]; got {x.shape}")
-    return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
 def _check_qk(q: Array, k: Array) -> None:
@@ -390,16 +385,3 @@ def _check_qk(q: Array, k: Array) -> None:
 def _check_rank(name: str, x: Array, rank: int) -> None:
     if jnp.ndim(x) != rank:
         raise ValueError(f"{name} must have rank {rank}; got shape {jnp.shape(x)}")
-
-
-def _check_broadcastable(name: str, x: Array, shape: tuple[int, ...]) -> None:
-    if any(a not in (1, b) for a, b in zip(x.shape, shape, strict=True)):
-        raise ValueError(
-            f"{name} has shape {x.shape}, which does not broadcast to [batch, heads, q_len, "
-            f"kv_len] = {shape} (missing leading axes count as size 1)"
-        )
-
-
-def _check_positive_int(name: str, value: int) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")

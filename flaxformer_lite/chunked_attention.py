@@ -33,19 +33,24 @@ from __future__ import annotations
 
 import functools
 import numbers
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from flaxformer_lite._checks import (
+    MASKED_LOGIT,
+    BiasFn,
+    as_rank4,
+    check_broadcastable,
+    check_positive_int,
+)
+
 Array = jax.Array
-BiasFn = Callable[[Array, Array], Array]
 
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
-_MASKED_LOGIT = -1e30  # finite: exp(_MASKED_LOGIT - _MASKED_LOGIT) is 1, never NaN
 _F32 = jnp.float32
 
 
@@ -88,8 +93,8 @@ def chunked_attention(
     _check_inputs(q, k, v, q_positions, k_positions, mask)
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
-    block_q = _check_block("block_q", block_q)
-    block_k = _check_block("block_k", block_k)
+    block_q = check_positive_int("block_q", block_q)
+    block_k = check_positive_int("block_k", block_k)
     if scale is None:
         scale = head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -99,9 +104,8 @@ def chunked_attention(
 
     mask4 = None
     if mask is not None:
-        mask4 = jnp.asarray(mask)
-        mask4 = mask4.reshape((1,) * (4 - mask4.ndim) + mask4.shape)
-        _check_broadcastable("mask", mask4.shape, (batch, heads, q_len, kv_len))
+        mask4 = as_rank4(jnp.asarray(mask))
+        check_broadcastable("mask", mask4.shape, (batch, heads, q_len, kv_len))
         mask4 = _pad_axis(mask4, 2, nq * bq, False) if mask4.shape[2] > 1 else mask4
         mask4 = _pad_axis(mask4, 3, nk * bk, False) if mask4.shape[3] > 1 else mask4
 
@@ -134,7 +138,7 @@ def chunked_attention(
                 f"bias_fn must return [batch, heads, bq, bk] (4 axes); got shape {bias_shape} "
                 f"for position blocks of {bq} queries and {bk} keys"
             )
-        _check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, bq, bk))
+        check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, bq, bk))
 
     out = _attention(cfg, converted, qt, kt, vt, qpos, kpos, mask4, consts)
     return jnp.swapaxes(out[:, :, :q_len], 1, 2)
@@ -236,7 +240,7 @@ def _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_ma
         if idx_valid is not None:
             valid = idx_valid if valid is None else valid & idx_valid
     if valid is not None:
-        s = jnp.where(valid, s, _F32(_MASKED_LOGIT))
+        s = jnp.where(valid, s, _F32(MASKED_LOGIT))
     return s, valid
 
 
@@ -273,7 +277,7 @@ def _forward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts):
             return body
 
         init = (
-            jnp.full((b, h, bq), _MASKED_LOGIT, _F32),
+            jnp.full((b, h, bq), MASKED_LOGIT, _F32),
             jnp.zeros((b, h, bq), _F32),
             jnp.zeros((b, h, bq, d), _F32),
         )
@@ -417,20 +421,6 @@ def _pad_axis(x: Array, axis: int, size: int, fill) -> Array:
     if fill == "edge":
         return jnp.pad(x, widths, mode="edge")
     return jnp.pad(x, widths, constant_values=fill)
-
-
-def _check_block(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return value
-
-
-def _check_broadcastable(name: str, shape, target) -> None:
-    if len(shape) != 4 or any(a not in (1, t) for a, t in zip(shape, target, strict=True)):
-        raise ValueError(
-            f"{name} has shape {tuple(shape)}, which does not broadcast to [batch, heads, "
-            f"q_len, kv_len] = {tuple(target)} (missing leading axes count as size 1)"
-        )
 
 
 def _check_inputs(q, k, v, q_positions, k_positions, mask) -> None:

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from flaxformer_lite import attention, positional
+from flaxformer_lite._checks import check_positive_int
 
 Array = jax.Array
 
@@ -68,8 +69,8 @@ class DecoderCache(NamedTuple):
 
 def slot_positions(batch: int, capacity: int, positions: Array | None = None) -> Array:
     """int32 ``[batch, capacity]`` planned slot positions: ``positions`` or ``0..capacity-1``."""
-    _check_positive_int("batch", batch)
-    _check_positive_int("capacity", capacity)
+    check_positive_int("batch", batch)
+    check_positive_int("capacity", capacity)
     if positions is None:
         positions = jnp.arange(capacity, dtype=jnp.int32)
     positions = positional.as_batched_positions(jnp.asarray(positions))
@@ -150,8 +151,3 @@ def self_attention_mask(q_positions: Array, cache: KVCache) -> Array:
     """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's."""
     causal = attention.mask_from_positions(q_positions, cache.positions)
     return causal & cache.valid[:, None, None, :]
-
-
-def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r}: must be a positive int")
