@@ -16,6 +16,7 @@ table must be sized for the longest length by the config).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable
@@ -52,12 +53,29 @@ def rebuild_model(model: nnx.Module, cfg: ModelConfig) -> nnx.Module:
     return nnx.merge(graphdef_new, state)
 
 
+def for_length(
+    model: nnx.Module, variant: Callable[[ModelConfig, int], ModelConfig] | None, length: int
+) -> nnx.Module:
+    """``model`` under ``variant(model.cfg, length)`` (itself when the config is unchanged)."""
+    if variant is None:
+        return model
+    cfg = variant(model.cfg, length)
+    return model if cfg == model.cfg else rebuild_model(model, cfg)
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_eval_step(graphdef: nnx.GraphDef):
+    """One jitted eval step per model structure, so repeated evaluations (periodic
+    validation, several lengths, several tasks) reuse its compilations."""
+    return jax.jit(make_eval_step(graphdef))
+
+
 class _Evaluator:
     """Jit-compiled per-position sums for one model, one compile per batch shape."""
 
     def __init__(self, model: nnx.Module):
         graphdef, self.params, self.rest = split_model(model)
-        self.step = jax.jit(make_eval_step(graphdef))
+        self.step = _jitted_eval_step(graphdef)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.train.faults)
@@ -185,10 +203,7 @@ def evaluate_lengths(
         raise ValueError(f"protocol={protocol!r}; allowed: ['nonoverlapping', 'sliding']")
     results = []
     for length in lengths:
-        m = model
-        if variant is not None:
-            cfg = variant(model.cfg, length)
-            m = model if cfg == model.cfg else rebuild_model(model, cfg)
+        m = for_length(model, variant, length)
         stride = None
         if protocol == "sliding":
             stride = max(1, round(length * stride_fraction))
@@ -222,10 +237,7 @@ def evaluate_task(
         raise ValueError(f"mode={mode!r} is not known; allowed: {list(TASK_MODES)}")
     results = []
     for length in lengths:
-        m = model
-        if variant is not None:
-            cfg = variant(model.cfg, length)
-            m = model if cfg == model.cfg else rebuild_model(model, cfg)
+        m = for_length(model, variant, length)
         evaluator = _Evaluator(m) if mode == "teacher_forced" else None
         rng = np.random.default_rng([seed, length])
         exact, correct, count, done, index = 0.0, 0.0, 0.0, 0, 0
