@@ -40,20 +40,20 @@ def run_case(args: argparse.Namespace) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from flaxformer_lite import attention, positional
+    from flaxformer_lite.core import attention, attention_bias
 
     length, heads, head_dim = args.length, args.heads, args.head_dim
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(key, (1, length, heads, head_dim), jnp.float32) for key in keys)
     positions = jnp.arange(length, dtype=jnp.int32)[None, :]
-    slopes = positional.alibi_slopes(heads)
+    slopes = attention_bias.alibi_slopes(heads)
     bias_fn = None
     if args.bias == "alibi":
-        bias_fn = lambda qp, kp: positional.alibi_bias(qp, kp, slopes, causal=True)
+        bias_fn = lambda qp, kp: attention_bias.alibi_bias(qp, kp, slopes, causal=True)
 
     def forward(q, k, v):
         if args.impl == "chunked":
-            from flaxformer_lite.chunked_attention import chunked_attention
+            from flaxformer_lite.core.chunked_attention import chunked_attention
 
             return chunked_attention(
                 q,
@@ -130,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.block_q is None or args.block_k is None:
-        from flaxformer_lite import chunked_attention
+        from flaxformer_lite.core import chunked_attention
 
         args.block_q = args.block_q or chunked_attention.DEFAULT_BLOCK_Q
         args.block_k = args.block_k or chunked_attention.DEFAULT_BLOCK_K

@@ -59,10 +59,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.models import DecoderOnlyLM
-from flaxformer_lite.train.config import OptimConfig
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+from flaxformer_lite.train.run_config import OptimConfig
 from flaxformer_lite.train.step import init_train_state, make_train_step
 
 NUM_STEPS = 1000  # length of the LR schedule (irrelevant to speed)

@@ -30,7 +30,7 @@ import dataclasses
 
 import ml_collections
 
-from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.nn.model_config import ModelConfig
 
 ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
 # The `all` preset: the four + NoPE, the newer encodings, and randomized positions (a suffix

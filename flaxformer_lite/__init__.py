@@ -8,8 +8,8 @@ The pure core (`attention`, `positional`) imports no Flax: arrays in, arrays out
 ``[batch, length, heads, head_dim]`` layout and explicit int positions ``[batch, length]``.
 """
 
-from flaxformer_lite import encodings_extra  # noqa: F401  (registers xpos, t5, kerple_*, fire)
-from flaxformer_lite.attention import (
+from flaxformer_lite.core.absolute import sinusoidal
+from flaxformer_lite.core.attention import (
     attend,
     attention_weights,
     causal_mask,
@@ -17,8 +17,10 @@ from flaxformer_lite.attention import (
     mask_from_positions,
     padding_mask,
 )
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import (
+from flaxformer_lite.core.attention_bias import alibi_bias, alibi_slopes
+from flaxformer_lite.core.positions import randomized_positions, relative_positions
+from flaxformer_lite.core.rotary import apply_rope
+from flaxformer_lite.nn.encodings import (
     EncodingSpec,
     PositionalEncoding,
     encoding_row_name,
@@ -27,20 +29,13 @@ from flaxformer_lite.encodings import (
     register,
     rope_scaling_variant,
 )
-from flaxformer_lite.models import (
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import (
     Decoder,
     DecoderOnlyLM,
     Encoder,
     EncoderDecoder,
     default_positions,
-)
-from flaxformer_lite.positional import (
-    alibi_bias,
-    alibi_slopes,
-    apply_rope,
-    randomized_positions,
-    relative_positions,
-    sinusoidal,
 )
 
 __version__ = "0.1.0"
@@ -77,7 +72,7 @@ __all__ = [
 # The engine imports orbax, tensorboardX and the data layer: load it on first use only.
 _LAZY = {
     "train_and_evaluate": "flaxformer_lite.train.loop",
-    "evaluate_lengths": "flaxformer_lite.evaluate",
+    "evaluate_lengths": "flaxformer_lite.evaluation.engine",
     "run_study": "flaxformer_lite.experiments.runner",
 }
 

@@ -21,12 +21,12 @@ import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 
-from flaxformer_lite.generate import generate
-from flaxformer_lite.models import DecoderOnlyLM
+from flaxformer_lite.nn.generate import generate
+from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train.checkpoint import Checkpointer
-from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.loop import build_model
 from flaxformer_lite.train.optim import make_optimizer
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 from flaxformer_lite.train.step import init_train_state
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (holds config.json, checkpoints/)")

@@ -18,9 +18,9 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flaxformer_lite import cli
+from flaxformer_lite.experiments import cli
 from flaxformer_lite.experiments.runner import run_study
-from flaxformer_lite.train.config import ConfigError
+from flaxformer_lite.train.run_config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/FILE.py:PRESET", lock_config=True

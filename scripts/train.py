@@ -15,9 +15,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flaxformer_lite import cli
-from flaxformer_lite.train.config import ConfigError, RunConfig
+from flaxformer_lite.experiments import cli
 from flaxformer_lite.train.loop import train_and_evaluate
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiments/FILE.py:PRESET", lock_config=True

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from experiments import extrapolation_lm
-from flaxformer_lite.train.config import RunConfig
+from flaxformer_lite.train.run_config import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
@@ -33,7 +33,7 @@ spec = importlib.util.spec_from_file_location("_script", script)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 from absl import app
-from flaxformer_lite import cli
+from flaxformer_lite.experiments import cli
 out = []
 for args in cases:
     with tempfile.TemporaryFile("w+") as log:

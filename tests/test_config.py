@@ -9,9 +9,9 @@ import re
 import ml_collections
 import pytest
 
-from flaxformer_lite import attention
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import positional_encoding_names
+from flaxformer_lite.core import attention
+from flaxformer_lite.nn.encodings import positional_encoding_names
+from flaxformer_lite.nn.model_config import ModelConfig
 
 
 def test_defaults_are_the_base_transformer():

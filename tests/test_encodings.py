@@ -14,15 +14,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from flaxformer_lite import encodings, positional
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import (
+from flaxformer_lite.core import rotary
+from flaxformer_lite.nn import encodings
+from flaxformer_lite.nn.encodings import (
     EncodingSpec,
     get_positional_encoding,
     positional_encoding_names,
     register,
+    registry,
 )
-from flaxformer_lite.models import DecoderOnlyLM, Encoder, EncoderDecoder
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM, Encoder, EncoderDecoder
 
 NAMES = positional_encoding_names()
 CORE_HOOKS = {
@@ -113,15 +115,15 @@ def test_learned_hook_adds_the_table_rows():
     np.testing.assert_allclose(pe.add(x, POS), np.asarray(x) + table[POS], atol=1e-6)
 
 
-@pytest.mark.parametrize("layout", positional.ROPE_LAYOUTS)
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
 def test_rope_hook_rotates_queries_and_keys_with_their_own_positions(layout):
     cfg = small_cfg("rope", rope_layout=layout, rope_base=500.0)
     pe = get_positional_encoding("rope").build(cfg, rngs=nnx.Rngs(0))
     _, q, k = _arrays(3)
     kpos = POS + 3
     rq, rk = pe.rotate(q, k, POS, kpos)
-    np.testing.assert_array_equal(rq, positional.apply_rope(q, POS, base=500.0, layout=layout))
-    np.testing.assert_array_equal(rk, positional.apply_rope(k, kpos, base=500.0, layout=layout))
+    np.testing.assert_array_equal(rq, rotary.apply_rope(q, POS, base=500.0, layout=layout))
+    np.testing.assert_array_equal(rk, rotary.apply_rope(k, kpos, base=500.0, layout=layout))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -162,7 +164,7 @@ def test_causal_only_encoding_is_rejected_by_the_bidirectional_encoder(monkeypat
     spec = dataclasses.replace(
         get_positional_encoding("rope"), name="test_causal_only", causal_only=True
     )
-    monkeypatch.setitem(encodings._REGISTRY, spec.name, spec)
+    monkeypatch.setitem(registry._REGISTRY, spec.name, spec)
     cfg = small_cfg(spec.name)
     with pytest.raises(ValueError, match=r"positional='test_causal_only'.*causal"):
         Encoder(cfg, rngs=nnx.Rngs(0))

@@ -14,7 +14,10 @@ import pytest
 from flax import nnx
 
 import flaxformer_lite as fl
-from flaxformer_lite import encodings, encodings_extra, positional
+from flaxformer_lite.core import attention_bias, rotary
+from flaxformer_lite.core.positions import randomized_positions
+from flaxformer_lite.nn import encodings
+from flaxformer_lite.nn.encodings import attention_bias as encodings_extra
 
 NEW_ENCODINGS = ("xpos", "t5", "kerple_log", "kerple_power", "fire")
 
@@ -76,7 +79,7 @@ def np_t5_bucket(q_minus_k, bidirectional, num_buckets, max_distance):
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (10, 20), (8, 100)])
 def test_t5_buckets_match_numpy_reference(bidirectional, num_buckets, max_distance):
     rel = np.arange(-400, 401)
-    got = positional.t5_relative_position_bucket(
+    got = attention_bias.t5_relative_position_bucket(
         jnp.asarray(rel),
         bidirectional=bidirectional,
         num_buckets=num_buckets,
@@ -95,8 +98,8 @@ def test_t5_buckets_hand_worked():
     # Causal, 32 buckets: exact below 16, then 16 + floor(16/3 log2(n / 16)); future -> 0.
     causal = [0, 1, 7, 8, 11, 12, 16, 18, 18, 29, 29, 31, 31, 31, 0, 0, 0, 0]
     kw = dict(num_buckets=32, max_distance=128)
-    got_bi = positional.t5_relative_position_bucket(jnp.array(rel), bidirectional=True, **kw)
-    got_c = positional.t5_relative_position_bucket(jnp.array(rel), bidirectional=False, **kw)
+    got_bi = attention_bias.t5_relative_position_bucket(jnp.array(rel), bidirectional=True, **kw)
+    got_c = attention_bias.t5_relative_position_bucket(jnp.array(rel), bidirectional=False, **kw)
     assert got_bi.tolist() == bi
     assert got_c.tolist() == causal
 
@@ -151,7 +154,7 @@ def test_xpos_matches_numpy_reference():
     d = 8
     zeta = (np.arange(0, d, 2) + 0.4 * d) / (1.4 * d)  # torchscale's scale buffer
     for inverse, sign in ((False, 1.0), (True, -1.0)):
-        got = positional.apply_xpos(jnp.asarray(x), jnp.asarray(pos), center=0, inverse=inverse)
+        got = rotary.apply_xpos(jnp.asarray(x), jnp.asarray(pos), center=0, inverse=inverse)
         scale = zeta[None, None, :] ** (sign * pos[:, :, None] / 512.0)
         scale = np.concatenate([scale, scale], -1)[:, :, None, :]
         want = np_rope_half(x.astype(np.float64), pos) * scale
@@ -163,10 +166,10 @@ def test_xpos_matches_numpy_reference():
 def test_xpos_without_decay_is_rope_exactly(layout, rotary_dim):
     x = jax.random.normal(jax.random.key(1), (2, 5, 2, 8))
     pos = jnp.array([[0, 1, 2, 3, 4], [7, 30, 31, 200, 900]])
-    got = positional.apply_xpos(
+    got = rotary.apply_xpos(
         x, pos, center=3, scale_base=math.inf, layout=layout, rotary_dim=rotary_dim
     )
-    want = positional.apply_rope(x, pos, layout=layout, rotary_dim=rotary_dim)
+    want = rotary.apply_rope(x, pos, layout=layout, rotary_dim=rotary_dim)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -180,12 +183,12 @@ def test_xpos_logits_are_relative_and_decay():
     shifted = logits_of(*pe.rotate(q, k, pos + 1000, pos + 1000))
     np.testing.assert_allclose(shifted, ref, rtol=1e-3, atol=2e-3)
     # The centre cancels: an explicit centre of 0 gives the same logits.
-    q0 = positional.apply_xpos(q, pos, center=0)
-    k0 = positional.apply_xpos(k, pos, center=0, inverse=True)
+    q0 = rotary.apply_xpos(q, pos, center=0)
+    k0 = rotary.apply_xpos(k, pos, center=0, inverse=True)
     np.testing.assert_allclose(logits_of(q0, k0), ref, rtol=1e-4, atol=1e-4)
     # Against plain RoPE, each pair's contribution is damped by zeta_i^((n - m)/512).
-    qr, kr = positional.apply_rope(q, pos), positional.apply_rope(k, pos)
-    zeta = np.asarray(positional.xpos_zeta(16), np.float64)
+    qr, kr = rotary.apply_rope(q, pos), rotary.apply_rope(k, pos)
+    zeta = np.asarray(rotary.xpos_zeta(16), np.float64)
     qr, kr = np.asarray(qr, np.float64), np.asarray(kr, np.float64)
     p = np.asarray(pos[0], np.float64)
     per_pair = qr[0, :, 0, None, :] * kr[0, None, :, 0, :]  # [q, k, d]
@@ -301,25 +304,25 @@ def test_fire_initial_parameters():
 
 def test_randomized_positions_sorted_unique_in_range_and_deterministic():
     key = jax.random.key(7)
-    p = np.asarray(positional.randomized_positions(key, 64, 10, max_position=50))
+    p = np.asarray(randomized_positions(key, 64, 10, max_position=50))
     assert p.shape == (64, 10) and p.dtype == np.int32
     assert np.all(np.diff(p, axis=1) > 0)  # sorted and unique
     assert p.min() >= 0 and p.max() < 50
-    again = np.asarray(positional.randomized_positions(key, 64, 10, max_position=50))
+    again = np.asarray(randomized_positions(key, 64, 10, max_position=50))
     np.testing.assert_array_equal(p, again)
-    other = np.asarray(positional.randomized_positions(jax.random.key(8), 64, 10, max_position=50))
+    other = np.asarray(randomized_positions(jax.random.key(8), 64, 10, max_position=50))
     assert not np.array_equal(p, other)
     assert len({tuple(row) for row in p}) > 60  # rows are drawn independently
-    full = positional.randomized_positions(key, 2, 12, max_position=12)
+    full = randomized_positions(key, 2, 12, max_position=12)
     np.testing.assert_array_equal(np.asarray(full), np.tile(np.arange(12), (2, 1)))
 
 
 def test_randomized_positions_are_uniform_subsets():
-    p = np.asarray(positional.randomized_positions(jax.random.key(0), 4000, 4, max_position=16))
+    p = np.asarray(randomized_positions(jax.random.key(0), 4000, 4, max_position=16))
     counts = np.bincount(p.ravel(), minlength=16) / 4000  # each value in a row w.p. 4/16
     np.testing.assert_allclose(counts, 0.25, atol=0.03)
     with pytest.raises(ValueError, match="max_position"):
-        positional.randomized_positions(jax.random.key(0), 1, 5, max_position=4)
+        randomized_positions(jax.random.key(0), 1, 5, max_position=4)
 
 
 def test_randomized_positions_config_fields():
@@ -338,14 +341,14 @@ def test_randomized_positions_config_fields():
 
 
 def test_rotary_dim_for_rounding():
-    assert positional.rotary_dim_for(64, 0.25) == 16
-    assert positional.rotary_dim_for(64, 0.5) == 32
-    assert positional.rotary_dim_for(6, 0.5) == 4  # 3 -> nearest even, halves round up
-    assert positional.rotary_dim_for(10, 0.3) == 4  # 3 -> 4
-    assert positional.rotary_dim_for(8, 0.1) == 2  # at least one pair
-    assert positional.rotary_dim_for(5, 1.0) == 4  # never more than head_dim
+    assert rotary.rotary_dim_for(64, 0.25) == 16
+    assert rotary.rotary_dim_for(64, 0.5) == 32
+    assert rotary.rotary_dim_for(6, 0.5) == 4  # 3 -> nearest even, halves round up
+    assert rotary.rotary_dim_for(10, 0.3) == 4  # 3 -> 4
+    assert rotary.rotary_dim_for(8, 0.1) == 2  # at least one pair
+    assert rotary.rotary_dim_for(5, 1.0) == 4  # never more than head_dim
     with pytest.raises(ValueError, match="fraction"):
-        positional.rotary_dim_for(8, 0.0)
+        rotary.rotary_dim_for(8, 0.0)
 
 
 def test_partial_rotary_rotates_only_the_first_dims():
@@ -378,26 +381,24 @@ def test_scalings_at_scale_one_equal_plain_rope_exactly(scaling):
     for a, b in zip(plain.rotate(q, k, pos, pos), scaled.rotate(q, k, pos, pos), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     if scaling != "dynamic_ntk":
-        freqs = positional.rope_scaled_inv_frequencies(
+        freqs = rotary.rope_scaled_inv_frequencies(
             8, scaling=scaling, scale=1.0, original_length=16
         )
-        np.testing.assert_array_equal(
-            np.asarray(freqs), np.asarray(positional.rope_inv_frequencies(8))
-        )
+        np.testing.assert_array_equal(np.asarray(freqs), np.asarray(rotary.rope_inv_frequencies(8)))
 
 
 def test_pi_interpolates_positions():
     x = jax.random.normal(jax.random.key(0), (1, 4, 1, 8))
-    inv = positional.rope_scaled_inv_frequencies(8, scaling="pi", scale=4.0)
-    got = positional.apply_rotary(x, positional.rope_angles(jnp.array([[0, 4, 8, 40]]), inv))
-    want = positional.apply_rope(x, jnp.array([[0, 1, 2, 10]]))
+    inv = rotary.rope_scaled_inv_frequencies(8, scaling="pi", scale=4.0)
+    got = rotary.apply_rotary(x, rotary.rope_angles(jnp.array([[0, 4, 8, 40]]), inv))
+    want = rotary.apply_rope(x, jnp.array([[0, 1, 2, 10]]))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def test_ntk_base_formula():
     d, s, b = 16, 4.0, 10000.0
-    assert positional.ntk_scaled_base(b, s, d) == pytest.approx(b * s ** (d / (d - 2)), rel=1e-12)
-    got = np.asarray(positional.rope_scaled_inv_frequencies(d, scaling="ntk", scale=s))
+    assert rotary.ntk_scaled_base(b, s, d) == pytest.approx(b * s ** (d / (d - 2)), rel=1e-12)
+    got = np.asarray(rotary.rope_scaled_inv_frequencies(d, scaling="ntk", scale=s))
     theta = b ** (-2.0 * np.arange(d // 2) / d)
     want = (b * s ** (d / (d - 2))) ** (-2.0 * np.arange(d // 2) / d)
     np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -408,7 +409,7 @@ def test_ntk_base_formula():
 def test_yarn_blend_matches_numpy_reference_at_chosen_dims():
     d, s, big_l, b = 64, 4.0, 512, 10000.0
     got = np.asarray(
-        positional.rope_scaled_inv_frequencies(
+        rotary.rope_scaled_inv_frequencies(
             d, scaling="yarn", scale=s, original_length=big_l, alpha=1.0, beta=32.0
         )
     )
@@ -431,19 +432,17 @@ def test_yarn_module_applies_temperature_to_q_and_k():
     q = jax.random.normal(jax.random.key(0), (1, 5, 2, 8))
     pos = jnp.arange(5)[None]
     qs, ks = pe.rotate(q, q, pos, pos)
-    inv = positional.yarn_inv_frequencies(8, scale=4.0, original_length=16)
-    want = positional.apply_rotary(q, positional.rope_angles(pos, inv)) * pe.attention_factor
+    inv = rotary.yarn_inv_frequencies(8, scale=4.0, original_length=16)
+    want = rotary.apply_rotary(q, rotary.rope_angles(pos, inv)) * pe.attention_factor
     np.testing.assert_allclose(np.asarray(qs), np.asarray(want), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(ks), np.asarray(want), rtol=1e-6)
 
 
 def test_dynamic_ntk_scale_follows_each_rows_length():
     pos = jnp.array([[0, 1, 2, 3, 4, 5, 6, 7], [0, 4, 8, 12, 16, 20, 24, 31]])
-    got = np.asarray(positional.dynamic_ntk_inv_frequencies(pos, 8, original_length=8))
-    np.testing.assert_array_equal(got[0], np.asarray(positional.rope_inv_frequencies(8)))
-    want = np.asarray(
-        positional.rope_inv_frequencies(8, base=positional.ntk_scaled_base(1e4, 4.0, 8))
-    )
+    got = np.asarray(rotary.dynamic_ntk_inv_frequencies(pos, 8, original_length=8))
+    np.testing.assert_array_equal(got[0], np.asarray(rotary.rope_inv_frequencies(8)))
+    want = np.asarray(rotary.rope_inv_frequencies(8, base=rotary.ntk_scaled_base(1e4, 4.0, 8)))
     np.testing.assert_allclose(got[1], want, rtol=1e-5)  # s = 32 / 8 = 4
 
 
@@ -513,7 +512,7 @@ def test_decoder_only_lm_jit_causal_with_randomized_positions(name, extra):
     cfg = tiny_cfg(name, **extra)
     model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 13)
-    pos = positional.randomized_positions(jax.random.key(1), 2, 8, max_position=64)
+    pos = randomized_positions(jax.random.key(1), 2, 8, max_position=64)
 
     @nnx.jit
     def loss_and_logits(m, t, p):

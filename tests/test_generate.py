@@ -17,11 +17,12 @@ import pytest
 from flax import nnx
 
 from experiments import extrapolation_lm
-from flaxformer_lite import data, evaluate
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import get_positional_encoding, positional_encoding_names
-from flaxformer_lite.generate import generate, sample_logits
-from flaxformer_lite.models import DecoderOnlyLM, EncoderDecoder
+from flaxformer_lite import data
+from flaxformer_lite.evaluation import engine as evaluate
+from flaxformer_lite.nn.encodings import get_positional_encoding, positional_encoding_names
+from flaxformer_lite.nn.generate import generate, sample_logits
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM, EncoderDecoder
 
 ROOT = Path(__file__).resolve().parent.parent
 V, P, N = 32, 5, 11  # vocab, prompt length, new tokens
@@ -263,8 +264,8 @@ def test_encoder_decoder_generate_is_the_argmax_of_the_full_forward():
 def copy_model():
     """A 2-layer ALiBi LM trained 300 steps on copying strings of 1..6 letters: it solves
     short strings and fails on longer ones, so both outcomes are scored."""
-    from flaxformer_lite.train.config import OptimConfig
     from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+    from flaxformer_lite.train.run_config import OptimConfig
     from flaxformer_lite.train.step import init_train_state, make_train_step
 
     task = data.get_task("copy", alphabet=b"abcdefgh")
@@ -338,9 +339,9 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
 
 def test_generate_script_end_to_end(tmp_path):
     from flaxformer_lite.train.checkpoint import Checkpointer
-    from flaxformer_lite.train.config import RunConfig
     from flaxformer_lite.train.loop import build_model, train_and_evaluate
     from flaxformer_lite.train.optim import make_optimizer
+    from flaxformer_lite.train.run_config import RunConfig
     from flaxformer_lite.train.step import init_train_state
 
     c = extrapolation_lm.get_config("tiny")

@@ -1,7 +1,7 @@
 """Kill anywhere, lose nothing: a study SIGKILLed at exact points resumes to the same results.
 
 A study (tiny preset, two encodings, 8 steps) runs through ``scripts/run_study.py`` in a
-subprocess. `flaxformer_lite.train.faults` makes the process SIGKILL itself at an exact point
+subprocess. `flaxformer_lite.base.faults` makes the process SIGKILL itself at an exact point
 (``FLAXFORMER_LITE_FAULT=<point>:<n>``); each kill is followed by a rerun of the same command,
 itself killed at the next point, until a last, uninterrupted rerun. The final results and
 tables must equal those of a clean run, with no duplicated or torn row. The same clean run
@@ -23,9 +23,9 @@ import pytest
 
 from flaxformer_lite.experiments import results
 from flaxformer_lite.train.checkpoint import Checkpointer
-from flaxformer_lite.train.config import RunConfig
 from flaxformer_lite.train.loop import build_model
 from flaxformer_lite.train.optim import make_optimizer
+from flaxformer_lite.train.run_config import RunConfig
 from flaxformer_lite.train.step import init_train_state
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from flaxformer_lite import mixed_precision
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.models import DecoderOnlyLM, default_positions
+from flaxformer_lite.core import mixed_precision
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM, default_positions
 
 
 def _inputs(seed=0, shape=(2, 5, 8), d_out=6):

@@ -4,7 +4,7 @@ padding, permutation symmetry, relative-position invariance, parameter counts.
 The numpy reference below re-implements the forward pass of the paper (Vaswani et al. 2017:
 embeddings * sqrt(d_model) + positions, blocks of attention and feed-forward with Add & Norm,
 tied output projection) in float64 from the modules' parameters; the positional encodings in
-it are written from their closed forms, independently of `flaxformer_lite.positional`.
+it are written from their closed forms, independently of `flaxformer_lite.core`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import get_positional_encoding, positional_encoding_names
-from flaxformer_lite.layers import EncoderBlock, MultiHeadAttention, TokenEmbedding
-from flaxformer_lite.models import Decoder, DecoderOnlyLM, Encoder, EncoderDecoder
+from flaxformer_lite.nn.encodings import get_positional_encoding, positional_encoding_names
+from flaxformer_lite.nn.layers import EncoderBlock, MultiHeadAttention, TokenEmbedding
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import Decoder, DecoderOnlyLM, Encoder, EncoderDecoder
 
 NAMES = positional_encoding_names()
 CORE = ("none", "sinusoidal", "learned", "rope", "alibi")

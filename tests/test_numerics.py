@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from flaxformer_lite import attention
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import positional_encoding_names
-from flaxformer_lite.models import DecoderOnlyLM
-from flaxformer_lite.train.config import OptimConfig
+from flaxformer_lite.core import attention
+from flaxformer_lite.nn.encodings import positional_encoding_names
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+from flaxformer_lite.train.run_config import OptimConfig
 from flaxformer_lite.train.step import init_train_state, make_train_step
 
 STEPS, BATCH, LENGTH = 4, 2, 16

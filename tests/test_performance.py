@@ -8,9 +8,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flaxformer_lite import attention
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.models import DecoderOnlyLM
+from flaxformer_lite.core import attention
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train.step import argmax_last, init_train_state, make_train_step
 
 

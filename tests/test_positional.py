@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_lite import attention, positional
+from flaxformer_lite.core import absolute, attention, attention_bias, rotary
+from flaxformer_lite.core.positions import as_batched_positions, relative_positions
 
 # ----------------------------------------------------------------------------- sinusoidal
 
@@ -32,7 +33,7 @@ def np_sinusoidal(positions, dim, base=10000.0):
 @pytest.mark.parametrize("base", [10000.0, 100.0])
 def test_sinusoidal_matches_formula(dim, base):
     positions = np.array([[0, 1, 5, 37, 100], [256, 257, 511, 999, 1000]], np.int32)
-    pe = positional.sinusoidal(positions, dim, base=base)
+    pe = absolute.sinusoidal(positions, dim, base=base)
     assert pe.shape == (2, 5, dim) and pe.dtype == jnp.float32
     np.testing.assert_allclose(pe, np_sinusoidal(positions, dim, base), atol=3e-4)
     # Pin the layout explicitly: sine on even dims, cosine on odd dims.
@@ -40,7 +41,7 @@ def test_sinusoidal_matches_formula(dim, base):
     if dim > 1:
         np.testing.assert_allclose(pe[0, 2, 1], np.cos(5.0), atol=1e-6)
     # Unbatched positions are accepted; 256 and 257 are told apart (float32 angles).
-    flat = positional.sinusoidal(positions[1], dim, base=base)
+    flat = absolute.sinusoidal(positions[1], dim, base=base)
     assert flat.shape == (5, dim)
     np.testing.assert_array_equal(flat, pe[1])
     assert np.abs(flat[0] - flat[1]).max() > 0.1
@@ -61,10 +62,10 @@ def _shift_map(k, dim, base=10000.0):
 @pytest.mark.parametrize("dim", [16, 6])
 def test_sinusoidal_shift_is_a_fixed_linear_map(dim):
     pos = np.array([0, 3, 17, 100, 511], np.int32)
-    pe = np.asarray(positional.sinusoidal(pos, dim), np.float64)
+    pe = np.asarray(absolute.sinusoidal(pos, dim), np.float64)
     for k in (1, 5, 50):
         m_k = _shift_map(k, dim)  # depends on k only, not on pos
-        shifted = np.asarray(positional.sinusoidal(pos + k, dim), np.float64)
+        shifted = np.asarray(absolute.sinusoidal(pos + k, dim), np.float64)
         np.testing.assert_allclose(pe @ m_k.T, shifted, atol=2e-4)
         # M_k is a rotation (orthogonal), and a different k gives a different map.
         np.testing.assert_allclose(m_k @ m_k.T, np.eye(dim), atol=1e-12)
@@ -101,11 +102,11 @@ def _x(seed, shape=(2, 5, 3, 8), dtype=np.float32):
 ROPE_POSITIONS = np.array([[0, 1, 2, 7, 300], [5, 6, 40, 41, 99]], np.int32)
 
 
-@pytest.mark.parametrize("layout", positional.ROPE_LAYOUTS)
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
 @pytest.mark.parametrize("base", [10000.0, 500.0])
 def test_rope_matches_rotation_matrix(layout, base):
     x = _x(0)
-    y = positional.apply_rope(jnp.asarray(x), ROPE_POSITIONS, base=base, layout=layout)
+    y = rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, base=base, layout=layout)
     assert y.shape == x.shape and y.dtype == jnp.float32
     ref = np_rope(x, ROPE_POSITIONS, base=base, layout=layout)
     np.testing.assert_allclose(y, ref, atol=2e-4)
@@ -118,27 +119,25 @@ def test_rope_half_and_interleaved_are_the_same_rotation_under_a_permutation():
     d = 8
     perm = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])  # 0 2 4 6 1 3 5 7
     x = _x(1, (2, 5, 3, d))
-    half = positional.apply_rope(jnp.asarray(x[..., perm]), ROPE_POSITIONS, layout="half")
-    inter = positional.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout="interleaved")
+    half = rotary.apply_rope(jnp.asarray(x[..., perm]), ROPE_POSITIONS, layout="half")
+    inter = rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout="interleaved")
     np.testing.assert_allclose(half, np.asarray(inter)[..., perm], atol=1e-5)
     # Without the permutation the two layouts differ (the equality is not trivial).
-    plain_half = positional.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout="half")
+    plain_half = rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout="half")
     assert np.abs(np.asarray(plain_half) - np.asarray(inter)).max() > 0.1
 
 
-@pytest.mark.parametrize("layout", positional.ROPE_LAYOUTS)
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
 def test_rope_partial_rotary_dim_leaves_the_rest_untouched(layout):
     x = _x(2, (2, 5, 3, 12))
-    y = np.asarray(
-        positional.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout=layout, rotary_dim=4)
-    )
+    y = np.asarray(rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout=layout, rotary_dim=4))
     np.testing.assert_array_equal(y[..., 4:], x[..., 4:])
     ref = np_rope(x, ROPE_POSITIONS, layout=layout, rotary_dim=4)  # theta_i = base^(-2i/4)
     np.testing.assert_allclose(y, ref, atol=2e-4)
     assert np.abs(y[..., :4] - x[..., :4]).max() > 0.1
 
 
-@pytest.mark.parametrize("layout", positional.ROPE_LAYOUTS)
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
 def test_rope_logits_depend_only_on_the_offset(layout):
     rng = np.random.default_rng(3)
     q = jnp.asarray(rng.standard_normal((2, 6, 2, 16)), jnp.float32)
@@ -146,8 +145,8 @@ def test_rope_logits_depend_only_on_the_offset(layout):
     pos = np.array([[0, 1, 2, 3, 4, 5], [3, 9, 10, 20, 21, 50]], np.int32)
 
     def logits(p):
-        qr = positional.apply_rope(q, p, layout=layout)
-        kr = positional.apply_rope(k, p, layout=layout)
+        qr = rotary.apply_rope(q, p, layout=layout)
+        kr = rotary.apply_rope(k, p, layout=layout)
         return np.asarray(attention.attention_logits(qr, kr)[0])
 
     base = logits(pos)
@@ -162,7 +161,7 @@ def test_rope_logits_depend_only_on_the_offset(layout):
 def test_rope_angles_are_float32_for_bf16_inputs():
     x = jnp.asarray(_x(4, (1, 2, 1, 8)), jnp.bfloat16)
     pos = np.array([[256, 257]], np.int32)  # 257 is not representable in bf16
-    y = positional.apply_rope(x, pos)
+    y = rotary.apply_rope(x, pos)
     assert y.dtype == jnp.bfloat16
     ref = np_rope(np.asarray(x, np.float64), pos)
     np.testing.assert_allclose(np.asarray(y, np.float64), ref, atol=3e-2)
@@ -172,12 +171,10 @@ def test_rope_angles_are_float32_for_bf16_inputs():
 
 def test_rope_inv_frequencies_closed_form():
     np.testing.assert_allclose(
-        positional.rope_inv_frequencies(8),
+        rotary.rope_inv_frequencies(8),
         [1.0, 0.1, 0.01, 0.001],  # 10000^(-2i/8) = 10^(-i), rtol=1e-6
     )
-    np.testing.assert_allclose(
-        positional.rope_inv_frequencies(4, base=100.0), [1.0, 0.1], rtol=1e-6
-    )
+    np.testing.assert_allclose(rotary.rope_inv_frequencies(4, base=100.0), [1.0, 0.1], rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------- ALiBi
@@ -202,7 +199,7 @@ def official_get_slopes(n):
 
 @pytest.mark.parametrize("n", [*range(1, 17), 24, 48])
 def test_alibi_slopes_match_the_official_rule(n):
-    slopes = positional.alibi_slopes(n)
+    slopes = attention_bias.alibi_slopes(n)
     assert slopes.shape == (n,) and slopes.dtype == jnp.float32
     np.testing.assert_allclose(slopes, official_get_slopes(n), rtol=1e-6)
 
@@ -220,7 +217,7 @@ def test_alibi_slopes_match_the_official_rule(n):
 )
 def test_alibi_slopes_closed_forms(n, neg_log2):
     np.testing.assert_allclose(
-        -np.log2(np.asarray(positional.alibi_slopes(n))), neg_log2, atol=1e-6
+        -np.log2(np.asarray(attention_bias.alibi_slopes(n))), neg_log2, atol=1e-6
     )
 
 
@@ -229,7 +226,7 @@ def test_alibi_bias_matches_numpy(causal):
     qp = np.array([[0, 1, 2, 3], [10, 11, 12, 13]], np.int32)
     kp = np.array([[0, 1, 2, 3, 4], [7, 9, 11, 13, 15]], np.int32)
     slopes = np.array([0.5, 0.25, 0.0625], np.float32)
-    bias = np.asarray(positional.alibi_bias(qp, kp, slopes, causal=causal))
+    bias = np.asarray(attention_bias.alibi_bias(qp, kp, slopes, causal=causal))
     assert bias.shape == (2, 3, 4, 5) and bias.dtype == np.float32
     ref = np.zeros((2, 3, 4, 5))
     for b in range(2):
@@ -240,18 +237,18 @@ def test_alibi_bias_matches_numpy(causal):
                     ref[b, h, i, j] = -slopes[h] * (d if causal else abs(d))
     np.testing.assert_allclose(bias, ref, rtol=1e-6)
     # Unbatched positions broadcast as one row.
-    one = positional.alibi_bias(qp[0], kp[0], slopes, causal=causal)
+    one = attention_bias.alibi_bias(qp[0], kp[0], slopes, causal=causal)
     np.testing.assert_array_equal(one[0], bias[0])
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_alibi_bias_depends_only_on_the_offset(causal):
-    slopes = positional.alibi_slopes(4)
+    slopes = attention_bias.alibi_slopes(4)
     qp = np.array([[0, 1, 2, 3, 4, 5]], np.int32)
-    base = np.asarray(positional.alibi_bias(qp, qp, slopes, causal=causal))
+    base = np.asarray(attention_bias.alibi_bias(qp, qp, slopes, causal=causal))
     for shift in (1, 100, 4096):
         np.testing.assert_array_equal(
-            positional.alibi_bias(qp + shift, qp + shift, slopes, causal=causal), base
+            attention_bias.alibi_bias(qp + shift, qp + shift, slopes, causal=causal), base
         )
     # Equal offsets i - j give equal entries (a Toeplitz matrix per head).
     for off in range(-5, 6):
@@ -262,26 +259,26 @@ def test_alibi_bias_depends_only_on_the_offset(causal):
 def test_relative_positions_and_batched_positions():
     qp = np.array([[3, 4]], np.int32)
     kp = np.array([[0, 2, 4]], np.int32)
-    np.testing.assert_array_equal(positional.relative_positions(qp, kp), [[[3, 1, -1], [4, 2, 0]]])
-    p = positional.as_batched_positions(np.arange(5, dtype=np.int64))
+    np.testing.assert_array_equal(relative_positions(qp, kp), [[[3, 1, -1], [4, 2, 0]]])
+    p = as_batched_positions(np.arange(5, dtype=np.int64))
     assert p.shape == (1, 5) and p.dtype == jnp.int32
     with pytest.raises(ValueError, match="integers"):
-        positional.as_batched_positions(np.arange(5.0))
+        as_batched_positions(np.arange(5.0))
     with pytest.raises(ValueError, match=r"\[batch, length\]"):
-        positional.as_batched_positions(np.zeros((1, 2, 3), np.int32))
+        as_batched_positions(np.zeros((1, 2, 3), np.int32))
 
 
 def test_invalid_arguments_raise_clear_errors():
     x = jnp.zeros((1, 3, 1, 8))
     with pytest.raises(ValueError, match=r"rotary_dim must be even.*got 3"):
-        positional.apply_rope(x, np.arange(3), rotary_dim=3)
+        rotary.apply_rope(x, np.arange(3), rotary_dim=3)
     with pytest.raises(ValueError, match="layout='zigzag'"):
-        positional.apply_rope(x, np.arange(3), layout="zigzag")
+        rotary.apply_rope(x, np.arange(3), layout="zigzag")
     with pytest.raises(ValueError, match="do not fit head_dim=8"):
-        positional.apply_rope(x, np.arange(3), rotary_dim=10)
-    with pytest.raises(ValueError, match="dim must be a positive int; got 0"):
-        positional.sinusoidal(np.arange(3), 0)
-    with pytest.raises(ValueError, match="num_heads must be a positive int; got 0"):
-        positional.alibi_slopes(0)
-    with pytest.raises(ValueError, match="base must be a positive number"):
-        positional.sinusoidal(np.arange(3), 4, base=-1.0)
+        rotary.apply_rope(x, np.arange(3), rotary_dim=10)
+    with pytest.raises(ValueError, match="dim=0: must be a positive int"):
+        absolute.sinusoidal(np.arange(3), 0)
+    with pytest.raises(ValueError, match="num_heads=0: must be a positive int"):
+        attention_bias.alibi_slopes(0)
+    with pytest.raises(ValueError, match=r"base=.*: must be a finite number > 0"):
+        absolute.sinusoidal(np.arange(3), 4, base=-1.0)

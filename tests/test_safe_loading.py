@@ -30,7 +30,7 @@ UNSAFE = re.compile(
 # experiments/extrapolation_lm.py, and the notebook's experiment file.
 EXEC_MODULE_ALLOWED = {
     "scripts/run_study.py",
-    "flaxformer_lite/cli.py",
+    "flaxformer_lite/experiments/cli.py",
     "experiments/extrapolation_tasks.py",
     "notebooks/extrapolation.ipynb",
 }

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from extrapolation_lm import get_config  # noqa: E402
 
-from flaxformer_lite.train.config import ConfigError, MeshConfig, RunConfig  # noqa: E402
+from flaxformer_lite.train.run_config import ConfigError, MeshConfig, RunConfig  # noqa: E402
 from flaxformer_lite.train.sharding import mesh_shape  # noqa: E402
 
 DATA, FSDP = 2, 4
@@ -189,7 +189,8 @@ def _worker(workdir: Path) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from flaxformer_lite.train import data_source, sharding
+    from flaxformer_lite.train import batches as data_source
+    from flaxformer_lite.train import sharding
     from flaxformer_lite.train.loop import build_model, train_and_evaluate
     from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
     from flaxformer_lite.train.step import init_train_state, make_train_step

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import extrapolation_lm
 from flaxformer_lite.experiments import runner
-from flaxformer_lite.train.config import ConfigError, RunConfig
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 
 def test_sweep_lists_every_encoding_and_seed():

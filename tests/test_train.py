@@ -15,10 +15,10 @@ import pytest
 from flax import nnx
 
 from experiments import extrapolation_lm
-from flaxformer_lite import evaluate
+from flaxformer_lite.evaluation import engine as evaluate
 from flaxformer_lite.train import loop
-from flaxformer_lite.train.config import ConfigError, RunConfig
-from flaxformer_lite.train.data_source import CorpusSource
+from flaxformer_lite.train.batches import CorpusSource
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

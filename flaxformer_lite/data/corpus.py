@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.data import store, windows
 
 SPLITS = store.SPLITS
@@ -102,14 +103,14 @@ class ByteSplit:
         Deterministic given the state of `rng`, which it advances.
         """
         windows.check_generator(rng)
-        batch_size = windows.check_positive_int("batch_size", batch_size)
-        length = windows.check_positive_int("length", length)
+        batch_size = check_positive_int("batch_size", batch_size)
+        length = check_positive_int("length", length)
         self.require(length, what="a training window")
         return windows.sample_windows(self.data, rng, batch_size, length)
 
     def _eval_plan(self, length, stride, max_bytes, max_windows) -> tuple[np.ndarray, int, int]:
-        length = windows.check_positive_int("length", length)
-        stride = length if stride is None else windows.check_positive_int("stride", stride)
+        length = check_positive_int("length", length)
+        stride = length if stride is None else check_positive_int("stride", stride)
         if stride > length:
             raise ValueError(
                 f"stride must be between 1 and length={length} (a larger stride would skip "
@@ -117,7 +118,7 @@ class ByteSplit:
             )
         data = self.data
         if max_bytes is not None:
-            max_bytes = windows.check_positive_int("max_bytes", max_bytes)
+            max_bytes = check_positive_int("max_bytes", max_bytes)
             data = data[: min(max_bytes, self.num_bytes)]
         self.require(
             length,
@@ -126,7 +127,7 @@ class ByteSplit:
         )
         count = windows.num_windows(data.shape[0], length, stride)
         if max_windows is not None:
-            count = min(count, windows.check_positive_int("max_windows", max_windows))
+            count = min(count, check_positive_int("max_windows", max_windows))
         return data, stride, count
 
     def num_eval_windows(
@@ -162,7 +163,7 @@ class ByteSplit:
         so every batch has the same shape. Arguments are checked when this is called, not when
         the first batch is drawn.
         """
-        batch_size = windows.check_positive_int("batch_size", batch_size)
+        batch_size = check_positive_int("batch_size", batch_size)
         data, stride, count = self._eval_plan(length, stride, max_bytes, max_windows)
         length = int(length)
         return self._iter_batches(data, length, stride, count, batch_size, pad_batch)

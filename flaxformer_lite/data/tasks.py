@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flaxformer_lite.data.windows import check_generator, check_positive_int
+from flaxformer_lite.base.checks import check_positive_int
+from flaxformer_lite.data.windows import check_generator
 
 PAD = 0
 LOWERCASE = b"abcdefghijklmnopqrstuvwxyz"

@@ -25,20 +25,12 @@ of the window, so a causal model's predictions for the real positions do not see
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 PAD = 0
 """Byte used to fill the part of the last evaluation window that runs past the end of a split
 (always with loss_mask 0)."""
-
-
-def check_positive_int(name: str, value) -> int:
-    """Returns `value` as an int if it is a positive integer, else raises a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def check_generator(rng) -> np.random.Generator:

@@ -27,12 +27,11 @@ from typing import Any
 import ml_collections
 from tqdm.auto import tqdm
 
-from flaxformer_lite import provenance
-from flaxformer_lite.encodings import encoding_row_name, get_positional_encoding
-from flaxformer_lite.train import allocator, data_source, sharding
-from flaxformer_lite.train.config import ConfigError, RunConfig
+from flaxformer_lite.base.io import atomic_write_text
+from flaxformer_lite.nn.encodings import encoding_row_name, get_positional_encoding
+from flaxformer_lite.train import allocator, batches, provenance, sharding
 from flaxformer_lite.train.loop import check_workdir, check_writable_dir, train_and_evaluate
-from flaxformer_lite.train.writer import atomic_write_text
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
 
@@ -204,7 +203,7 @@ def run_study(
     provenance.git_commit()  # read (and cache) the commit now: the code that runs is this one
     for cell in cells:
         run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
-        data_source.build(run)  # corpus / task / length errors
+        batches.build(run)  # corpus / task / length errors
         sharding.initialize_distributed(run.mesh)  # (multi-host only) before devices are used
         sharding.make_mesh(run.mesh, batch_size=run.data.batch_size)  # batch vs devices
         check_workdir(study.cell_dir(cell["name"]), run)

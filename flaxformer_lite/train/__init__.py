@@ -4,7 +4,8 @@
 loop imports the evaluator, which imports the steps of this package).
 """
 
-from flaxformer_lite.train.config import (
+from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+from flaxformer_lite.train.run_config import (
     ConfigError,
     DataConfig,
     EvalConfig,
@@ -12,7 +13,6 @@ from flaxformer_lite.train.config import (
     RunConfig,
     TrainConfig,
 )
-from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.step import init_train_state, make_eval_step, make_train_step
 
 __all__ = [

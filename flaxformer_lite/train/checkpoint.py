@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from flaxformer_lite.train import faults
+from flaxformer_lite.base import faults
 
 log = logging.getLogger(__name__)
 

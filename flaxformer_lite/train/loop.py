@@ -31,14 +31,15 @@ import jax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from flaxformer_lite import provenance
-from flaxformer_lite.models import DecoderOnlyLM
-from flaxformer_lite.train import allocator, data_source, faults, sharding
+from flaxformer_lite.base import faults
+from flaxformer_lite.base.io import atomic_write_text
+from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.train import allocator, batches, provenance, sharding
 from flaxformer_lite.train.checkpoint import Checkpointer
-from flaxformer_lite.train.config import ConfigError, RunConfig
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 from flaxformer_lite.train.step import init_train_state, make_train_step
-from flaxformer_lite.train.writer import MetricsWriter, atomic_write_text
+from flaxformer_lite.train.writer import MetricsWriter
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
     allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
     provenance.git_commit()  # read (and cache) the commit now: the code that runs is this one
     sharding.initialize_distributed(run.mesh)  # before anything touches a device
-    source = data_source.build(run)  # fails on bad data settings before anything is written
+    source = batches.build(run)  # fails on bad data settings before anything is written
     plan = sharding.Plan.create(run)  # None on one device: the plain single-device path
     workdir = Path(workdir)
     prepare_workdir(workdir, run)

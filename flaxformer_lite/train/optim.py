@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import optax
 
-from flaxformer_lite.train.config import OptimConfig
+from flaxformer_lite.train.run_config import OptimConfig
 
 
 def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:

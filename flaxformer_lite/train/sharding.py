@@ -38,7 +38,7 @@ import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from flaxformer_lite.train.config import MESH_AXES, ConfigError, MeshConfig, RunConfig
+from flaxformer_lite.train.run_config import MESH_AXES, ConfigError, MeshConfig, RunConfig
 from flaxformer_lite.train.step import TrainState, init_train_state, make_train_step
 
 log = logging.getLogger(__name__)

@@ -261,11 +261,11 @@ def test_split_shorter_than_window(small_corpus):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": 0, "length": 8}, "batch_size must be a positive integer, got 0"),
-        ({"batch_size": -2, "length": 8}, "batch_size must be a positive integer, got -2"),
-        ({"batch_size": 2.5, "length": 8}, "batch_size must be a positive integer, got 2.5"),
-        ({"batch_size": 2, "length": 0}, "length must be a positive integer, got 0"),
-        ({"batch_size": 2, "length": -1}, "length must be a positive integer, got -1"),
+        ({"batch_size": 0, "length": 8}, "batch_size=0: must be a positive int"),
+        ({"batch_size": -2, "length": 8}, "batch_size=-2: must be a positive int"),
+        ({"batch_size": 2.5, "length": 8}, "batch_size=2.5: must be a positive int"),
+        ({"batch_size": 2, "length": 0}, "length=0: must be a positive int"),
+        ({"batch_size": 2, "length": -1}, "length=-1: must be a positive int"),
     ],
 )
 def test_bad_batch_arguments(small_corpus, kwargs, message):

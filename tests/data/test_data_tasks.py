@@ -171,8 +171,8 @@ def test_pad_to():
 @pytest.mark.parametrize(
     ("name", "length", "message"),
     [
-        ("copy", 0, "length must be a positive integer, got 0"),
-        ("reverse", -3, "length must be a positive integer, got -3"),
+        ("copy", 0, "length=0: must be a positive int"),
+        ("reverse", -3, "length=-3: must be a positive int"),
         ("associative_recall", 53, r"length for task 'associative_recall' must be in \[1, 52\]"),
         ("passkey", 100, "length for task 'passkey' must be >= 101, got 100"),
     ],
@@ -184,7 +184,7 @@ def test_bad_lengths(name, length, message):
 
 def test_other_errors():
     task = get_task("copy")
-    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="batch_size=0: must be a positive int"):
         task.sample(np.random.default_rng(0), 0, 3)
     with pytest.raises(TypeError, match=r"rng must be a numpy\.random\.Generator"):
         task.sample(42, 2, 3)

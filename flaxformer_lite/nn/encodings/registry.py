@@ -26,10 +26,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite import positional
+from flaxformer_lite.core import absolute, attention_bias, rotary
+from flaxformer_lite.core.positions import as_batched_positions
 
 if TYPE_CHECKING:
-    from flaxformer_lite.config import ModelConfig
+    from flaxformer_lite.nn.model_config import ModelConfig
 
 Array = jax.Array
 HOOKS = ("add", "rotate", "bias", "none")
@@ -73,7 +74,7 @@ class NoPositionalEncoding(PositionalEncoding):
 
 class SinusoidalEncoding(PositionalEncoding):
     """Fixed sinusoids added to the embeddings (Vaswani et al. 2017, §3.5); see
-    `positional.sinusoidal` for the layout (sin on even dims, cos on odd dims)."""
+    `absolute.sinusoidal` for the layout (sin on even dims, cos on odd dims)."""
 
     hook = "add"
 
@@ -83,7 +84,7 @@ class SinusoidalEncoding(PositionalEncoding):
         self.base = cfg.sinusoidal_base
 
     def add(self, x: Array, positions: Array) -> Array:
-        pe = positional.sinusoidal(positions, self.d_model, base=self.base)
+        pe = absolute.sinusoidal(positions, self.d_model, base=self.base)
         return (x.astype(jnp.float32) + pe).astype(x.dtype)
 
 
@@ -127,9 +128,9 @@ class LearnedEncoding(PositionalEncoding):
 class RotaryEncoding(PositionalEncoding):
     """RoPE (Su et al. 2021, arXiv 2104.09864): rotate q and k by ``position * theta_i``.
 
-    Honours partial rotary (``rope_fraction``: only the first `positional.rotary_dim_for`
+    Honours partial rotary (``rope_fraction``: only the first `rotary.rotary_dim_for`
     dimensions rotate) and context extension at evaluation time (``rope_scaling``: PI, NTK,
-    dynamic NTK, YaRN; see `positional.rope_scaled_inv_frequencies`). YaRN also multiplies
+    dynamic NTK, YaRN; see `rotary.rope_scaled_inv_frequencies`). YaRN also multiplies
     q and k (all head dimensions) by ``sqrt(1/t) = 0.1 ln(s) + 1``. RoPE has no parameters,
     so a trained model is evaluated under a scaling by rebuilding it from
     ``rope_scaling_variant(cfg, eval_length, scaling)`` with the same state.
@@ -141,19 +142,19 @@ class RotaryEncoding(PositionalEncoding):
         del rngs
         self.base = cfg.rope_base
         self.layout = cfg.rope_layout
-        self.rotary_dim = positional.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
+        self.rotary_dim = rotary.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
         self.scaling = cfg.rope_scaling
         self.scale = cfg.rope_scale
         self.original_length = cfg.rope_original_length
         self.yarn_alpha = cfg.yarn_alpha
         self.yarn_beta = cfg.yarn_beta
         yarn = cfg.rope_scaling == "yarn"
-        self.attention_factor = positional.yarn_attention_factor(cfg.rope_scale) if yarn else 1.0
+        self.attention_factor = rotary.yarn_attention_factor(cfg.rope_scale) if yarn else 1.0
 
     def rotate(
         self, q: Array, k: Array, q_positions: Array, k_positions: Array
     ) -> tuple[Array, Array]:
-        inv_freq = positional.rope_scaled_inv_frequencies(
+        inv_freq = rotary.rope_scaled_inv_frequencies(
             self.rotary_dim,
             scaling=self.scaling,
             scale=self.scale,
@@ -164,14 +165,10 @@ class RotaryEncoding(PositionalEncoding):
             k_positions=k_positions,
         )
         for x, pos in ((q, q_positions), (k, k_positions)):
-            if positional.as_batched_positions(pos).shape[1] != x.shape[1]:
+            if as_batched_positions(pos).shape[1] != x.shape[1]:
                 raise ValueError(f"positions shape {pos.shape} does not match x {x.shape}")
-        q = positional.apply_rotary(
-            q, positional.rope_angles(q_positions, inv_freq), layout=self.layout
-        )
-        k = positional.apply_rotary(
-            k, positional.rope_angles(k_positions, inv_freq), layout=self.layout
-        )
+        q = rotary.apply_rotary(q, rotary.rope_angles(q_positions, inv_freq), layout=self.layout)
+        k = rotary.apply_rotary(k, rotary.rope_angles(k_positions, inv_freq), layout=self.layout)
         if self.attention_factor != 1.0:
             factor = jnp.float32(self.attention_factor)
             q = (q.astype(jnp.float32) * factor).astype(q.dtype)
@@ -189,8 +186,8 @@ class ALiBiEncoding(PositionalEncoding):
         self.num_heads = cfg.num_heads
 
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
-        slopes = positional.alibi_slopes(self.num_heads)
-        return positional.alibi_bias(q_positions, k_positions, slopes, causal=causal)
+        slopes = attention_bias.alibi_slopes(self.num_heads)
+        return attention_bias.alibi_bias(q_positions, k_positions, slopes, causal=causal)
 
 
 # ----------------------------------------------------------------------------- registry
@@ -261,10 +258,10 @@ def get_positional_encoding(name: str) -> EncodingSpec:
 
 
 def _check_rope(cfg: ModelConfig) -> None:
-    if cfg.rope_layout not in positional.ROPE_LAYOUTS:
+    if cfg.rope_layout not in rotary.ROPE_LAYOUTS:
         raise ValueError(
             f"ModelConfig.rope_layout={cfg.rope_layout!r}: allowed values: "
-            f"{list(positional.ROPE_LAYOUTS)}"
+            f"{list(rotary.ROPE_LAYOUTS)}"
         )
     f = cfg.rope_fraction
     if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 < f <= 1.0:
@@ -283,9 +280,9 @@ def _check_rope(cfg: ModelConfig) -> None:
 
 def _check_rope_scaling(cfg: ModelConfig) -> None:
     scaling, s, length = cfg.rope_scaling, cfg.rope_scale, cfg.rope_original_length
-    if scaling not in positional.ROPE_SCALINGS:
+    if scaling not in rotary.ROPE_SCALINGS:
         raise ValueError(
-            f"ModelConfig.rope_scaling={scaling!r}: allowed: {list(positional.ROPE_SCALINGS)}"
+            f"ModelConfig.rope_scaling={scaling!r}: allowed: {list(rotary.ROPE_SCALINGS)}"
         )
     if isinstance(s, bool) or not isinstance(s, int | float) or not 1.0 <= s < float("inf"):
         raise ValueError(f"ModelConfig.rope_scale={s!r}: must be a finite number >= 1")
@@ -312,7 +309,7 @@ def _check_rope_scaling(cfg: ModelConfig) -> None:
         raise ValueError(
             f"ModelConfig.yarn_alpha={a!r}, yarn_beta={b!r}: need numbers with 0 <= alpha < beta"
         )
-    rotary_dim = positional.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
+    rotary_dim = rotary.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
     if scaling in ("ntk", "dynamic_ntk") and rotary_dim <= 2:
         raise ValueError(
             f"ModelConfig.rope_scaling={scaling!r} needs more than 2 rotated dims; "
@@ -357,10 +354,8 @@ def rope_scaling_variant(
         raise ValueError(
             f"ModelConfig.positional={cfg.positional!r}: rope_scaling_variant needs 'rope'"
         )
-    if scaling not in positional.ROPE_SCALINGS:
-        raise ValueError(
-            f"scaling={scaling!r} is not known; allowed: {list(positional.ROPE_SCALINGS)}"
-        )
+    if scaling not in rotary.ROPE_SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not known; allowed: {list(rotary.ROPE_SCALINGS)}")
     if cfg.rope_original_length is None:
         raise ValueError(
             "ModelConfig.rope_original_length=None: set it to the training length to derive "

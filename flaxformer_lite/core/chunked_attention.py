@@ -39,13 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flaxformer_lite._checks import (
-    MASKED_LOGIT,
-    BiasFn,
-    as_rank4,
-    check_broadcastable,
-    check_positive_int,
-)
+from flaxformer_lite.base.checks import check_positive_int
+from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
 
 Array = jax.Array
 
@@ -77,7 +72,7 @@ def chunked_attention(
         Only ``bias_fn`` reads them; the causal mask is by index (as `attention.causal_mask`).
       bias_fn: optional ``bias_fn(q_positions_block [b, bq], k_positions_block [b, bk])``
         returning a float logit bias broadcastable to ``[batch, heads, bq, bk]`` (4 axes),
-        e.g. ``lambda qp, kp: positional.alibi_bias(qp, kp, slopes)``. Called once per
+        e.g. ``lambda qp, kp: attention_bias.alibi_bias(qp, kp, slopes)``. Called once per
         visited block, never on the full lengths.
       mask: optional bool broadcastable to ``[batch, heads, q_len, kv_len]`` (missing leading
         axes count as size 1); True = attend. Sliced per block, so a key-padding mask

@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite import attention, positional
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import get_positional_encoding
-from flaxformer_lite.kv_cache import CrossKVCache, DecoderCache, KVCache, slot_positions
-from flaxformer_lite.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _layer_norm
+from flaxformer_lite.core import attention
+from flaxformer_lite.core.kv_cache import CrossKVCache, DecoderCache, KVCache, slot_positions
+from flaxformer_lite.core.positions import as_batched_positions
+from flaxformer_lite.nn.encodings import get_positional_encoding
+from flaxformer_lite.nn.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _layer_norm
+from flaxformer_lite.nn.model_config import ModelConfig
 
 Array = jax.Array
 
@@ -31,7 +32,7 @@ def default_positions(tokens: Array) -> Array:
 
 
 def _positions(tokens: Array, positions: Array) -> Array:
-    positions = positional.as_batched_positions(positions)
+    positions = as_batched_positions(positions)
     if positions.shape[1] != tokens.shape[1] or positions.shape[0] not in (1, tokens.shape[0]):
         raise ValueError(
             f"positions shape {positions.shape} does not match tokens shape {tokens.shape}; "
@@ -138,7 +139,7 @@ class Decoder(_Stack):
                 raise ValueError(
                     "Decoder(cross_attention=True) needs `encoded` and `encoded_positions`"
                 )
-            encoded_positions = positional.as_batched_positions(encoded_positions)
+            encoded_positions = as_batched_positions(encoded_positions)
             encoded_positions = jnp.broadcast_to(encoded_positions, encoded.shape[:2])
             if encoded_valid is not None:
                 q_valid = jnp.ones(tokens.shape, bool) if valid is None else valid
@@ -165,7 +166,7 @@ class Decoder(_Stack):
         """Empty self-attention caches, one per block, of ``capacity`` slots each.
 
         ``positions``: the positions the slots will hold, int ``[batch, capacity]`` or
-        ``[capacity]`` (default ``0..capacity-1``); see `flaxformer_lite.kv_cache`.
+        ``[capacity]`` (default ``0..capacity-1``); see `flaxformer_lite.core.kv_cache`.
         """
         positions = slot_positions(batch, capacity, positions)
         return tuple(
@@ -183,7 +184,7 @@ class Decoder(_Stack):
         bool ``[b, s]``."""
         if not self.has_cross_attention:
             raise ValueError("Decoder(cross_attention=False) has no cross-attention to cache")
-        encoded_positions = positional.as_batched_positions(encoded_positions)
+        encoded_positions = as_batched_positions(encoded_positions)
         encoded_positions = jnp.broadcast_to(encoded_positions, encoded.shape[:2])
         return tuple(
             block.cross_attention.cross_cache(encoded, encoded_positions, encoded_valid)

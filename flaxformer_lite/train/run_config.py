@@ -14,15 +14,12 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from flaxformer_lite.config import ModelConfig
+from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.nn.model_config import ModelConfig
 
 SOURCES = ("corpus", "task")
 PROTOCOLS = ("nonoverlapping", "sliding")
 SPLITS = ("validation", "test")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field, value and allowed values."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """More positional encodings for the length-extrapolation studies (issue 6).
 
 Each is one NNX module plus one registry entry (imported, hence registered, by
-``import flaxformer_lite``); the formulas are pure functions in `flaxformer_lite.positional`.
+``import flaxformer_lite``); the formulas are pure functions in `flaxformer_lite.core`.
 
 * ``xpos`` (rotate): RoPE + per-pair exponential decay (Sun et al. 2022); causal only;
 * ``t5`` (bias): a learned scalar per (log-spaced distance bucket, head) (Raffel et al. 2020);
@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite import positional
-from flaxformer_lite.encodings import (
+from flaxformer_lite.core import attention_bias, rotary
+from flaxformer_lite.core.positions import relative_positions
+from flaxformer_lite.nn.encodings.registry import (
     EncodingSpec,
     PositionalEncoding,
     _check_rope,
@@ -33,7 +34,7 @@ from flaxformer_lite.encodings import (
 )
 
 if TYPE_CHECKING:
-    from flaxformer_lite.config import ModelConfig
+    from flaxformer_lite.nn.model_config import ModelConfig
 
 Array = jax.Array
 KERPLE_EPS = 0.01  # lower clamp of r1 and r2 (chijames/KERPLE ``self.eps = 1e-2``)
@@ -60,7 +61,7 @@ class XPosEncoding(PositionalEncoding):
     ``zeta^((n-m)/B)`` with the distance. Defined for causal attention only.
 
     Centring: the scale exponent uses ``n - c`` with ``c = (min + max) // 2`` of each row's
-    key positions (`positional.xpos_center`), applied to queries and keys alike. The
+    key positions (`rotary.xpos_center`), applied to queries and keys alike. The
     logits do not depend on ``c`` (it cancels in ``zeta^((n-c) - (m-c))``); it keeps the
     factors near 1 for long or randomized positions (torchscale also centres them). Shifting
     all positions by ``s`` shifts ``c`` by exactly ``s``, so the scaled q and k are unchanged.
@@ -74,13 +75,13 @@ class XPosEncoding(PositionalEncoding):
         del rngs
         self.base = cfg.rope_base
         self.layout = cfg.rope_layout
-        self.rotary_dim = positional.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
+        self.rotary_dim = rotary.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
         self.scale_base = cfg.xpos_scale_base
 
     def rotate(
         self, q: Array, k: Array, q_positions: Array, k_positions: Array
     ) -> tuple[Array, Array]:
-        center = positional.xpos_center(k_positions)
+        center = rotary.xpos_center(k_positions)
         kw = dict(
             center=center,
             scale_base=self.scale_base,
@@ -88,8 +89,8 @@ class XPosEncoding(PositionalEncoding):
             layout=self.layout,
             rotary_dim=self.rotary_dim,
         )
-        q = positional.apply_xpos(q, q_positions, inverse=False, **kw)
-        k = positional.apply_xpos(k, k_positions, inverse=True, **kw)
+        q = rotary.apply_xpos(q, q_positions, inverse=False, **kw)
+        k = rotary.apply_xpos(k, k_positions, inverse=True, **kw)
         return q, k
 
 
@@ -99,7 +100,7 @@ class T5RelativeBias(PositionalEncoding):
     A learned table ``[t5_num_buckets, heads]`` (logical axes ``("relpos_buckets",
     "heads")``, init normal with std ``1/sqrt(num_buckets)`` like flaxformer's embedding
     init); the bias of query i and key j is the row of bucket
-    `positional.t5_relative_position_bucket` ``(q_pos - k_pos)``: causal bucketing under
+    `attention_bias.t5_relative_position_bucket` ``(q_pos - k_pos)``: causal bucketing under
     causal attention, bidirectional (half the buckets per direction) otherwise.
     """
 
@@ -117,8 +118,8 @@ class T5RelativeBias(PositionalEncoding):
         )
 
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
-        rel = positional.relative_positions(q_positions, k_positions)
-        buckets = positional.t5_relative_position_bucket(
+        rel = relative_positions(q_positions, k_positions)
+        buckets = attention_bias.t5_relative_position_bucket(
             rel,
             bidirectional=not causal,
             num_buckets=self.num_buckets,
@@ -165,7 +166,11 @@ class KerpleBias(PositionalEncoding):
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
         del causal
         r1, r2 = self.coefficients()
-        fn = positional.kerple_log_bias if self.variant == "log" else positional.kerple_power_bias
+        fn = (
+            attention_bias.kerple_log_bias
+            if self.variant == "log"
+            else attention_bias.kerple_power_bias
+        )
         return fn(q_positions, k_positions, r1, r2)
 
 
@@ -177,7 +182,7 @@ class FireBias(PositionalEncoding):
     ``Dense(1 -> fire_mlp_width) -> ReLU -> Dense(width -> heads)``. Learned: the MLP, ``c``
     (init 0.1) and ``L = |l| * fire_threshold_init`` with ``l`` init 1 (the public
     implementations learn this multiplier; ``c`` enters as ``|c|``). The normalised distance
-    is `positional.fire_normalized_distance`: it uses ``|i - j|``, so under bidirectional
+    is `attention_bias.fire_normalized_distance`: it uses ``|i - j|``, so under bidirectional
     attention the bias is symmetric in past and future (the paper defines FIRE for causal
     attention, where future keys are masked anyway).
 
@@ -212,7 +217,7 @@ class FireBias(PositionalEncoding):
 
     def normalized_distance(self, q_positions: Array, k_positions: Array) -> Array:
         """The MLP's input, float32 ``[batch, q_len, kv_len]``."""
-        return positional.fire_normalized_distance(
+        return attention_bias.fire_normalized_distance(
             q_positions,
             k_positions,
             c=jnp.abs(self.c[...].astype(jnp.float32)),

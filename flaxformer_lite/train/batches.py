@@ -15,9 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxformer_lite import attention, data, evaluate, positional
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.train.config import ConfigError, RunConfig
+from flaxformer_lite import data
+from flaxformer_lite.core import attention
+from flaxformer_lite.core.positions import randomized_positions
+from flaxformer_lite.evaluation import engine as evaluate
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 QUICK_EVAL_TOKENS = 16384
 
@@ -58,7 +61,7 @@ class _Source:
         key = jax.random.key(self.run.seed)
         for part in key_parts:
             key = jax.random.fold_in(key, part)
-        return positional.randomized_positions(key, batch, length, max_position=max_position)
+        return randomized_positions(key, batch, length, max_position=max_position)
 
     def _eval_positions(self, tag: int):
         return lambda index, batch, length: self.positions((tag, length, index), batch, length)
@@ -73,7 +76,7 @@ class _Source:
             )
             cfg = cfg.replace(attention_impl=impl)
             if scaling is not None:
-                from flaxformer_lite.encodings import rope_scaling_variant
+                from flaxformer_lite.nn.encodings import rope_scaling_variant
 
                 cfg = rope_scaling_variant(cfg, length, scaling)
             return cfg

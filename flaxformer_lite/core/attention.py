@@ -22,14 +22,9 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from flaxformer_lite import chunked_attention as _chunked
-from flaxformer_lite._checks import (
-    MASKED_LOGIT,
-    BiasFn,
-    as_rank4,
-    check_broadcastable,
-    check_positive_int,
-)
+from flaxformer_lite.base.checks import check_positive_int
+from flaxformer_lite.core import chunked_attention as _chunked
+from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
 
 Array = jax.Array
 

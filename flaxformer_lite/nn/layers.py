@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite import attention, kv_cache, mixed_precision
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.encodings import PositionalEncoding
-from flaxformer_lite.kv_cache import CrossKVCache, KVCache
+from flaxformer_lite.core import attention, kv_cache, mixed_precision
+from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
+from flaxformer_lite.nn.encodings import PositionalEncoding
+from flaxformer_lite.nn.model_config import ModelConfig
 
 Array = jax.Array
 
@@ -227,7 +227,7 @@ class MultiHeadAttention(nnx.Module):
         new queries to every filled slot whose position is <= the query's: the rotate hook
         gets the new queries and the whole cache with their positions, the bias hook
         ``pe.bias(positions, cache.positions, causal=True)``. Equals `__call__` with
-        ``causal=True`` over all tokens written so far (see `flaxformer_lite.kv_cache`).
+        ``causal=True`` over all tokens written so far (see `flaxformer_lite.core.kv_cache`).
 
         Args:
           x: ``[batch, l, d_model]`` (``l = prompt length`` to prefill, 1 per step).

@@ -25,7 +25,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of every model in `flaxformer_lite.models`."""
+    """Hyper-parameters of every model in `flaxformer_lite.nn.models`."""
 
     vocab_size: int = 256  # output classes / input tokens (256 = raw bytes)
     d_model: int = 512  # residual stream width
@@ -100,8 +100,8 @@ def _fail(field: str, value: Any, allowed: str) -> None:
 
 
 def _validate(cfg: ModelConfig) -> None:
-    from flaxformer_lite import attention
-    from flaxformer_lite.encodings import get_positional_encoding
+    from flaxformer_lite.core import attention
+    from flaxformer_lite.nn.encodings import get_positional_encoding
 
     for name in (
         "vocab_size",

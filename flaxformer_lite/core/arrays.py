@@ -1,7 +1,8 @@
-"""Argument checks and constants shared by the pure attention modules (no Flax, no state).
+"""Shapes and constants shared by the pure attention modules (no Flax, no state).
 
-`attention`, `chunked_attention` and `kv_cache` validate the same kinds of arguments; the
-checks live here once so their rules and messages cannot drift apart.
+`attention`, `chunked_attention` and `kv_cache` validate the same kinds of arrays; the checks
+live here once so their rules and messages cannot drift apart. Scalar argument checks (e.g. a
+positive int) are `flaxformer_lite.base.checks`, shared with every layer.
 """
 
 from __future__ import annotations
@@ -16,13 +17,6 @@ Array = jax.Array
 BiasFn = Callable[[Array, Array], Array]
 # Logit of a masked entry: finite, so an all-masked row never produces inf - inf = NaN.
 MASKED_LOGIT = -1e30
-
-
-def check_positive_int(name: str, value: int) -> int:
-    """``value`` if it is a positive Python int (bools are not), else a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return value
 
 
 def as_rank4(x: Array) -> Array:

@@ -1,11 +1,11 @@
 """Autoregressive generation with a key-value cache, compiled as one ``jax.lax`` loop.
 
-`generate` prefills the prompt into a `flaxformer_lite.kv_cache.DecoderCache` in one
+`generate` prefills the prompt into a `flaxformer_lite.core.kv_cache.DecoderCache` in one
 forward pass, then decodes one token per iteration of a ``lax.while_loop`` (no Python loop
 per token). The logits it samples from equal those of one full forward pass over the tokens
 it feeds (prompt + continuation without its last token), for every registered positional
 encoding: rotations and biases see the true query and key positions, added encodings the
-position being generated (see `flaxformer_lite.kv_cache`).
+position being generated (see `flaxformer_lite.core.kv_cache`).
 
 Example::
 
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxformer_lite import positional
-from flaxformer_lite.models import DecoderOnlyLM, EncoderDecoder
+from flaxformer_lite.core.positions import as_batched_positions
+from flaxformer_lite.nn.models import DecoderOnlyLM, EncoderDecoder
 
 Array = jax.Array
 
@@ -253,7 +253,7 @@ def _check_temperature(temperature: Any) -> float:
 def _fed_positions(positions: Any, batch: int, capacity: int) -> Array:
     if positions is None:
         return jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32)[None, :], (batch, capacity))
-    positions = positional.as_batched_positions(jnp.asarray(positions))
+    positions = as_batched_positions(jnp.asarray(positions))
     if not jnp.issubdtype(positions.dtype, jnp.integer) or positions.shape[1] != capacity:
         raise ValueError(
             f"positions shape {positions.shape} dtype {positions.dtype}: need int "
@@ -288,7 +288,7 @@ def _source_args(src: Any, src_positions: Any, src_valid: Any, batch: int):
         raise ValueError(f"src has shape {src.shape}; need [batch={batch}, src_len >= 1]")
     if src_positions is None:
         src_positions = jnp.arange(src.shape[1], dtype=jnp.int32)
-    src_positions = positional.as_batched_positions(jnp.asarray(src_positions))
+    src_positions = as_batched_positions(jnp.asarray(src_positions))
     if src_positions.shape[1] != src.shape[1] or src_positions.shape[0] not in (1, batch):
         raise ValueError(
             f"src_positions shape {src_positions.shape} does not match src {src.shape}"

@@ -1,7 +1,7 @@
 """Key-value caches for autoregressive decoding, as plain pytrees (no hidden module state).
 
 A cache is a value: layers take one and return the updated one, so decoding composes with
-``jax.jit`` and ``jax.lax`` loops (`flaxformer_lite.generate`). Shapes::
+``jax.jit`` and ``jax.lax`` loops (`flaxformer_lite.nn.generate`). Shapes::
 
     KVCache        key, value  [batch, capacity, heads, head_dim]   projected, NOT rotated
                    positions   int32 [batch, capacity]   position of each slot
@@ -31,8 +31,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flaxformer_lite import attention, positional
-from flaxformer_lite._checks import check_positive_int
+from flaxformer_lite.base.checks import check_positive_int
+from flaxformer_lite.core import attention
+from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
 
@@ -73,7 +74,7 @@ def slot_positions(batch: int, capacity: int, positions: Array | None = None) ->
     check_positive_int("capacity", capacity)
     if positions is None:
         positions = jnp.arange(capacity, dtype=jnp.int32)
-    positions = positional.as_batched_positions(jnp.asarray(positions))
+    positions = as_batched_positions(jnp.asarray(positions))
     if positions.shape[1] != capacity or positions.shape[0] not in (1, batch):
         raise ValueError(
             f"positions shape {positions.shape} does not match the cache: expected "

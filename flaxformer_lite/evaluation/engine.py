@@ -28,9 +28,9 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from flaxformer_lite.config import ModelConfig
-from flaxformer_lite.generate import generate
-from flaxformer_lite.train import faults
+from flaxformer_lite.base import faults
+from flaxformer_lite.nn.generate import generate
+from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.train.step import make_eval_step, split_model
 
 # (window index, batch size, length) -> int32 positions [batch, length]
@@ -78,7 +78,7 @@ class _Evaluator:
         self.step = _jitted_eval_step(graphdef)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.train.faults)
+        faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.base.faults)
         out = self.step(self.params, self.rest, {k: jnp.asarray(v) for k, v in batch.items()})
         return jax.device_get(out)
 

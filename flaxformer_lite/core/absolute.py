@@ -1,0 +1,45 @@
+"""Absolute positional formulas: encodings **added** to the token embeddings (DESIGN.md §3).
+
+The sinusoidal encoding of Vaswani et al. 2017 is computed from explicit positions, never
+sliced from a table, so any length works. The learned table has parameters and lives in
+`flaxformer_lite.nn.encodings.absolute`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flaxformer_lite.base.checks import check_positive_int, check_positive_number
+from flaxformer_lite.core.positions import scaled_positions
+
+Array = jax.Array
+
+
+def sinusoidal(positions: Array, dim: int, *, base: float = 10000.0) -> Array:
+    """Sinusoidal encoding of Vaswani et al. 2017, §3.5, in the original interleaved layout.
+
+    ``PE[p, 2i] = sin(p / base^(2i/dim))`` and ``PE[p, 2i+1] = cos(p / base^(2i/dim))``:
+    sine on even dimensions, cosine on odd ones. For an odd ``dim`` the last (cosine)
+    column is dropped.
+
+    Args:
+      positions: int ``[batch, length]`` or ``[length]``.
+      dim: encoding width (the model's ``d_model``).
+      base: wavelength base, 10000 in the paper.
+
+    Returns:
+      float32 ``positions.shape + (dim,)``.
+    """
+    check_positive_int("dim", dim)
+    check_positive_number("base", base)
+    positions = jnp.asarray(positions)
+    if not jnp.issubdtype(positions.dtype, jnp.integer):
+        raise ValueError(f"positions must be integers; got dtype {positions.dtype}")
+    half = (dim + 1) // 2
+    # 1 / base^(2i/dim) for i = 0..half-1, in float64 on the host, then float32.
+    inv_freq = jnp.asarray(base ** (-2.0 * np.arange(half) / dim), dtype=jnp.float32)
+    angles = scaled_positions(positions, inv_freq)  # [..., half]
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., half, 2]
+    return pe.reshape((*positions.shape, 2 * half))[..., :dim]

@@ -1,0 +1,357 @@
+"""Rotary positional formulas: queries and keys are **rotated** (DESIGN.md §3).
+
+RoPE (Su et al. 2021) in the rotate-half and interleaved layouts, partial rotary
+(`rotary_dim_for`), xPos (Sun et al. 2022: RoPE with a per-pair decay) and RoPE context
+extension at evaluation time (`rope_scaled_inv_frequencies`: PI, NTK, dynamic NTK, YaRN).
+Angles are float32: bfloat16 cannot tell position 256 from 257.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flaxformer_lite.base.checks import check_positive_int, check_positive_number
+from flaxformer_lite.core.positions import as_batched_positions, scaled_positions
+
+Array = jax.Array
+ROPE_LAYOUTS = ("half", "interleaved")
+
+
+def rope_inv_frequencies(rotary_dim: int, *, base: float = 10000.0) -> Array:
+    """RoPE frequencies ``theta_i = base^(-2i/rotary_dim)``, float32 ``[rotary_dim // 2]``.
+
+    Su et al. 2021, "RoFormer" (arXiv 2104.09864), Eq. 15.
+    """
+    check_positive_int("rotary_dim", rotary_dim)
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even (dimensions rotate in pairs); got {rotary_dim}")
+    check_positive_number("base", base)
+    return jnp.asarray(base ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim), jnp.float32)
+
+
+def rope_angles(positions: Array, inv_freq: Array) -> Array:
+    """Rotation angles ``p * theta_i`` in float32: ``[batch, length, pairs]``.
+
+    ``inv_freq`` is ``[pairs]`` (shared) or ``[batch or 1, pairs]`` (one set per row, e.g.
+    dynamic NTK scaling).
+    """
+    positions = as_batched_positions(positions)
+    inv_freq = jnp.asarray(inv_freq, jnp.float32)
+    if inv_freq.ndim == 2:
+        return positions.astype(jnp.float32)[:, :, None] * inv_freq[:, None, :]
+    return scaled_positions(positions, inv_freq)
+
+
+def apply_rotary(x: Array, angles: Array, *, layout: str = "half") -> Array:
+    """Rotate pairs of the last axis of ``x`` by ``angles``.
+
+    Args:
+      x: ``[batch, length, heads, head_dim]``; only the first ``2 * angles.shape[-1]``
+        dimensions are rotated, the rest pass through (partial rotary).
+      angles: float32 ``[batch or 1, length, rotary_dim // 2]``.
+      layout: ``"half"`` pairs dimension i with i + rotary_dim/2 (GPT-NeoX, HF LLaMA);
+        ``"interleaved"`` pairs 2i with 2i+1 (RoFormer Eq. 34, GPT-J, Meta LLaMA). The two are
+        the same rotation up to a fixed permutation of the rotated dimensions.
+
+    Returns:
+      Same shape and dtype as ``x``; the rotation itself is computed in float32.
+    """
+    if layout not in ROPE_LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not known; allowed: {list(ROPE_LAYOUTS)}")
+    if x.ndim != 4:
+        raise ValueError(f"x must be [batch, length, heads, head_dim]; got shape {x.shape}")
+    pairs = angles.shape[-1]
+    rotary_dim = 2 * pairs
+    if rotary_dim > x.shape[-1]:
+        raise ValueError(f"{pairs} rotation pairs do not fit head_dim={x.shape[-1]}")
+    cos = jnp.cos(angles)[:, :, None, :]  # [b, l, 1, pairs]
+    sin = jnp.sin(angles)[:, :, None, :]
+    rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
+    if layout == "half":
+        x1, x2 = rot[..., :pairs], rot[..., pairs:]
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if layout == "half":
+        rotated = jnp.concatenate([y1, y2], axis=-1)
+    else:
+        rotated = jnp.stack([y1, y2], axis=-1).reshape(rot.shape)
+    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+
+
+def apply_rope(
+    x: Array,
+    positions: Array,
+    *,
+    base: float = 10000.0,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+) -> Array:
+    """Rotary position embedding (Su et al. 2021, arXiv 2104.09864).
+
+    Each pair of dimensions is rotated by angle ``p * theta_i`` with
+    ``theta_i = base^(-2i/rotary_dim)``, so ``<rope(q, m), rope(k, n)>`` depends on the
+    positions only through ``m - n``.
+
+    Args:
+      x: queries or keys ``[batch, length, heads, head_dim]``.
+      positions: int ``[batch, length]`` or ``[length]``.
+      base: frequency base (10000 in the paper).
+      layout: ``"half"`` (default) or ``"interleaved"``; see `apply_rotary`.
+      rotary_dim: rotate only the first ``rotary_dim`` dimensions (even); default all.
+
+    Returns:
+      ``x`` rotated, same shape and dtype.
+    """
+    rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
+    angles = rope_angles(positions, rope_inv_frequencies(rotary_dim, base=base))
+    if angles.shape[1] != x.shape[1]:
+        raise ValueError(f"positions length {angles.shape[1]} != x length {x.shape[1]}")
+    return apply_rotary(x, angles, layout=layout)
+
+
+# ------------------------------------------------------------------------------------ xPos
+
+
+def xpos_zeta(rotary_dim: int) -> Array:
+    """xPos per-pair decay base ``zeta_i = (2i + 0.4 d) / (1.4 d)``, float32 ``[d // 2]``.
+
+    Sun et al. 2022, "A Length-Extrapolatable Transformer" (arXiv 2212.10554), Eq. 9;
+    ``d = rotary_dim``. All ``zeta_i < 1``; high-frequency pairs (small i) decay fastest.
+    """
+    check_positive_int("rotary_dim", rotary_dim)
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even (dimensions rotate in pairs); got {rotary_dim}")
+    i = np.arange(rotary_dim // 2, dtype=np.float64)
+    return jnp.asarray((2 * i + 0.4 * rotary_dim) / (1.4 * rotary_dim), jnp.float32)
+
+
+def xpos_center(positions: Array) -> Array:
+    """Per-row centre ``(min + max) // 2`` of int positions, int32 ``[batch, 1]``.
+
+    Shifting every position by ``s`` shifts the centre by exactly ``s``.
+    """
+    positions = as_batched_positions(positions)
+    lo = positions.min(axis=1, keepdims=True)
+    hi = positions.max(axis=1, keepdims=True)
+    return (lo + hi) // 2
+
+
+def apply_xpos(
+    x: Array,
+    positions: Array,
+    *,
+    center: Array | int = 0,
+    inverse: bool = False,
+    scale_base: float = 512.0,
+    base: float = 10000.0,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+) -> Array:
+    """xPos (Sun et al. 2022, arXiv 2212.10554): RoPE, then pair i times ``zeta_i^e``.
+
+    ``e = (n - center) / scale_base`` for queries and ``-(m - center) / scale_base`` for keys
+    (``inverse=True``), so a query at ``n`` and a key at ``m`` score
+    ``zeta^((n - m) / scale_base)`` times their RoPE logit: an exponential decay with the
+    distance, independent of ``center``. The centre only keeps the factors near 1 (torchscale
+    ``XPOS`` centres its scale positions likewise, around ``-length // 2``): uncentred,
+    ``zeta_0^(n/512)`` at ``n = 16384`` is ``e^-40``. The rotation uses the true positions.
+
+    Args:
+      x: queries or keys ``[batch, length, heads, head_dim]``.
+      positions: int ``[batch, length]`` or ``[length]``.
+      center: int scalar or ``[batch, 1]`` (e.g. `xpos_center` of the key positions); pass
+        the same value for queries and keys.
+      inverse: False for queries (``zeta^e``), True for keys (``zeta^-e``).
+      scale_base: 512 in the paper; ``math.inf`` switches the decay off (plain RoPE).
+      base, layout, rotary_dim: as in `apply_rope`.
+
+    Returns:
+      ``x`` rotated and scaled, same shape and dtype (computed in float32).
+    """
+    if not isinstance(scale_base, int | float) or not scale_base > 0:
+        raise ValueError(f"scale_base must be > 0 (inf: no decay); got {scale_base!r}")
+    rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
+    positions = as_batched_positions(positions)
+    angles = rope_angles(positions, rope_inv_frequencies(rotary_dim, base=base))
+    if angles.shape[1] != x.shape[1]:
+        raise ValueError(f"positions length {angles.shape[1]} != x length {x.shape[1]}")
+    rotated = apply_rotary(x.astype(jnp.float32), angles, layout=layout)
+    center = jnp.asarray(center, jnp.int32)
+    center = center.reshape((1, 1)) if center.ndim == 0 else center.reshape((-1, 1))
+    exponent = (positions - center).astype(jnp.float32) / jnp.float32(scale_base)  # [b, l]
+    if inverse:
+        exponent = -exponent
+    log_zeta = jnp.log(xpos_zeta(rotary_dim))
+    scale = jnp.exp(exponent[:, :, None] * log_zeta[None, None, :])  # [b, l, pairs]
+    if layout == "half":
+        scale = jnp.concatenate([scale, scale], axis=-1)
+    else:
+        scale = jnp.repeat(scale, 2, axis=-1)
+    scaled = rotated[..., :rotary_dim] * scale[:, :, None, :]
+    return jnp.concatenate([scaled, rotated[..., rotary_dim:]], axis=-1).astype(x.dtype)
+
+
+# ------------------------------------------------ partial rotary and RoPE context extension
+
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+
+
+def rotary_dim_for(head_dim: int, fraction: float = 1.0) -> int:
+    """Rotated dimensions for partial rotary: the even number nearest ``fraction * head_dim``
+    (halves round up), at least 2 and at most ``head_dim`` (GPT-NeoX ``rotary_pct``; the NoPE
+    study's "rotary" uses 1/4). The frequencies then use ``rotary_dim`` in
+    ``theta_i = base^(-2i/rotary_dim)``.
+    """
+    check_positive_int("head_dim", head_dim)
+    if not isinstance(fraction, int | float) or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1]; got {fraction!r}")
+    if head_dim < 2:
+        raise ValueError(f"head_dim={head_dim} has no pair of dimensions to rotate")
+    nearest = 2 * math.floor(fraction * head_dim / 2 + 0.5)
+    return max(2, min(nearest, head_dim - head_dim % 2))
+
+
+def ntk_scaled_base(base: float, scale: float, rotary_dim: int) -> float:
+    """NTK-aware base ``b' = b * s^(d / (d - 2))`` with ``d = rotary_dim`` (bloc97 2023;
+    Peng et al. 2023, arXiv 2309.00071, §3.1): the lowest frequency is interpolated by ``s``,
+    the highest is kept."""
+    check_positive_number("base", base)
+    _check_scale(scale)
+    if rotary_dim <= 2:
+        raise ValueError(f"NTK scaling needs rotary_dim > 2; got {rotary_dim}")
+    return float(base) * float(scale) ** (rotary_dim / (rotary_dim - 2))
+
+
+def yarn_ramp(r: np.ndarray, *, alpha: float = 1.0, beta: float = 32.0) -> np.ndarray:
+    """YaRN ramp ``gamma(r)``: 0 for ``r < alpha``, 1 for ``r > beta``, linear between."""
+    if not 0 <= alpha < beta:
+        raise ValueError(f"need 0 <= alpha < beta; got alpha={alpha!r}, beta={beta!r}")
+    return np.clip((np.asarray(r, np.float64) - alpha) / (beta - alpha), 0.0, 1.0)
+
+
+def yarn_inv_frequencies(
+    rotary_dim: int,
+    *,
+    scale: float,
+    original_length: int,
+    base: float = 10000.0,
+    alpha: float = 1.0,
+    beta: float = 32.0,
+) -> Array:
+    """YaRN frequencies (Peng et al. 2023, arXiv 2309.00071, Eq. 17-19), float32 ``[d // 2]``.
+
+    ``theta'_i = (1 - gamma(r_i)) * theta_i / s + gamma(r_i) * theta_i`` with
+    ``r_i = L / lambda_i``, ``lambda_i = 2 pi / theta_i`` (wavelength), ``L`` the training
+    length: pairs that turn fewer than ``alpha`` times over ``L`` are interpolated (PI),
+    pairs turning more than ``beta`` times are kept, a linear blend between. Computed in
+    float64 on the host. (The authors' code rounds the ramp ends to whole dimension
+    indices; this follows the paper's continuous ``gamma(r)``.) ``scale = 1`` gives RoPE
+    exactly.
+    """
+    _check_scale(scale)
+    check_positive_int("original_length", original_length)
+    rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
+    theta = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+    if scale == 1:
+        return jnp.asarray(theta, jnp.float32)
+    gamma = yarn_ramp(original_length * theta / (2 * math.pi), alpha=alpha, beta=beta)
+    return jnp.asarray((1.0 - gamma) * theta / scale + gamma * theta, jnp.float32)
+
+
+def yarn_attention_factor(scale: float) -> float:
+    """YaRN's ``sqrt(1/t) = 0.1 ln(s) + 1`` (Eq. 22); queries and keys are both multiplied by
+    it, so the logits scale by ``1/t``. Exactly 1 at ``s = 1``."""
+    _check_scale(scale)
+    return 1.0 if scale == 1 else 0.1 * math.log(scale) + 1.0
+
+
+def dynamic_ntk_inv_frequencies(
+    k_positions: Array, rotary_dim: int, *, original_length: int, base: float = 10000.0
+) -> Array:
+    """Dynamic NTK frequencies, float32 ``[batch, d // 2]``, per row from its own length.
+
+    ``s = max(1, current_length / L)`` with ``current_length = max key position + 1`` (a
+    traced value, fine under jit), then the NTK base ``b * s^(d/(d-2))``, written as
+    ``theta_i * s^(-2i/(d-2))`` so that ``s = 1`` reproduces RoPE's frequencies bit for bit.
+    Queries and keys of a row must share these frequencies (pass the key positions).
+    """
+    check_positive_int("original_length", original_length)
+    if rotary_dim <= 2:
+        raise ValueError(f"NTK scaling needs rotary_dim > 2; got {rotary_dim}")
+    theta = rope_inv_frequencies(rotary_dim, base=base)
+    k_positions = as_batched_positions(k_positions)
+    current = (k_positions.max(axis=1) + 1).astype(jnp.float32)  # [b]
+    s = jnp.maximum(jnp.float32(1.0), current / jnp.float32(original_length))[:, None]
+    exponent = jnp.asarray(-2.0 * np.arange(rotary_dim // 2) / (rotary_dim - 2), jnp.float32)
+    factor = jnp.where(s > 1.0, s ** exponent[None, :], jnp.float32(1.0))
+    return theta[None, :] * factor
+
+
+def rope_scaled_inv_frequencies(
+    rotary_dim: int,
+    *,
+    scaling: str = "none",
+    scale: float = 1.0,
+    base: float = 10000.0,
+    original_length: int | None = None,
+    alpha: float = 1.0,
+    beta: float = 32.0,
+    k_positions: Array | None = None,
+) -> Array:
+    """RoPE frequencies under a context-extension method, for `rope_angles`.
+
+    * ``"none"``: ``theta_i = base^(-2i/d)``;
+    * ``"pi"``: Position Interpolation (Chen et al. 2023, arXiv 2306.15595), positions
+      times ``1/s``, i.e. ``theta_i / s``;
+    * ``"ntk"``: ``theta_i`` from the base `ntk_scaled_base`;
+    * ``"dynamic_ntk"``: `dynamic_ntk_inv_frequencies` (needs ``k_positions`` and
+      ``original_length``; returns ``[batch, d // 2]``);
+    * ``"yarn"``: `yarn_inv_frequencies` (needs ``original_length``); its attention factor
+      is `yarn_attention_factor`.
+
+    All equal plain RoPE exactly at ``scale = 1`` (dynamic NTK: when ``max key position + 1
+    <= original_length``). Returns float32 ``[d // 2]`` (``[batch, d // 2]`` for dynamic NTK).
+    """
+    if scaling not in ROPE_SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not known; allowed: {list(ROPE_SCALINGS)}")
+    _check_scale(scale)
+    if scaling == "none":
+        return rope_inv_frequencies(rotary_dim, base=base)
+    if scaling == "pi":
+        theta = rope_inv_frequencies(rotary_dim, base=base)  # validates
+        exact = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim) / scale
+        return theta if scale == 1 else jnp.asarray(exact, jnp.float32)
+    if scaling == "ntk":
+        return rope_inv_frequencies(rotary_dim, base=ntk_scaled_base(base, scale, rotary_dim))
+    if original_length is None:
+        raise ValueError(f"scaling={scaling!r} needs original_length (the training length)")
+    if scaling == "yarn":
+        return yarn_inv_frequencies(
+            rotary_dim,
+            scale=scale,
+            original_length=original_length,
+            base=base,
+            alpha=alpha,
+            beta=beta,
+        )
+    if k_positions is None:
+        raise ValueError("scaling='dynamic_ntk' needs k_positions (the current length)")
+    return dynamic_ntk_inv_frequencies(
+        k_positions, rotary_dim, original_length=original_length, base=base
+    )
+
+
+def _check_scale(scale: float) -> None:
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, int | float)
+        or not math.isfinite(scale)
+        or scale < 1
+    ):
+        raise ValueError(f"scale must be a finite number >= 1; got {scale!r}")

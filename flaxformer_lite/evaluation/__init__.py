@@ -1,0 +1,1 @@
+"""Evaluation of a trained model at many lengths."""

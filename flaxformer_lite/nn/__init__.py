@@ -1,0 +1,1 @@
+"""Flax NNX modules over the pure core: positional encodings, layers, models, generation."""
