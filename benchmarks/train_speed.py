@@ -106,7 +106,7 @@ def model_config(shape: Shape, *, positional: str, dtype: str, impl: str) -> Mod
         norm="pre",
         activation="gelu",
         positional=positional,
-        max_length=max(1024, shape.length),
+        positional_options={"learned": {"max_length": max(1024, shape.length)}},
         attention_impl=impl,
         dtype=dtype,
         param_dtype="float32",

@@ -21,7 +21,9 @@ Presets:
          sustained 100 TFLOP/s (bf16 on one H100-class GPU) and ~6 h for the 15 runs; about
          8 h on a Colab TPU v2-8 at 70 TFLOP/s sustained.
 
-The sweep (``config.sweep``) lists the runs as data: every encoding x every seed.
+The sweep (``config.sweep``) lists the runs as data: every encoding x every seed, plus the
+encodings also trained on randomized positions (``sweep.randomized``); the runner expands it
+(`flaxformer_lite.experiments.sweeps.expand_sweep`).
 """
 
 from __future__ import annotations
@@ -30,27 +32,21 @@ import dataclasses
 
 import ml_collections
 
-from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.model_config import ModelConfig, options_template
 
 ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
-# The `all` preset: the four + NoPE, the newer encodings, and randomized positions (a suffix
-# "+randomized" trains and evaluates with sorted random positions, Ruoss et al. 2023).
-ALL_ENCODINGS = (
-    *ENCODINGS,
-    "t5",
-    "xpos",
-    "kerple_log",
-    "kerple_power",
-    "fire",
-    "sinusoidal+randomized",
-    "rope+randomized",
-)
-RANDOMIZED = "+randomized"
+# The `all` preset: the four + NoPE and the newer encodings, ...
+ALL_ENCODINGS = (*ENCODINGS, "t5", "xpos", "kerple_log", "kerple_power", "fire")
+# ... and these also trained and evaluated on sorted random positions (Ruoss et al. 2023).
+ALL_RANDOMIZED = ("sinusoidal", "rope")
 
 
 def _model(**overrides) -> ml_collections.ConfigDict:
-    """Every ModelConfig field, so any of them can be overridden from the command line."""
-    fields = dataclasses.asdict(ModelConfig(num_encoder_layers=0, max_length=1024))
+    """Every ModelConfig field and every encoding's options (``positional_options.<name>``),
+    so any of them can be overridden from the command line and the sweep can switch
+    encodings."""
+    fields = dataclasses.asdict(ModelConfig(num_encoder_layers=0))
+    fields["positional_options"] = options_template()
     fields.update(
         # A small GPT-style decoder: pre-LN, GELU, no dropout, tied input/output embedding.
         norm="pre",
@@ -113,7 +109,6 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             split="validation",  # or "test"
             num_examples=256,  # task studies only
             rope_scalings=(),  # extra rows for rope: "pi", "ntk", "dynamic_ntk", "yarn"
-            chunked_threshold=1024,  # chunked (memory-efficient) attention above this many keys
         )
     )
     c.mesh = ml_collections.ConfigDict(
@@ -129,12 +124,14 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
         dict(
             encodings=ENCODINGS,  # one run per encoding ...
             seeds=(0,),  # ... and per seed
+            randomized=(),  # encodings also run on randomized positions (one run per seed)
         )
     )
     PRESETS[preset](c)
-    c.model.max_length = c.data.train_length * max(c.eval.length_multiples)
-    c.model.max_position = c.model.max_length  # randomized positions cover every eval length
-    c.model.rope_original_length = c.data.train_length  # L, for RoPE scaling at evaluation
+    options = c.model.positional_options
+    options.learned.max_length = c.data.train_length * max(c.eval.length_multiples)
+    c.model.max_position = options.learned.max_length  # randomized positions reach every length
+    options.rope.original_length = c.data.train_length  # L, for RoPE scaling at evaluation
     return c
 
 
@@ -178,21 +175,8 @@ def _paper(c: ml_collections.ConfigDict) -> None:
 def _all(c: ml_collections.ConfigDict) -> None:
     _quick(c)
     c.sweep.encodings = ALL_ENCODINGS
+    c.sweep.randomized = ALL_RANDOMIZED
     c.eval.rope_scalings = ("pi", "ntk", "dynamic_ntk", "yarn")
 
 
 PRESETS = {"tiny": _tiny, "quick": _quick, "cpu": _cpu, "all": _all, "paper": _paper}
-
-
-def get_sweep(config: ml_collections.ConfigDict) -> list[dict]:
-    """The runs of the study as data: ``[{"name", "overrides"}]``, encodings x seeds."""
-    cells = []
-    for encoding in config.sweep.encodings:
-        base = encoding.removesuffix(RANDOMIZED)
-        overrides = {"model.positional": base}
-        if base != encoding:
-            overrides["model.randomized_positions"] = True
-        for seed in config.sweep.seeds:
-            name = f"{base}-randomized" if base != encoding else base
-            cells.append({"name": f"{name}-seed{seed}", "overrides": overrides | {"seed": seed}})
-    return cells

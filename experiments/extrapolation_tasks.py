@@ -11,7 +11,8 @@ length per batch, padded to the sequence length of L). Evaluation scores exact m
 setting of Kazemnejad et al. 2023 (train <= 20, test <= 40) extended to 4x.
 
 Presets: ``tiny`` (tests), ``quick`` (3 tasks x 5 encodings, 1 seed, CPU), ``cpu`` (3 seeds),
-``all`` (every registered encoding family, CPU-sized).
+``all`` (every registered encoding family, CPU-sized). The sweep is ``config.sweep``: every
+task x encoding x seed.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.sweep.lock()
     PRESETS[preset](c)
     longest = c.data.train_length * max(c.eval.length_multiples)
-    c.model.max_length = max(get_task(t).sequence_length(longest) for t in c.sweep.tasks)
-    c.model.rope_original_length = c.data.train_length
+    options = c.model.positional_options
+    options.learned.max_length = max(get_task(t).sequence_length(longest) for t in c.sweep.tasks)
+    options.rope.original_length = c.data.train_length
     return c
 
 
@@ -78,20 +80,7 @@ def _cpu(c: ml_collections.ConfigDict) -> None:
 
 def _all(c: ml_collections.ConfigDict) -> None:
     c.sweep.encodings = extrapolation_lm.ALL_ENCODINGS
+    c.sweep.randomized = extrapolation_lm.ALL_RANDOMIZED
 
 
 PRESETS = {"tiny": _tiny, "quick": _quick, "cpu": _cpu, "all": _all}
-
-
-def get_sweep(config: ml_collections.ConfigDict) -> list[dict]:
-    """Every task x encoding x seed (plus the randomized-position variants in ``all``)."""
-    cells = []
-    for task in config.sweep.tasks:
-        for cell in extrapolation_lm.get_sweep(config):
-            cells.append(
-                {
-                    "name": f"{task}-{cell['name']}",
-                    "overrides": cell["overrides"] | {"data.task": task},
-                }
-            )
-    return cells

@@ -1,11 +1,21 @@
 """flaxformer_lite: Transformers as pure JAX functions and thin Flax NNX modules.
 
-Layers (an upper layer may import a lower one, never the reverse)::
+Layers; a folder may import the ones listed after it, never one before it
+(tests/test_architecture.py pins this)::
 
-    experiments  -> train / evaluate -> data -> models, layers, encodings -> attention, positional
+    experiments/   sweeps, the study runner, results rows, statistics, tables, plots, report
+    train/         run config, jit-compiled steps, the loop, checkpoints, metrics, sharding
+    evaluation/    the evaluation plan and its execution (protocols, per-position loss, tasks)
+    data/          byte corpora, synthetic tasks, windows (numpy only; imports only base/)
+    nn/            Flax NNX: the encoding registry and encodings, layers, models, generation
+    core/          pure functions of arrays: attention, positional formulas, KV cache
+    base/          standard-library helpers: argument checks, atomic writes, fault hooks
 
-The pure core (`attention`, `positional`) imports no Flax: arrays in, arrays out, with the
-``[batch, length, heads, head_dim]`` layout and explicit int positions ``[batch, length]``.
+The pure core imports no Flax: arrays in, arrays out, with the ``[batch, length, heads,
+head_dim]`` layout and explicit int positions ``[batch, length]``.
+
+This module is the public API. The engine (`train_and_evaluate`, `evaluate_lengths`,
+`run_study`) imports orbax, tensorboardX and matplotlib, so it is loaded on first use.
 """
 
 from flaxformer_lite.core.absolute import sinusoidal
@@ -18,18 +28,19 @@ from flaxformer_lite.core.attention import (
     padding_mask,
 )
 from flaxformer_lite.core.attention_bias import alibi_bias, alibi_slopes
+from flaxformer_lite.core.chunked_attention import chunked_attention
 from flaxformer_lite.core.positions import randomized_positions, relative_positions
 from flaxformer_lite.core.rotary import apply_rope
 from flaxformer_lite.nn.encodings import (
+    EncodingOptions,
     EncodingSpec,
     PositionalEncoding,
-    encoding_row_name,
     get_positional_encoding,
     positional_encoding_names,
     register,
-    rope_scaling_variant,
 )
-from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.generate import generate
+from flaxformer_lite.nn.model_config import ModelConfig, encoding_row_name, rope_scaling_variant
 from flaxformer_lite.nn.models import (
     Decoder,
     DecoderOnlyLM,
@@ -45,6 +56,7 @@ __all__ = [
     "DecoderOnlyLM",
     "Encoder",
     "EncoderDecoder",
+    "EncodingOptions",
     "EncodingSpec",
     "ModelConfig",
     "PositionalEncoding",
@@ -55,9 +67,12 @@ __all__ = [
     "attend",
     "attention_weights",
     "causal_mask",
+    "chunked_attention",
     "default_positions",
     "dot_product_attention",
     "encoding_row_name",
+    "evaluate_lengths",
+    "generate",
     "get_positional_encoding",
     "mask_from_positions",
     "padding_mask",
@@ -66,13 +81,16 @@ __all__ = [
     "register",
     "relative_positions",
     "rope_scaling_variant",
+    "run_study",
     "sinusoidal",
+    "train_and_evaluate",
 ]
 
-# The engine imports orbax, tensorboardX and the data layer: load it on first use only.
+# Loaded on first use for import cost only (the engine pulls in orbax, tensorboardX,
+# matplotlib); nothing below imports this module, so there is no cycle to avoid.
 _LAZY = {
     "train_and_evaluate": "flaxformer_lite.train.loop",
-    "evaluate_lengths": "flaxformer_lite.evaluation.engine",
+    "evaluate_lengths": "flaxformer_lite.evaluation.corpus",
     "run_study": "flaxformer_lite.experiments.runner",
 }
 
@@ -83,3 +101,7 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'flaxformer_lite' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

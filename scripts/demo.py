@@ -37,7 +37,7 @@ def main() -> None:
             num_encoder_layers=2,
             num_decoder_layers=2,
             positional=name,
-            max_length=64,
+            positional_options={"learned": {"max_length": 64}},  # used by "learned" only
         )
         rngs = nnx.Rngs(0)
         models = {"DecoderOnlyLM": ffl.DecoderOnlyLM(cfg, rngs=rngs)}

@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     for r in summary["eval"]:
         metric = "bits_per_byte" if "bits_per_byte" in r else "exact_match"
-        print(json.dumps({k: r[k] for k in ("variant", "protocol", "eval_length", metric)}))
+        print(json.dumps({k: r[k] for k in ("encoding", "protocol", "eval_length", metric)}))
     print(f"workdir: {_WORKDIR.value}")
 
 

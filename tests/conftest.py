@@ -3,6 +3,7 @@
 Tests marked ``notebook`` (executing notebooks/, about a minute) run only with
 ``--run-notebook`` or ``FLAXFORMER_LITE_RUN_NOTEBOOK=1`` (as .ci/run does). The ``shared``
 fixture builds an expensive, read-only test input once per run, across pytest-xdist workers.
+The ``tiny_config`` fixture is the one way tests build a tiny `ModelConfig`.
 """
 
 import fcntl
@@ -11,6 +12,7 @@ import shutil
 
 import jax
 import pytest
+from tiny_models import tiny_model_config
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -49,3 +51,9 @@ def shared(tmp_path_factory):
         return directory
 
     return get
+
+
+@pytest.fixture
+def tiny_config():
+    """`tiny_model_config`: ``tiny_config("rope", options={"base": 500.0}, d_model=32)``."""
+    return tiny_model_config

@@ -89,8 +89,23 @@ COMMON = [
     ("heads", ["--config.model.num_heads=3"], r"num_heads=3: d_model=32 must be divisible"),
     (
         "learned_table",
-        ["--config.model.positional=learned", "--config.model.max_length=32"],
-        r"config\.model\.max_length=32: the learned table must cover .* 64",
+        [
+            "--config.model.positional=learned",
+            "--config.model.positional_options.learned.max_length=32",
+        ],
+        r"config\.model\.positional_options\.learned\.max_length=32: must be >= 64: the 'learned' "
+        r"encoding must encode every position of the longest evaluation sequence",
+    ),
+    (
+        "moved_model_field",
+        ["--config.model.rope_base=5.0"],
+        r"--config\.model\.rope_base=5\.0: config\.model has no field 'rope_base': 'rope_base' "
+        r"is now an option of its encoding: config\.model\.positional_options\.rope\.base",
+    ),
+    (
+        "moved_eval_field",
+        ["--config.eval.chunked_threshold=16"],
+        r"config\.eval has no field 'chunked_threshold': moved to config\.model\.chunked_threshold",
     ),
     (
         "randomized_range",
@@ -171,8 +186,9 @@ STUDY_ONLY = {  # run_study: the sweep sets the encoding, so these cases select 
     ),
     "learned_table": (
         "learned_table",
-        ["--only=learned", "--config.model.max_length=32"],
-        r"config\.model\.max_length=32: the learned table must cover .* 64",
+        ["--only=learned", "--config.model.positional_options.learned.max_length=32"],
+        r"config\.model\.positional_options\.learned\.max_length=32: must be >= 64: the 'learned' "
+        r"encoding must encode every position of the longest evaluation sequence",
     ),
 }
 STUDY_CASES = [

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from flaxformer_lite.core import attention, attention_bias
 from flaxformer_lite.core.chunked_attention import chunked_attention, kv_blocks_visited
@@ -270,6 +271,28 @@ def test_attend_dispatches_chunked_and_auto_on_cpu(caplog):
     np.testing.assert_array_equal(auto, xla)  # below the threshold "auto" is "xla" on CPU
     notices = [r for r in caplog.records if "does not use the fused kernel" in r.message]
     assert len(notices) == 1 and "'cpu'" in notices[0].message  # once per reason
+    # above the threshold "auto" is the chunked implementation, bit for bit
+    above = attention.attend(q, k, v, implementation="auto", chunked_threshold=lk - 1, **kwargs)
+    np.testing.assert_array_equal(above, chunked)
+
+
+def test_model_chunked_threshold_reaches_attention(monkeypatch, tiny_config):
+    """`ModelConfig.chunked_threshold` is the threshold "auto" uses inside the model."""
+    from flaxformer_lite.core import chunked_attention as module
+    from flaxformer_lite.nn.models import DecoderOnlyLM
+
+    calls = []
+    original = module.chunked_attention
+    monkeypatch.setattr(
+        module, "chunked_attention", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
+    tokens = np.zeros((1, 8), np.int32)
+    positions = np.arange(8, dtype=np.int32)[None]
+    for threshold, chunked in ((8, False), (7, True)):
+        cfg = tiny_config("alibi", attention_impl="auto", chunked_threshold=threshold)
+        calls.clear()
+        DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))(tokens, positions)
+        assert bool(calls) == chunked, threshold
 
 
 def test_cudnn_request_raises_where_it_cannot_run():
@@ -311,9 +334,9 @@ def test_fused_wrapper_zeroes_fully_masked_rows(causal):
 
 def test_choose_implementation():
     choose = attention.choose_implementation
-    assert attention.CHUNKED_THRESHOLD == 2048
-    assert choose("xla", 2048, 2048) == "xla"
-    assert choose("xla", 4096, 4096) == "chunked"
+    assert attention.DEFAULT_CHUNKED_THRESHOLD == 1024
+    assert choose("xla", 1024, 1024) == "xla"
+    assert choose("xla", 1025, 1025) == "chunked"
     assert choose("xla", 1, 65536) == "xla"  # one decoding query: a single score row
     assert choose("xla", 600, 600, threshold=512) == "chunked"
     for explicit in ("chunked", "cudnn", "auto"):

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import tiny_model_config
 
 from flaxformer_lite.core import rotary
 from flaxformer_lite.nn import encodings
@@ -23,7 +24,7 @@ from flaxformer_lite.nn.encodings import (
     register,
     registry,
 )
-from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.encodings.registry import NoOptions
 from flaxformer_lite.nn.models import DecoderOnlyLM, Encoder, EncoderDecoder
 
 NAMES = positional_encoding_names()
@@ -37,19 +38,12 @@ CORE_HOOKS = {
 B, L, D, H = 2, 6, 16, 2
 
 
-def small_cfg(name, **kw):
-    base = dict(
-        vocab_size=32,
-        d_model=D,
-        num_heads=H,
-        d_ff=32,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
-        max_length=16,
-        positional=name,
-    )
-    return ModelConfig(**(base | kw))
+def small_cfg(name, options=None, **kw):
+    """`tiny_model_config` (d_model D, H heads) with a 16-row learned table; ``options``:
+    the options of ``name``."""
+    per_encoding = {"learned": {"max_length": 16}}
+    per_encoding[name] = per_encoding.get(name, {}) | (options or {})
+    return tiny_model_config(name, options=per_encoding, **kw)
 
 
 POS = np.array([[0, 1, 2, 3, 4, 5], [2, 3, 4, 5, 6, 7]], np.int32)
@@ -117,7 +111,7 @@ def test_learned_hook_adds_the_table_rows():
 
 @pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
 def test_rope_hook_rotates_queries_and_keys_with_their_own_positions(layout):
-    cfg = small_cfg("rope", rope_layout=layout, rope_base=500.0)
+    cfg = small_cfg("rope", {"layout": layout, "base": 500.0})
     pe = get_positional_encoding("rope").build(cfg, rngs=nnx.Rngs(0))
     _, q, k = _arrays(3)
     kpos = POS + 3
@@ -152,12 +146,93 @@ def test_register_rejects_duplicates_and_unknown_hooks():
     assert positional_encoding_names() == before
 
 
-def test_variant_records_the_exact_variant():
-    cfg = small_cfg("rope", rope_base=500.0, rope_layout="interleaved")
-    variant = get_positional_encoding("rope").variant(cfg)
-    assert variant["positional"] == "rope"
-    assert variant["rope_base"] == 500.0 and variant["rope_layout"] == "interleaved"
-    assert get_positional_encoding("none").variant(cfg) == {"positional": "none"}
+@dataclasses.dataclass(frozen=True)
+class _PlainOptions:  # frozen, but not an EncodingOptions
+    base: float = 2.0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict, _PlainOptions, _PlainOptions(), encodings.RopeOptions()],
+    ids=["dict", "not-encoding-options", "an-instance", "an-options-instance"],
+)
+def test_register_requires_frozen_encoding_options(options):
+    before = positional_encoding_names()
+    with pytest.raises(ValueError, match=r"must be a frozen dataclass subclassing EncodingOptions"):
+        register(EncodingSpec("thing", "rotate", encodings.RotaryEncoding, options=options))
+    assert positional_encoding_names() == before
+
+
+def test_register_rejects_legacy_fields_naming_no_option():
+    before = positional_encoding_names()
+    spec = EncodingSpec(
+        "thing",
+        "rotate",
+        encodings.RotaryEncoding,
+        options=encodings.RopeOptions,
+        legacy_fields={"thing_base": "bse"},
+    )
+    with pytest.raises(ValueError, match=r"legacy_fields of 'thing' name no option \['bse'\]"):
+        register(spec)
+    assert positional_encoding_names() == before
+
+
+def test_registration_order():
+    assert NAMES == (
+        "none",
+        "sinusoidal",
+        "learned",
+        "rope",
+        "xpos",
+        "alibi",
+        "t5",
+        "kerple_log",
+        "kerple_power",
+        "fire",
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_factory_takes_dims_and_options(name):
+    """``spec.factory(dims, options, rngs=...)`` is what ``spec.build(cfg)`` calls: the
+    encoding sees the model only through `ModelDims` and its own options."""
+    spec = get_positional_encoding(name)
+    cfg = small_cfg(name)
+    assert isinstance(cfg.positional_options, spec.options)
+    if spec.options is NoOptions:
+        assert spec.option_names() == ()
+    built = spec.build(cfg, rngs=nnx.Rngs(0))
+    direct = spec.factory(cfg.dims, cfg.positional_options, rngs=nnx.Rngs(0))
+    assert type(built) is type(direct) and built.hook == direct.hook == spec.hook
+    a, b = nnx.state(built, nnx.Param), nnx.state(direct, nnx.Param)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(ValueError, match=rf"positional={name!r}; this is 'thing'"):
+        dataclasses.replace(spec, name="thing").build(cfg, rngs=nnx.Rngs(0))
+
+
+def test_settings_record_the_exact_variant():
+    cfg = small_cfg("rope", {"base": 500.0, "layout": "interleaved"})
+    settings = get_positional_encoding("rope").settings(cfg.positional_options)
+    assert settings == {
+        "positional": "rope",
+        "base": 500.0,
+        "layout": "interleaved",
+        "fraction": 1.0,
+        "scaling": "none",
+        "scale": 1.0,
+        "original_length": None,
+        "yarn_alpha": 1.0,
+        "yarn_beta": 32.0,
+    }
+    assert cfg.encoding.settings(cfg.positional_options) == settings
+    none = small_cfg("none")
+    assert none.encoding.settings(none.positional_options) == {"positional": "none"}
+    learned = small_cfg("learned")
+    assert learned.encoding.settings(learned.positional_options) == {
+        "positional": "learned",
+        "max_length": 16,
+    }
 
 
 def test_causal_only_encoding_is_rejected_by_the_bidirectional_encoder(monkeypatch):
@@ -174,12 +249,12 @@ def test_causal_only_encoding_is_rejected_by_the_bidirectional_encoder(monkeypat
 # ------------------------------------------------------------- learned table: no clamping
 
 
-def _lm(name, **kw):
-    return DecoderOnlyLM(small_cfg(name, **kw), rngs=nnx.Rngs(0))
+def _lm(name, options=None, **kw):
+    return DecoderOnlyLM(small_cfg(name, options, **kw), rngs=nnx.Rngs(0))
 
 
 def test_learned_beyond_its_table_raises_a_clear_error():
-    model = _lm("learned", max_length=8)
+    model = _lm("learned", {"max_length": 8})
     ok = jnp.zeros((1, 8), jnp.int32)
     assert model(ok, np.arange(8, dtype=np.int32)).shape == (1, 8, 32)
     long = jnp.zeros((1, 9), jnp.int32)
@@ -191,7 +266,7 @@ def test_learned_beyond_its_table_raises_a_clear_error():
 
 
 def test_learned_positions_past_the_table_poison_instead_of_clamping():
-    model = _lm("learned", max_length=8)
+    model = _lm("learned", {"max_length": 8})
     tokens = jnp.zeros((1, 4), jnp.int32)
     run = nnx.jit(lambda m, t, p: m(t, p))
     inside = np.asarray(run(model, tokens, np.array([[4, 5, 6, 7]], np.int32)))

@@ -12,29 +12,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import tiny_model_config
 
 import flaxformer_lite as fl
+from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.core import attention_bias, rotary
 from flaxformer_lite.core.positions import randomized_positions
+from flaxformer_lite.evaluation.step import rebuild_model
 from flaxformer_lite.nn import encodings
-from flaxformer_lite.nn.encodings import attention_bias as encodings_extra
+from flaxformer_lite.nn.encodings import attention_bias as bias_encodings
+from flaxformer_lite.nn.encodings import rotary as encodings_rotary
 
 NEW_ENCODINGS = ("xpos", "t5", "kerple_log", "kerple_power", "fire")
 
 
-def tiny_cfg(positional_name: str, **kw) -> fl.ModelConfig:
-    base = dict(
-        vocab_size=13,
-        d_model=16,
-        num_heads=2,
-        d_ff=16,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
-        positional=positional_name,
-        max_length=64,
-    )
-    return fl.ModelConfig(**(base | kw))
+def tiny_cfg(positional_name: str, options=None, **kw) -> fl.ModelConfig:
+    """`tiny_model_config` with this module's vocabulary (13) and d_ff (16); ``options``: the
+    encoding's options."""
+    return tiny_model_config(positional_name, options=options, vocab_size=13, d_ff=16, **kw)
 
 
 def build(cfg: fl.ModelConfig, seed: int = 0):
@@ -105,7 +100,7 @@ def test_t5_buckets_hand_worked():
 
 
 def test_t5_module_bias_reads_table_with_our_sign_convention():
-    cfg = tiny_cfg("t5", t5_num_buckets=8, t5_max_distance=16)
+    cfg = tiny_cfg("t5", {"num_buckets": 8, "max_distance": 16})
     pe = build(cfg)
     table = np.arange(16, dtype=np.float32).reshape(8, 2)  # bucket b, head h -> 2b + h
     pe.table[...] = jnp.asarray(table)
@@ -127,10 +122,19 @@ def test_t5_module_bias_reads_table_with_our_sign_convention():
 
 
 def test_t5_config_validation():
-    with pytest.raises(ValueError, match="t5_num_buckets=5"):
-        tiny_cfg("t5", t5_num_buckets=5)
-    with pytest.raises(ValueError, match="t5_max_distance=8"):
-        tiny_cfg("t5", t5_num_buckets=16, t5_max_distance=8)
+    with pytest.raises(
+        ConfigError, match=r"ModelConfig\.positional_options\.num_buckets=5: must be an even int"
+    ):
+        tiny_cfg("t5", {"num_buckets": 5})
+    with pytest.raises(
+        ConfigError,
+        match=r"ModelConfig\.positional_options\.max_distance=8: must be an int > "
+        r"num_buckets // 2 = 8",
+    ):
+        tiny_cfg("t5", {"num_buckets": 16, "max_distance": 8})
+    assert tiny_cfg("t5", {"num_buckets": 16, "max_distance": 9}).positional_options == (
+        encodings.T5Options(num_buckets=16, max_distance=9)
+    )
 
 
 # ------------------------------------------------------------------------------------ xPos
@@ -202,10 +206,19 @@ def test_xpos_is_causal_only():
     assert fl.get_positional_encoding("xpos").causal_only
     with pytest.raises(ValueError, match="only for causal"):
         fl.Encoder(cfg, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="rope_scaling"):
-        tiny_cfg("xpos", rope_scaling="pi", rope_scale=2.0)
-    with pytest.raises(ValueError, match="xpos_scale_base=0"):
-        tiny_cfg("xpos", xpos_scale_base=0)
+    # xPos has no context-extension scaling: not an option, and no evaluation-time variant
+    with pytest.raises(
+        ValueError, match=r"no option\(s\) \['scale', 'scaling'\] for positional='xpos'"
+    ):
+        tiny_cfg("xpos", {"scaling": "pi", "scale": 2.0})
+    assert not fl.get_positional_encoding("xpos").rope_scaling
+    with pytest.raises(ValueError, match="positional='xpos' has no evaluation-time variant"):
+        fl.rope_scaling_variant(cfg, 32, "pi")
+    with pytest.raises(
+        ConfigError,
+        match=r"ModelConfig\.positional_options\.scale_base=0\.0: must be a finite number > 0",
+    ):
+        tiny_cfg("xpos", {"scale_base": 0})
 
 
 # ---------------------------------------------------------------------------------- KERPLE
@@ -267,7 +280,7 @@ def np_fire(pe, qp, kp):
 
 
 def test_fire_matches_numpy_reference_and_normalises_by_query_position():
-    cfg = tiny_cfg("fire", num_heads=2, fire_mlp_width=8, fire_threshold_init=6.0)
+    cfg = tiny_cfg("fire", {"mlp_width": 8, "threshold_init": 6.0}, num_heads=2)
     pe = build(cfg)
     pe.c[...] = jnp.asarray(0.7)
     pe.threshold_scale[...] = jnp.asarray(-1.0)  # L = |l| * 6 = 6
@@ -295,8 +308,10 @@ def test_fire_initial_parameters():
     assert float(pe.threshold()) == pytest.approx(512.0)
     assert pe.w1[...].shape == (1, 32) and pe.w2[...].shape == (32, 2)
     assert pe.w2.get_metadata()["logical_axes"] == ("fire_mlp", "heads")
-    with pytest.raises(ValueError, match="fire_mlp_width=0"):
-        tiny_cfg("fire", fire_mlp_width=0)
+    with pytest.raises(
+        ConfigError, match=r"ModelConfig\.positional_options\.mlp_width=0: must be a positive int"
+    ):
+        tiny_cfg("fire", {"mlp_width": 0})
 
 
 # ------------------------------------------------------------------- randomized positions
@@ -332,7 +347,7 @@ def test_randomized_positions_config_fields():
         tiny_cfg("rope", max_position=0)
     with pytest.raises(ValueError, match="randomized_positions='yes'"):
         tiny_cfg("rope", randomized_positions="yes")
-    with pytest.raises(ValueError, match=r"max_position=128.*max_length=64"):
+    with pytest.raises(ConfigError, match=r"max_position=128.*positional_options\.max_length=64\)"):
         tiny_cfg("learned", randomized_positions=True, max_position=128)
     tiny_cfg("learned", randomized_positions=True, max_position=64)
 
@@ -352,7 +367,7 @@ def test_rotary_dim_for_rounding():
 
 
 def test_partial_rotary_rotates_only_the_first_dims():
-    cfg = tiny_cfg("rope", d_model=32, num_heads=2, rope_fraction=0.25)  # head_dim 16 -> 4
+    cfg = tiny_cfg("rope", {"fraction": 0.25}, d_model=32, num_heads=2)  # head_dim 16 -> 4
     pe = build(cfg)
     assert pe.rotary_dim == 4
     q = jax.random.normal(jax.random.key(0), (1, 5, 2, 16))
@@ -362,10 +377,10 @@ def test_partial_rotary_rotates_only_the_first_dims():
     want = np_rope_half(np.asarray(q[..., :4], np.float64), np.asarray(pos))
     np.testing.assert_allclose(np.asarray(q_rot[..., :4]), want, rtol=1e-5, atol=1e-5)
     spec = fl.get_positional_encoding("rope")
-    variant = spec.variant(cfg)
-    assert variant["rope_fraction"] == 0.25 and variant["rope_scaling"] == "none"
-    with pytest.raises(ValueError, match=r"rope_fraction=1\.5"):
-        tiny_cfg("rope", rope_fraction=1.5)
+    settings = spec.settings(cfg.positional_options)
+    assert settings["fraction"] == 0.25 and settings["scaling"] == "none"
+    with pytest.raises(ConfigError, match=r"ModelConfig\.positional_options\.fraction=1\.5"):
+        tiny_cfg("rope", {"fraction": 1.5})
 
 
 # -------------------------------------------------------------- RoPE context extension
@@ -374,7 +389,7 @@ def test_partial_rotary_rotates_only_the_first_dims():
 @pytest.mark.parametrize("scaling", ["pi", "ntk", "yarn", "dynamic_ntk"])
 def test_scalings_at_scale_one_equal_plain_rope_exactly(scaling):
     plain = build(tiny_cfg("rope"))
-    scaled = build(tiny_cfg("rope", rope_scaling=scaling, rope_original_length=16))
+    scaled = build(tiny_cfg("rope", {"scaling": scaling, "original_length": 16}))
     q = jax.random.normal(jax.random.key(0), (2, 8, 2, 8))
     k = jax.random.normal(jax.random.key(1), (2, 8, 2, 8))
     pos = jnp.array([[0, 1, 2, 3, 4, 5, 6, 7], [3, 4, 5, 6, 7, 8, 9, 15]])  # max+1 <= 16
@@ -426,7 +441,7 @@ def test_yarn_blend_matches_numpy_reference_at_chosen_dims():
 
 
 def test_yarn_module_applies_temperature_to_q_and_k():
-    cfg = tiny_cfg("rope", rope_scaling="yarn", rope_scale=4.0, rope_original_length=16)
+    cfg = tiny_cfg("rope", {"scaling": "yarn", "scale": 4.0, "original_length": 16})
     pe = build(cfg)
     assert pe.attention_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
     q = jax.random.normal(jax.random.key(0), (1, 5, 2, 8))
@@ -447,35 +462,71 @@ def test_dynamic_ntk_scale_follows_each_rows_length():
 
 
 def test_rope_scaling_variant_and_row_names():
-    cfg = tiny_cfg("rope", rope_original_length=8)
+    cfg = tiny_cfg("rope", {"original_length": 8})
     for scaling, scale in (("pi", 4.0), ("ntk", 4.0), ("yarn", 4.0), ("dynamic_ntk", 1.0)):
         v = fl.rope_scaling_variant(cfg, 32, scaling)
-        assert (v.rope_scaling, v.rope_scale) == (scaling, scale)
+        assert (v.positional_options.scaling, v.positional_options.scale) == (scaling, scale)
+        assert v.positional_options.original_length == 8
+        assert v == cfg.replace(
+            positional_options={"original_length": 8, "scaling": scaling, "scale": scale}
+        )
         assert fl.encoding_row_name(v) == f"rope+{scaling}"
-        assert fl.get_positional_encoding("rope").variant(v)["rope_scale"] == scale
-    assert fl.rope_scaling_variant(cfg, 4, "yarn").rope_scale == 1.0  # never below 1
+        assert fl.get_positional_encoding("rope").settings(v.positional_options)["scale"] == scale
+    assert fl.rope_scaling_variant(cfg, 4, "yarn").positional_options.scale == 1.0  # never < 1
     assert fl.encoding_row_name(cfg) == "rope"
-    with pytest.raises(ValueError, match="rope_original_length=None"):
+    # default: the config's own scaling, at the new length
+    pi = fl.rope_scaling_variant(cfg, 16, "pi")
+    assert fl.rope_scaling_variant(pi, 24).positional_options.scale == 3.0
+    assert fl.rope_scaling_variant(cfg, 24) == cfg  # "none" stays plain RoPE
+    with pytest.raises(ValueError, match=r"ModelConfig\.positional_options\.original_length=None"):
         fl.rope_scaling_variant(tiny_cfg("rope"), 32, "pi")
-    with pytest.raises(ValueError, match="positional='alibi'"):
-        fl.rope_scaling_variant(tiny_cfg("alibi", rope_original_length=8), 32, "pi")
+    with pytest.raises(ValueError, match=r"scaling='linear' is not known"):
+        fl.rope_scaling_variant(cfg, 32, "linear")
+    with pytest.raises(ValueError, match=r"eval_length=0: must be a positive int"):
+        fl.rope_scaling_variant(cfg, 0, "pi")
+    # RoPE scaling applies only where the spec says so; other encodings raise
+    specs = [fl.get_positional_encoding(n) for n in fl.positional_encoding_names()]
+    assert [spec.name for spec in specs if spec.rope_scaling] == ["rope"]
+    for name in ("alibi", "sinusoidal", "t5"):
+        with pytest.raises(ValueError, match=rf"positional='{name}' has no evaluation-time"):
+            fl.rope_scaling_variant(tiny_cfg(name), 32, "pi")
+        assert fl.encoding_row_name(tiny_cfg(name)) == name
+
+
+def test_rope_at_length_is_the_options_level_variant():
+    options = encodings.RopeOptions(base=500.0, original_length=8)
+    assert encodings.rope_at_length is encodings_rotary.rope_at_length
+    assert encodings.rope_at_length(options, "pi", 32) == encodings.RopeOptions(
+        base=500.0, original_length=8, scaling="pi", scale=4.0
+    )
+    assert encodings.rope_at_length(options, "ntk", 12).scale == 1.5
+    assert encodings.rope_at_length(options, "yarn", 4).scale == 1.0  # never below 1
+    assert encodings.rope_at_length(options, "dynamic_ntk", 32).scale == 1.0
+    cfg = tiny_cfg("rope", positional_options=options)
+    assert fl.rope_scaling_variant(cfg, 32, "pi").positional_options == (
+        encodings.rope_at_length(options, "pi", 32)
+    )
+    with pytest.raises(ValueError, match="original_length=None"):
+        encodings.rope_at_length(encodings.RopeOptions(), "pi", 32)
 
 
 def test_rope_scaling_config_validation():
-    with pytest.raises(ValueError, match="rope_scaling='linear'"):
-        tiny_cfg("rope", rope_scaling="linear")
-    with pytest.raises(ValueError, match=r"rope_scale=0\.5"):
-        tiny_cfg("rope", rope_scaling="pi", rope_scale=0.5)
-    with pytest.raises(ValueError, match=r"rope_scale=2\.0"):
-        tiny_cfg("rope", rope_scale=2.0)  # with rope_scaling="none"
-    with pytest.raises(ValueError, match="rope_original_length=None"):
-        tiny_cfg("rope", rope_scaling="yarn", rope_scale=2.0)
-    with pytest.raises(ValueError, match="yarn_alpha=4"):
-        tiny_cfg("rope", yarn_alpha=4, yarn_beta=2)
+    def bad(options, option, value, allowed):
+        with pytest.raises(ConfigError) as err:
+            tiny_cfg("rope", options)
+        msg = str(err.value)
+        assert f"ModelConfig.positional_options.{option}={value!r}: " in msg, msg
+        assert allowed in msg, msg
+
+    bad({"scaling": "linear"}, "scaling", "linear", "allowed: ['none', 'pi'")
+    bad({"scaling": "pi", "scale": 0.5}, "scale", 0.5, "must be a finite number >= 1")
+    bad({"scale": 2.0}, "scale", 2.0, "must be 1.0 with scaling='none'")
+    bad({"scaling": "yarn", "scale": 2.0}, "original_length", None, "needs the training length")
+    bad({"yarn_alpha": 4, "yarn_beta": 2}, "yarn_alpha", 4.0, "yarn_alpha < yarn_beta=2.0")
 
 
 def test_scaled_rope_model_reuses_trained_state():
-    cfg = tiny_cfg("rope", rope_original_length=8)
+    cfg = tiny_cfg("rope", {"original_length": 8})
     model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
     state = nnx.state(model)
     tokens = jnp.arange(16)[None] % 13
@@ -487,11 +538,17 @@ def test_scaled_rope_model_reuses_trained_state():
         return np.asarray(nnx.jit(lambda m, t: m(t, fl.default_positions(t)))(m, t))
 
     plain16 = run(cfg, 16)
-    # At eval length == rope_original_length the scale is 1: YaRN is plain RoPE. Compared at
+    # At eval length == original_length the scale is 1: YaRN is plain RoPE. Compared at
     # float32 tolerance: a length-8 and a length-16 program may round differently (jax 0.12).
     yarn8 = run(fl.rope_scaling_variant(cfg, 8, "yarn"), 8)
     np.testing.assert_allclose(yarn8, plain16[:, :8], rtol=1e-5, atol=1e-5)
-    assert not np.allclose(run(fl.rope_scaling_variant(cfg, 16, "pi"), 16), plain16, atol=1e-4)
+    pi16 = run(fl.rope_scaling_variant(cfg, 16, "pi"), 16)
+    assert not np.allclose(pi16, plain16, atol=1e-4)
+    # Evaluation's route to a scaled model: the same state under the scaled config.
+    rebuilt = rebuild_model(model, fl.rope_scaling_variant(cfg, 16, "pi"))
+    assert rebuilt.cfg.positional_options.scale == 2.0 and rebuild_model(model, cfg) is model
+    out = nnx.jit(lambda m, t: m(t, fl.default_positions(t)))(rebuilt, tokens)
+    np.testing.assert_allclose(np.asarray(out), pi16, rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------------- in the models
@@ -501,15 +558,15 @@ def test_scaled_rope_model_reuses_trained_state():
     "name,extra",
     [(n, {}) for n in NEW_ENCODINGS]
     + [
-        ("rope", dict(rope_fraction=0.5)),
-        ("rope", dict(rope_scaling="pi", rope_scale=2.0)),
-        ("rope", dict(rope_scaling="ntk", rope_scale=2.0)),
-        ("rope", dict(rope_scaling="dynamic_ntk", rope_original_length=4)),
-        ("rope", dict(rope_scaling="yarn", rope_scale=2.0, rope_original_length=4)),
+        ("rope", dict(fraction=0.5)),
+        ("rope", dict(scaling="pi", scale=2.0)),
+        ("rope", dict(scaling="ntk", scale=2.0)),
+        ("rope", dict(scaling="dynamic_ntk", original_length=4)),
+        ("rope", dict(scaling="yarn", scale=2.0, original_length=4)),
     ],
 )
 def test_decoder_only_lm_jit_causal_with_randomized_positions(name, extra):
-    cfg = tiny_cfg(name, **extra)
+    cfg = tiny_cfg(name, extra)
     model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 13)
     pos = randomized_positions(jax.random.key(1), 2, 8, max_position=64)
@@ -563,12 +620,66 @@ def test_registry_entries():
         "kerple_power": "bias",
         "fire": "bias",
     }
-    assert isinstance(build(tiny_cfg("kerple_power")), encodings_extra.KerpleBias)
-    assert fl.get_positional_encoding("t5").variant(tiny_cfg("t5")) == {
+    for name, kernel in (("kerple_log", "log"), ("kerple_power", "power")):
+        pe = build(tiny_cfg(name))
+        assert isinstance(pe, bias_encodings.KerpleBias) and pe.kernel == kernel
+    t5 = tiny_cfg("t5")
+    assert fl.get_positional_encoding("t5").settings(t5.positional_options) == {
         "positional": "t5",
-        "t5_num_buckets": 32,
-        "t5_max_distance": 128,
+        "num_buckets": 32,
+        "max_distance": 128,
     }
-    assert set(encodings.ROPE_VARIANT_FIELDS) <= set(
-        fl.get_positional_encoding("rope").variant_fields
+    options = {n: fl.get_positional_encoding(n).options for n in NEW_ENCODINGS}
+    assert options == {
+        "xpos": encodings.XPosOptions,
+        "t5": encodings.T5Options,
+        "kerple_log": encodings.NoOptions,
+        "kerple_power": encodings.NoOptions,
+        "fire": encodings.FireOptions,
+    }
+    assert fl.get_positional_encoding("rope").option_names() == (
+        "base",
+        "layout",
+        "fraction",
+        "scaling",
+        "scale",
+        "original_length",
+        "yarn_alpha",
+        "yarn_beta",
     )
+    assert fl.get_positional_encoding("xpos").option_names() == (
+        "base",
+        "layout",
+        "fraction",
+        "scale_base",
+    )
+    # every option the old flat fields held is still there, under its new name
+    assert dict(fl.get_positional_encoding("rope").legacy_fields) == {
+        "rope_base": "base",
+        "rope_layout": "layout",
+        "rope_fraction": "fraction",
+        "rope_scaling": "scaling",
+        "rope_scale": "scale",
+        "rope_original_length": "original_length",
+        "yarn_alpha": "yarn_alpha",
+        "yarn_beta": "yarn_beta",
+    }
+    assert dict(fl.get_positional_encoding("t5").legacy_fields) == {
+        "t5_num_buckets": "num_buckets",
+        "t5_max_distance": "max_distance",
+    }
+    # the classes live in their hook's module and are re-exported by the package
+    assert encodings.KerpleBias is bias_encodings.KerpleBias
+    assert encodings.T5RelativeBias is bias_encodings.T5RelativeBias
+    assert encodings.XPosEncoding is encodings_rotary.XPosEncoding
+    assert encodings.RotaryEncoding is encodings_rotary.RotaryEncoding
+
+
+def test_kerple_module_takes_dims_options_and_kernel():
+    dims = tiny_cfg("kerple_log", num_heads=4).dims
+    for kernel in ("log", "power"):
+        pe = encodings.KerpleBias(dims, encodings.NoOptions(), kernel=kernel, rngs=nnx.Rngs(0))
+        assert pe.kernel == kernel and pe.r1[...].shape == pe.r2[...].shape == (4,)
+    assert pe.r2_max == 2.0
+    with pytest.raises(ValueError, match=r"kernel='cubic'; allowed: \['log', 'power'\]"):
+        encodings.KerpleBias(dims, encodings.NoOptions(), kernel="cubic", rngs=nnx.Rngs(0))

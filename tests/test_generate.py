@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import tiny_model_config
 
 from experiments import extrapolation_lm
 from flaxformer_lite import data
-from flaxformer_lite.evaluation import engine as evaluate
+from flaxformer_lite.evaluation import corpus, tasks
 from flaxformer_lite.nn.encodings import get_positional_encoding, positional_encoding_names
 from flaxformer_lite.nn.generate import generate, sample_logits
 from flaxformer_lite.nn.model_config import ModelConfig
@@ -30,34 +31,29 @@ T = P + N  # the sequence compared with the full forward pass
 TRAIN_LENGTH = 8  # "training length" of the scaled RoPE variants: T goes past it
 
 
-def small_cfg(name: str, **kw) -> ModelConfig:
-    """Tiny shapes; encoding hyper-parameters chosen so that T = 16 exercises them: xPos
-    decays visibly, T5 reaches its log-spaced buckets, FIRE's threshold is passed, dynamic
-    NTK and YaRN extend past TRAIN_LENGTH, the learned table just covers the positions."""
-    base = dict(
-        vocab_size=V,
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
-        max_length=T + 3,
-        positional=name,
-        xpos_scale_base=4.0,
-        t5_num_buckets=8,
-        t5_max_distance=10,
-        fire_threshold_init=4.0,
-        rope_original_length=TRAIN_LENGTH,
-    )
-    return ModelConfig(**(base | kw))
+# Encoding options chosen so that T = 16 exercises them: xPos decays visibly, T5 reaches its
+# log-spaced buckets, FIRE's threshold is passed, dynamic NTK and YaRN extend past
+# TRAIN_LENGTH, the learned table just covers the positions.
+OPTIONS = {
+    "learned": {"max_length": T + 3},
+    "xpos": {"scale_base": 4.0},
+    "t5": {"num_buckets": 8, "max_distance": 10},
+    "fire": {"threshold_init": 4.0},
+    "rope": {"original_length": TRAIN_LENGTH},
+}
+
+
+def small_cfg(name: str, options=None, **kw) -> ModelConfig:
+    """`tiny_model_config` with vocabulary V and `OPTIONS`; ``options`` update ``name``'s."""
+    per_encoding = OPTIONS | {name: OPTIONS.get(name, {}) | (options or {})}
+    return tiny_model_config(name, options=per_encoding, vocab_size=V, **kw)
 
 
 ROPE_SCALINGS = {
-    "pi": dict(rope_scaling="pi", rope_scale=2.0),
-    "ntk": dict(rope_scaling="ntk", rope_scale=2.0),
-    "dynamic_ntk": dict(rope_scaling="dynamic_ntk"),
-    "yarn": dict(rope_scaling="yarn", rope_scale=2.0),
+    "pi": dict(scaling="pi", scale=2.0),
+    "ntk": dict(scaling="ntk", scale=2.0),
+    "dynamic_ntk": dict(scaling="dynamic_ntk"),
+    "yarn": dict(scaling="yarn", scale=2.0),
 }
 CASES = [(name, "") for name in positional_encoding_names()] + [
     ("rope", scaling) for scaling in ROPE_SCALINGS
@@ -115,7 +111,7 @@ def test_cached_decoding_equals_full_forward(name, scaling):
     length 8 of the scaled RoPE variants; offset positions on row 1. The DecoderOnlyLM, and
     the EncoderDecoder (unless the encoding is causal-only; with a padded source token, so
     cached cross-attention is compared with recomputing it)."""
-    cfg = small_cfg(name, **ROPE_SCALINGS.get(scaling, {}))
+    cfg = small_cfg(name, ROPE_SCALINGS.get(scaling))
     models = [DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))]
     if not get_positional_encoding(name).causal_only and not scaling:
         models.append(EncoderDecoder(cfg, rngs=nnx.Rngs(0)))
@@ -217,7 +213,7 @@ def test_stop_byte(lm, prompt):
 
 
 def test_learned_table_limit_is_a_clear_error():
-    model = DecoderOnlyLM(small_cfg("learned", max_length=12), rngs=nnx.Rngs(0))
+    model = DecoderOnlyLM(small_cfg("learned", {"max_length": 12}), rngs=nnx.Rngs(0))
     prompt = _tokens(0, (1, P))
     with pytest.raises(ValueError, match="max_length=12"):
         generate(model, prompt, max_new_tokens=9)  # feeds 5 + 9 - 1 = 13 tokens
@@ -269,17 +265,14 @@ def copy_model():
     from flaxformer_lite.train.step import init_train_state, make_train_step
 
     task = data.get_task("copy", alphabet=b"abcdefgh")
-    cfg = ModelConfig(
+    cfg = tiny_model_config(
+        "alibi",
         vocab_size=128,
         d_model=32,
-        num_heads=2,
         d_ff=64,
         num_encoder_layers=0,
         num_decoder_layers=2,
-        dropout_rate=0.0,
         norm="pre",
-        max_length=32,
-        positional="alibi",
     )
     steps, optim = 300, OptimConfig(learning_rate=1e-2, warmup_steps=20)
     tx = make_optimizer(optim, steps)
@@ -302,9 +295,9 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
     for length in lengths:
         batch = task.sample(np.random.default_rng([0, length]), num, length)
         t = batch["inputs"].shape[1]
-        batch["positions"] = evaluate.arange_positions(0, num, t)
+        batch["positions"] = corpus.arange_positions(0, num, t)
         teacher = np.asarray(jnp.argmax(model(batch["inputs"], batch["positions"]), -1))
-        generated = evaluate.generate_predictions(model, task, batch, length)
+        generated = tasks.generate_predictions(model, task, batch, length)
         tf_exact = task.exact_match(teacher, batch)
         np.testing.assert_array_equal(task.exact_match(generated, batch), tf_exact)
         # Stronger: greedy decoding follows the teacher-forced argmax up to its first error.
@@ -319,9 +312,7 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
     outcomes = np.concatenate(outcomes)
     assert 0 < outcomes.sum() < outcomes.size, "need both solved and failed examples"
     rows = {
-        mode: evaluate.evaluate_task(
-            model, task, lengths, num_examples=num, batch_size=num, mode=mode
-        )
+        mode: tasks.evaluate_task(model, task, lengths, num_examples=num, batch_size=num, mode=mode)
         for mode in ("teacher_forced", "generate")
     }
     for tf_row, gen_row, length in zip(
@@ -331,7 +322,7 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
         assert gen_row["exact_match"] == tf_row["exact_match"]
         assert tf_row["eval_length"] == gen_row["eval_length"] == length
     with pytest.raises(ValueError, match="mode="):
-        evaluate.evaluate_task(model, task, lengths, mode="beam")
+        tasks.evaluate_task(model, task, lengths, mode="beam")
 
 
 # ------------------------------------------------------------------ scripts/generate.py
@@ -347,7 +338,7 @@ def test_generate_script_end_to_end(tmp_path):
     c = extrapolation_lm.get_config("tiny")
     c.train.update(num_steps=4, checkpoint_every=2)
     c.eval.update(length_multiples=(1,), max_tokens=64)
-    c.model.max_length = c.data.train_length
+    c.model.positional_options.learned.max_length = c.data.train_length
     workdir = tmp_path / "run"
     train_and_evaluate(c, workdir)
     prompt, n = "def ", 12

@@ -11,7 +11,6 @@ import pytest
 from flax import nnx
 
 from flaxformer_lite.core import mixed_precision
-from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM, default_positions
 
 
@@ -72,21 +71,10 @@ def test_bad_shapes_are_named():
         mixed_precision.dense(jnp.ones((2, 3)), jnp.ones((3, 5)), jnp.ones((4,)))
 
 
-def test_bf16_train_step_has_no_bf16_output_matmul():
+def test_bf16_train_step_has_no_bf16_output_matmul(tiny_config):
     """Every product in a bf16 model's loss gradient accumulates in float32 (the fast CPU
     path): no ``dot_general`` with bf16 operands and a bf16 result."""
-    cfg = ModelConfig(
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=0,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
-        norm="pre",
-        positional="rope",
-        dtype="bfloat16",
-        max_length=64,
-    )
+    cfg = tiny_config("rope", vocab_size=256, num_encoder_layers=0, norm="pre", dtype="bfloat16")
     model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tokens = jnp.zeros((2, 8), jnp.int32)

@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import tiny_model_config
 
+from flaxformer_lite.core import chunked_attention
 from flaxformer_lite.nn.encodings import get_positional_encoding, positional_encoding_names
 from flaxformer_lite.nn.layers import EncoderBlock, MultiHeadAttention, TokenEmbedding
 from flaxformer_lite.nn.model_config import ModelConfig
@@ -29,18 +31,9 @@ B, S, T = 2, 8, 6  # batch, source length, target length
 
 
 def small_cfg(name="none", **kw):
-    base = dict(
-        vocab_size=V,
-        d_model=D,
-        num_heads=H,
-        d_ff=F,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
-        max_length=16,
-        positional=name,
-    )
-    return ModelConfig(**(base | kw))
+    """`tiny_model_config` with this module's shapes and a 16-row learned table."""
+    shapes = dict(vocab_size=V, d_model=D, num_heads=H, d_ff=F)
+    return tiny_model_config(name, options={"learned": {"max_length": 16}}, **(shapes | kw))
 
 
 def _tokens(seed, length, batch=B):
@@ -480,7 +473,7 @@ def expected_param_count(cfg, kind):
     ffn = lin(d, f) + lin(f, d)
     ln = 2 * d
     per_stack = (ln if cfg.norm == "pre" else 0) + (
-        cfg.max_length * d if cfg.positional == "learned" else 0
+        cfg.positional_options.max_length * d if cfg.positional == "learned" else 0
     )
     embed = cfg.vocab_size * d + (0 if cfg.tie_embeddings else lin(d, cfg.vocab_size))
     encoder = cfg.num_encoder_layers * (mha + ffn + 2 * ln) + per_stack
@@ -502,6 +495,7 @@ def _count(model):
         ("EncoderDecoder", {}),
         ("EncoderDecoder", {"norm": "pre", "tie_embeddings": False, "positional": "learned"}),
         ("DecoderOnlyLM", {"norm": "pre", "use_bias": False, "positional": "learned"}),
+        ("DecoderOnlyLM", {"positional": "learned", "positional_options": {"max_length": 100}}),
     ],
 )
 def test_parameter_count_matches_closed_form(kind, changes):
@@ -537,3 +531,21 @@ def test_models_reject_inconsistent_inputs():
     dec = Decoder(small_cfg(), cross_attention=True, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="encoded"):
         dec(tokens, _positions(T))
+
+
+def test_attention_uses_the_configs_chunked_threshold():
+    """``attention_impl="auto"`` chunks above ``cfg.chunked_threshold`` keys where the fused
+    kernel cannot run (here: ALiBi has a bias): T = 6 keys are chunked with a threshold of 4,
+    not with a threshold of 6, and both give the plain "xla" logits."""
+    tokens, pos = jnp.asarray(_tokens(0, T)), _positions(T)
+    ref = np.asarray(DecoderOnlyLM(small_cfg("alibi"), rngs=nnx.Rngs(0))(tokens, pos))
+    for threshold, chunked in ((4, True), (T, False)):
+        cfg = small_cfg("alibi", attention_impl="auto", chunked_threshold=threshold)
+        assert cfg.chunked_threshold == threshold
+        model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+        with mock.patch.object(
+            chunked_attention, "chunked_attention", wraps=chunked_attention.chunked_attention
+        ) as spy:
+            out = np.asarray(model(tokens, pos))
+        assert spy.called == chunked, threshold
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

@@ -12,7 +12,6 @@ from flax import nnx
 
 from flaxformer_lite.core import attention
 from flaxformer_lite.nn.encodings import positional_encoding_names
-from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.run_config import OptimConfig
@@ -36,22 +35,17 @@ def _batch(step: int) -> dict[str, jax.Array]:
 
 
 @pytest.mark.parametrize("positional", positional_encoding_names())
-def test_bfloat16_training_stays_finite(positional):
+def test_bfloat16_training_stays_finite(positional, tiny_config):
     """A few AdamW steps of a tiny decoder LM computing and storing everything in bfloat16
     (a high learning rate, no clipping): every metric and parameter stays finite, and the
     loss starts where a uniform guess over 256 bytes is."""
-    cfg = ModelConfig(
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
+    cfg = tiny_config(
+        positional,
+        options={"learned": {"max_length": LENGTH}, "rope": {"original_length": LENGTH}},
+        vocab_size=256,
         num_encoder_layers=0,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
         norm="pre",
-        positional=positional,
-        max_length=LENGTH,
         max_position=LENGTH,
-        rope_original_length=LENGTH,
         dtype="bfloat16",
         param_dtype="bfloat16",
     )

@@ -9,9 +9,9 @@ import optax
 from flax import nnx
 
 from flaxformer_lite.core import attention
-from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.evaluation.step import argmax_last
 from flaxformer_lite.nn.models import DecoderOnlyLM
-from flaxformer_lite.train.step import argmax_last, init_train_state, make_train_step
+from flaxformer_lite.train.step import init_train_state, make_train_step
 
 
 def test_argmax_last_equals_argmax_including_ties():
@@ -39,18 +39,9 @@ def test_causal_weights_without_the_zeroing_pass_are_bitwise_the_masked_ones():
     assert np.all(np.asarray(causal)[:, :, 0, 1:] == 0.0)
 
 
-def test_train_step_donates_the_whole_state():
+def test_train_step_donates_the_whole_state(tiny_config):
     """Every state buffer is donated: the step updates parameters and moments in place."""
-    cfg = ModelConfig(
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=0,
-        num_decoder_layers=1,
-        dropout_rate=0.0,
-        positional="alibi",
-        max_length=32,
-    )
+    cfg = tiny_config("alibi", vocab_size=256, num_encoder_layers=0)
     tx = optax.adamw(1e-3)
     graphdef, state = init_train_state(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)), tx)
     step = jax.jit(make_train_step(graphdef, tx, optax.constant_schedule(1e-3)), donate_argnums=0)

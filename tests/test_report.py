@@ -259,17 +259,43 @@ def test_bucket_table_uses_longest_length_and_sorts_buckets():
     assert "Encoding & {[}0,64) & {[}64,128) & {[}128,256) \\\\" in report.render_latex(table)
 
 
+def _labelled(label, positional, variant="base", randomized=False):
+    return {
+        "encoding": label,
+        "positional": positional,
+        "variant": variant,
+        "randomized_positions": randomized,
+    }
+
+
 def test_encoding_order_puts_variants_after_their_base():
-    labels = ["sinusoidal", "rope", "alibi", "rope+pi", "alibi+randomized", "x+y", "rope+yarn"]
-    assert report.encoding_order([*labels, "rope"]) == [
+    rows = [
+        _labelled("sinusoidal", "sinusoidal"),
+        _labelled("rope+pi", "rope", "pi"),  # a variant seen before its base ...
+        _labelled("alibi", "alibi"),
+        _labelled("rope", "rope"),  # ... sits after the base, where the base first appears
+        _labelled("alibi+randomized", "alibi", randomized=True),
+        _labelled("x+y", "x+y"),  # a "+" in a name is not parsed: its own encoding
+        _labelled("rope+yarn", "rope", "yarn"),
+        _labelled("rope", "rope"),
+    ]
+    assert report.encoding_order(rows) == [
         "sinusoidal",
+        "alibi",
+        "alibi+randomized",
         "rope",
         "rope+pi",
         "rope+yarn",
-        "alibi",
-        "alibi+randomized",
         "x+y",
     ]
+    # a variant whose base is absent keeps the group's first place
+    only_variants = [_labelled("alibi", "alibi"), _labelled("rope+pi", "rope", "pi")]
+    assert report.encoding_order(only_variants) == ["alibi", "rope+pi"]
+
+
+def test_encoding_order_of_rows_without_label_fields_is_first_appearance():
+    rows = [{"encoding": e} for e in ("rope+pi", "alibi", "rope", "rope+pi")]
+    assert report.encoding_order(rows) == ["rope+pi", "alibi", "rope"]
 
 
 def test_latex_escape():
@@ -353,8 +379,12 @@ def _study_rows():
     for seed in range(3):
         for enc in ("sinusoidal", "rope", "alibi", "rope+pi"):
             commit = "aaaa111" if seed < 2 else "bbbb222"
+            positional, _, variant = enc.partition("+")
             common = {
-                "config_hash": f"h-{enc.split('+')[0]}-{seed}",
+                "positional": positional,
+                "variant": variant or "base",
+                "randomized_positions": False,
+                "config_hash": f"h-{positional}-{seed}",
                 "git_commit": commit,
                 "packages": {"jax": "0.10.2", "flax": "0.12.8"},
                 "python": "3.11.2",

@@ -189,7 +189,7 @@ def _worker(workdir: Path) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from flaxformer_lite.train import batches as data_source
+    from flaxformer_lite.train import batches as train_batches
     from flaxformer_lite.train import sharding
     from flaxformer_lite.train.loop import build_model, train_and_evaluate
     from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
@@ -202,8 +202,9 @@ def _worker(workdir: Path) -> dict:
     tx = make_optimizer(run.optim, run.train.num_steps)
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
     graphdef, state = init_train_state(build_model(run), tx)
-    source = data_source.build(run)
-    batches = [source.train_batch(t) for t in range(2)]
+    eval_plan = run.eval_plan()
+    source = train_batches.TrainBatches(run, train_batches.open_run_data(run, eval_plan), eval_plan)
+    batches = [source(t) for t in range(2)]
 
     def maxdiff(a, b):
         diffs = jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)

@@ -1,4 +1,5 @@
-"""The sweep runner: overrides, cell selection, rows (kill-then-rerun: test_kill_resume.py)."""
+"""The sweep runner: sweeps as data, overrides, cell selection, rows (kill-then-rerun:
+test_kill_resume.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,15 @@ import json
 
 import pytest
 
-from experiments import extrapolation_lm
-from flaxformer_lite.experiments import runner
+from experiments import extrapolation_lm, extrapolation_tasks
+from flaxformer_lite.experiments import rows as results_rows
+from flaxformer_lite.experiments import sweeps
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 
 def test_sweep_lists_every_encoding_and_seed():
     c = extrapolation_lm.get_config("cpu")
-    sweep = extrapolation_lm.get_sweep(c)
+    sweep = sweeps.expand_sweep(c)
     assert len(sweep) == 5 * 3
     assert sweep[0] == {
         "name": "sinusoidal-seed0",
@@ -22,18 +24,46 @@ def test_sweep_lists_every_encoding_and_seed():
     assert len({s["name"] for s in sweep}) == len(sweep)
 
 
+def test_sweep_randomized_encodings_and_tasks():
+    c = extrapolation_lm.get_config("all")
+    sweep = sweeps.expand_sweep(c)
+    names = [s["name"] for s in sweep]
+    assert names[-2:] == ["sinusoidal-randomized-seed0", "rope-randomized-seed0"]
+    assert sweep[-1]["overrides"] == {
+        "model.positional": "rope",
+        "model.randomized_positions": True,
+        "seed": 0,
+    }
+    tasks = sweeps.expand_sweep(extrapolation_tasks.get_config("quick"))
+    assert len(tasks) == 3 * 5
+    assert tasks[0]["name"] == "copy-sinusoidal-seed0"
+    assert tasks[-1]["overrides"]["data.task"] == "associative_recall"
+
+
+def test_sweep_errors_name_the_field():
+    c = extrapolation_lm.get_config("tiny")
+    with c.unlocked():
+        c.sweep.seeds = ()
+    with pytest.raises(ConfigError, match=r"config\.sweep: encodings=.*seeds=\(\)"):
+        sweeps.expand_sweep(c)
+    d = extrapolation_lm.get_config("tiny").to_dict()
+    d["sweep"]["colours"] = ("red",)
+    with pytest.raises(ConfigError, match=r"config\.sweep has unknown field\(s\) \['colours'\]"):
+        sweeps.expand_sweep(d)
+
+
 def test_apply_overrides_and_errors():
     c = extrapolation_lm.get_config("tiny")
-    d = runner.apply_overrides(c, {"model.positional": "rope", "seed": 3})
+    d = sweeps.apply_overrides(c, {"model.positional": "rope", "seed": 3})
     assert (d.model.positional, d.seed) == ("rope", 3)
     assert c.model.positional == "alibi"  # the original is untouched
     with pytest.raises(ConfigError, match="no field 'bogus'"):
-        runner.apply_overrides(c, {"model.bogus": 1})
+        sweeps.apply_overrides(c, {"model.bogus": 1})
 
 
 def test_select_cells_by_encoding_or_name():
-    sweep = extrapolation_lm.get_sweep(extrapolation_lm.get_config("cpu"))
-    picked = runner.select_cells(sweep, ["alibi", "rope-seed2"])
+    sweep = sweeps.expand_sweep(extrapolation_lm.get_config("cpu"))
+    picked = sweeps.select_cells(sweep, ["alibi", "rope-seed2"])
     assert [c["name"] for c in picked] == [
         "rope-seed2",
         "alibi-seed0",
@@ -41,12 +71,21 @@ def test_select_cells_by_encoding_or_name():
         "alibi-seed2",
     ]
     with pytest.raises(ConfigError, match=r"--only=.*\['xpos'\] not in this sweep"):
-        runner.select_cells(sweep, ["xpos"])
+        sweeps.select_cells(sweep, ["xpos"])
 
 
-def test_rows_for_cell_one_row_per_length_and_metric():
+def test_command_line_override_of_a_swept_field_is_refused():
+    sweep = sweeps.expand_sweep(extrapolation_lm.get_config("tiny"))
+    sweeps.check_overrides(sweep, [("config.optim.learning_rate", "0.1")])
+    with pytest.raises(ConfigError, match=r"--config\.seed=4: set for every cell by the study"):
+        sweeps.check_overrides(sweep, [("config.seed", "4")])
+
+
+def test_rows_for_cell_carry_the_plan_labels():
     c = extrapolation_lm.get_config("tiny")
     c.model.positional = "rope"
+    c.eval.length_multiples = (1, 2)
+    c.eval.rope_scalings = ("pi",)
     run = RunConfig.from_config(c)
     env = {
         "git_commit": "abc",
@@ -58,23 +97,21 @@ def test_rows_for_cell_one_row_per_length_and_metric():
         "data": {"sha256": "x"},
     }
     evals = []
-    for variant in ("base", "pi"):
-        for length in (16, 32):
-            evals.append(
-                {
-                    "variant": variant,
-                    "eval_length": length,
-                    "protocol": "nonoverlapping",
-                    "stride": length,
-                    "tokens": 100,
-                    "loss": 1.0,
-                    "bits_per_byte": 1.4,
-                    "perplexity": 2.7,
-                    "accuracy": 0.5,
-                    "bucket_loss": {"[0,16)": 1.0} | ({"[16,32)": 1.1} if length == 32 else {}),
-                    "loss_by_position": [1.0] * length,
-                }
-            )
+    for cell in run.eval_plan().cells:
+        length = cell.length
+        metrics = {
+            "eval_length": length,
+            "protocol": cell.protocol,
+            "stride": length,
+            "tokens": 100,
+            "loss": 1.0,
+            "bits_per_byte": 1.4,
+            "perplexity": 2.7,
+            "accuracy": 0.5,
+            "bucket_loss": {"[0,16)": 1.0} | ({"[16,32)": 1.1} if length == 32 else {}),
+            "loss_by_position": [1.0] * length,
+        }
+        evals.append(metrics | cell.label.fields() | {"encoding_options": cell.encoding_options()})
     summary = {
         "config_hash": run.hash(),
         "provenance": env,
@@ -83,12 +120,17 @@ def test_rows_for_cell_one_row_per_length_and_metric():
         "eval": evals,
         "finished_at": "2026-01-01T00:00:00+00:00",
     }
-    rows = runner.rows_for_cell(run, "rope-seed0", summary, "cmd")
+    rows = results_rows.rows_for_cell(run, "rope-seed0", summary, "cmd")
     # per length: 4 scalars + buckets (1 or 2) + 1 curve; 2 variants
     assert len(rows) == 2 * ((4 + 1 + 1) + (4 + 2 + 1))
-    labels = {r["encoding"] for r in rows}
-    assert labels == {"rope", "rope+pi"}
-    pi = next(r for r in rows if r["encoding"] == "rope+pi")
-    assert pi["variant"]["rope_scaling"] == "pi"
+    assert {r["encoding"] for r in rows} == {"rope", "rope+pi"}
+    assert {r["positional"] for r in rows} == {"rope"}
+    assert {r["variant"] for r in rows} == {"base", "pi"}
+    pi = next(r for r in rows if r["variant"] == "pi" and r["eval_length"] == 32)
+    assert pi["encoding"] == "rope+pi" and pi["randomized_positions"] is False
+    # the exact settings of the evaluated model: PI with s = 32 / 16
+    assert pi["encoding_options"]["scaling"] == "pi" and pi["encoding_options"]["scale"] == 2.0
+    base = next(r for r in rows if r["variant"] == "base")
+    assert base["encoding_options"]["scaling"] == "none"
     assert {r["eval_multiple"] for r in rows} == {1, 2}
     json.dumps(rows)  # serialisable

@@ -15,9 +15,10 @@ import pytest
 from flax import nnx
 
 from experiments import extrapolation_lm
-from flaxformer_lite.evaluation import engine as evaluate
+from flaxformer_lite.data.data_config import open_dataset
+from flaxformer_lite.evaluation import corpus, metrics, step
 from flaxformer_lite.train import loop
-from flaxformer_lite.train.batches import CorpusSource
+from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,18 +111,18 @@ def test_deterministic_and_exact_resume(uninterrupted, corpus_file, tmp_path, mo
     assert read_losses(tmp_path / "b") == losses_a
 
     # Interrupted after step 8 (checkpoint at 6), then resumed.
-    original = CorpusSource.train_batch
+    original = TrainBatches.__call__
 
     def dying(self, step):
         if step == 8:
             raise KeyboardInterrupt("simulated kill")
         return original(self, step)
 
-    monkeypatch.setattr(CorpusSource, "train_batch", dying)
+    monkeypatch.setattr(TrainBatches, "__call__", dying)
     with pytest.raises(KeyboardInterrupt):
         loop.train_and_evaluate(c, tmp_path / "c")
     assert max(read_losses(tmp_path / "c")) == 7  # rows past the checkpoint at 6 exist
-    monkeypatch.setattr(CorpusSource, "train_batch", original)
+    monkeypatch.setattr(TrainBatches, "__call__", original)
     loop.train_and_evaluate(c, tmp_path / "c")
     assert read_losses(tmp_path / "c") == losses_a  # no duplicated or changed rows
     for a, b in zip(params_of(workdir_a, c), params_of(tmp_path / "c", c), strict=True):
@@ -129,7 +130,7 @@ def test_deterministic_and_exact_resume(uninterrupted, corpus_file, tmp_path, mo
 
 
 def test_nan_guard_names_step_and_metric(corpus_file, tmp_path, monkeypatch):
-    original = CorpusSource.train_batch
+    original = TrainBatches.__call__
 
     def poisoned(self, step):
         batch = original(self, step)
@@ -137,7 +138,7 @@ def test_nan_guard_names_step_and_metric(corpus_file, tmp_path, monkeypatch):
             batch["loss_mask"] = batch["loss_mask"] * np.nan
         return batch
 
-    monkeypatch.setattr(CorpusSource, "train_batch", poisoned)
+    monkeypatch.setattr(TrainBatches, "__call__", poisoned)
     c = tiny_config(corpus_file, num_steps=6, checkpoint_every=6)
     with pytest.raises(FloatingPointError, match=r"'loss' is nan at step 3"):
         loop.train_and_evaluate(c, tmp_path / "run")
@@ -148,15 +149,15 @@ def trained_model(uninterrupted):
     c, _workdir, _ = uninterrupted
     run = RunConfig.from_config(c)
     model = loop.build_model(run)
-    return run, model, CorpusSource(run).eval_split
+    return run, model, open_dataset(run.data).split(run.eval.split)
 
 
 def test_sliding_with_stride_l_equals_nonoverlapping(trained_model):
     _, model, split = trained_model
-    a = evaluate.evaluate_length(model, split, 32, max_tokens=500)
-    b = evaluate.evaluate_length(model, split, 32, stride=32, max_tokens=500)
+    a = corpus.evaluate_length(model, split, 32, max_tokens=500)
+    b = corpus.evaluate_length(model, split, 32, stride=32, max_tokens=500)
     assert a["loss"] == b["loss"] and a["loss_by_position"] == b["loss_by_position"]
-    c = evaluate.evaluate_length(model, split, 32, stride=8, max_tokens=500)
+    c = corpus.evaluate_length(model, split, 32, stride=8, max_tokens=500)
     assert c["tokens"] == a["tokens"] == 500  # every target scored once in both protocols
     assert c["protocol"] == "sliding" and c["loss"] != a["loss"]
 
@@ -166,7 +167,7 @@ def test_eval_loss_matches_direct_computation(trained_model):
     the per-position means, weighted by their counts, average to the total."""
     _run, model, split = trained_model
     length, max_tokens = 16, 200
-    r = evaluate.evaluate_length(
+    r = corpus.evaluate_length(
         model, split, length, max_tokens=max_tokens, batch_size=4, train_length=16
     )
     total, count, by_pos = 0.0, 0, np.zeros(length)
@@ -191,7 +192,7 @@ def test_eval_loss_matches_direct_computation(trained_model):
 def test_bucket_losses_edges():
     loss_sum = np.arange(10, dtype=float)
     count = np.ones(10)
-    buckets = evaluate.bucket_losses(loss_sum, count, 2)
+    buckets = metrics.bucket_losses(loss_sum, count, 2)
     assert buckets == {"[0,2)": 0.5, "[2,4)": 2.5, "[4,8)": 5.5, "[8,10)": 8.5}
 
 
@@ -218,8 +219,10 @@ def test_bad_config_values_name_the_field(path, value, match):
 def test_learned_table_must_cover_eval_lengths():
     c = extrapolation_lm.get_config("tiny")
     c.model.positional = "learned"
-    c.model.max_length = 32
-    with pytest.raises(ConfigError, match=r"config\.model\.max_length=32.*64"):
+    c.model.positional_options.learned.max_length = 32
+    with pytest.raises(
+        ConfigError, match=r"config\.model\.positional_options\.learned\.max_length=32.*64"
+    ):
         RunConfig.from_config(c)
 
 
@@ -255,7 +258,7 @@ def test_cli_bad_override_writes_nothing(tmp_path):
 
 def test_rebuild_model_shares_parameters(trained_model):
     run, model, _ = trained_model
-    other = evaluate.rebuild_model(model, run.model.replace(attention_impl="xla"))
+    other = step.rebuild_model(model, run.model.replace(attention_impl="xla"))
     a = nnx.state(model, nnx.Param)
     b = nnx.state(other, nnx.Param)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

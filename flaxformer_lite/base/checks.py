@@ -18,8 +18,8 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field, value and allowed values."""
 
 
-def fail(name: str, value: Any, allowed: str, *, error: type[Exception] = ValueError) -> NoReturn:
-    """Raise ``error(f"{name}={value!r}: {allowed}")``."""
+def fail(name: str, value: Any, allowed: str, *, error: type[Exception] = ConfigError) -> NoReturn:
+    """Raise ``error(f"{name}={value!r}: {allowed}")`` (a `ConfigError` unless told otherwise)."""
     raise error(f"{name}={value!r}: {allowed}")
 
 

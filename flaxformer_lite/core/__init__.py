@@ -9,7 +9,8 @@ Layout of q, k, v: ``[batch, length, heads, head_dim]``; positions: explicit int
   implementation (plain XLA, `chunked_attention`, or the fused kernel);
 * `positions`: explicit positions, relative distances, randomized positions;
 * the positional formulas, one module per hook point (DESIGN.md §3): `absolute` (added to the
-  embeddings), `rotary` (rotating queries and keys) and `bias` (added to the logits);
+  embeddings), `rotary` (rotating queries and keys) and `attention_bias` (added to
+  the logits);
 * `kv_cache`: key-value caches as plain pytrees for autoregressive decoding;
 * `mixed_precision`: dense products in bfloat16 with float32 accumulation.
 """

@@ -32,12 +32,13 @@ Array = jax.Array
 # over blocks, O(length) memory, bias built per block (`chunked_attention`). "cudnn": the
 # fused `jax.nn.dot_product_attention(implementation="cudnn")` kernel (NVIDIA GPU, fp16/bf16,
 # no bias_fn), an error elsewhere. "auto": "cudnn" where it can run, else "chunked" when
-# kv_len > CHUNKED_THRESHOLD, else "xla".
+# kv_len > chunked_threshold, else "xla".
 IMPLEMENTATIONS = ("xla", "chunked", "cudnn", "auto")
-# Above this many keys "auto" and `choose_implementation` pick "chunked": at 2048 tokens the
-# plain scores are [heads, 2048, 2048] float32 = 16 MiB per head per batch row and still
-# fast; past it memory grows quadratically (docs/benchmarks.md, "Long-context attention").
-CHUNKED_THRESHOLD = 2048
+# Above this many keys "auto" and `choose_implementation` pick "chunked" (one default for
+# training, inference and evaluation; `ModelConfig.chunked_threshold` sets it per model): at
+# 1024 tokens the plain scores are [heads, 1024, 1024] float32 = 4 MiB per head per batch row
+# and fast; past it memory grows quadratically (docs/benchmarks.md, "Long-context attention").
+DEFAULT_CHUNKED_THRESHOLD = 1024
 _FUSED_DTYPES = (jnp.float16, jnp.bfloat16)
 _logger = logging.getLogger(__name__)
 _notices_given: set[str] = set()
@@ -195,6 +196,7 @@ def attend(
     causal: bool = False,
     scale: float | None = None,
     implementation: str = "xla",
+    chunked_threshold: int = DEFAULT_CHUNKED_THRESHOLD,
 ) -> Array:
     """The one attention entry point the layers call; positions make the bias a function.
 
@@ -211,7 +213,8 @@ def attend(
         is `chunked_attention.chunked_attention` (O(length) memory, bias per block);
         "cudnn" is the fused GPU kernel (no bias_fn, fp16/bf16; a ValueError elsewhere);
         "auto" takes the fused kernel where it can run, else "chunked" above
-        `CHUNKED_THRESHOLD` keys, else "xla", logging the reason once.
+        ``chunked_threshold`` keys, else "xla", logging the reason once.
+      chunked_threshold: the key count above which "auto" chunks (`choose_implementation`).
 
     All implementations agree to float32 tolerance; masked-out rows are zeros in each.
     """
@@ -235,11 +238,13 @@ def attend(
                 f"implementation='cudnn' cannot run here: {reason}. Use 'auto' (falls back "
                 "automatically), 'chunked' or 'xla'."
             )
-        implementation = choose_implementation("xla", q.shape[1], k.shape[1])
+        implementation = choose_implementation(
+            "xla", q.shape[1], k.shape[1], threshold=chunked_threshold
+        )
         _notice_once(
             reason,
             f"attention implementation='auto' does not use the fused kernel: {reason}; "
-            f"using {implementation!r} (chunked above {CHUNKED_THRESHOLD} keys).",
+            f"using {implementation!r} (chunked above {chunked_threshold} keys).",
             # Only the bias costs a user a kernel the hardware has: make that one visible.
             level=logging.WARNING if reason.startswith(_BIAS_REASON) else logging.INFO,
         )
@@ -260,12 +265,12 @@ def attend(
 
 
 def choose_implementation(
-    requested: str, q_len: int, kv_len: int, *, threshold: int = CHUNKED_THRESHOLD
+    requested: str, q_len: int, kv_len: int, *, threshold: int = DEFAULT_CHUNKED_THRESHOLD
 ) -> str:
     """The implementation to evaluate ``q_len`` queries against ``kv_len`` keys with.
 
-    "xla" becomes "chunked" when ``kv_len > threshold`` (default `CHUNKED_THRESHOLD` = 2048
-    keys) and ``q_len > 1``: the two agree to float32 tolerance, and past the threshold the
+    "xla" becomes "chunked" when ``kv_len > threshold`` (default `DEFAULT_CHUNKED_THRESHOLD`
+    = 1024 keys) and ``q_len > 1``: the two agree to float32 tolerance, and past the threshold the
     plain scores ``[batch, heads, q_len, kv_len]`` dominate memory (16k tokens need ~16 GB).
     Single-query decoding steps keep "xla" (their scores are one row). "chunked" and
     "cudnn" are explicit choices and "auto" resolves itself per call in `attend` with the

@@ -1,5 +1,9 @@
 """Byte-level corpora, synthetic length-generalisation tasks and batching (numpy only).
 
+May import: `flaxformer_lite.base`, numpy and the standard library (no jax or flax; the
+optional `datasets` package only inside the function that downloads a standard corpus).
+`data_config.DataConfig` is the ``config.data`` section of a run and `open_dataset` opens it.
+
 Corpora: `get_corpus(name)` with `corpus_names()` = enwik8, path, pg19, stdlib (the default: the
 running interpreter's standard library, no download), wikitext103. A `ByteCorpus` has
 `.split("train" | "validation" | "test")` -> `ByteSplit` with `num_bytes`, `sample_batch`,

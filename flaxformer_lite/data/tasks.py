@@ -85,6 +85,10 @@ class Task:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
+    def provenance(self) -> dict:
+        """What a run's results rows record about the data: the task's name."""
+        return {"task": self.name}
+
     @property
     def max_length(self) -> int | None:
         """Largest supported `length` (None: no limit)."""

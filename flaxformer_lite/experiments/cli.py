@@ -17,6 +17,9 @@ from typing import Any
 
 from absl import flags
 
+from flaxformer_lite.nn.model_config import moved_field_message
+from flaxformer_lite.train.run_config import MOVED_FIELDS
+
 EXIT_BAD_INPUT = 2
 
 
@@ -122,6 +125,14 @@ def _check_path(config: Any, name: str) -> str | None:
         if not hasattr(node, "keys"):
             return f"{path} is a {type(node).__name__}, not a section with field {part!r}"
         if part not in node:
+            moved = moved_field_message(part) if path == "config.model" else None
+            moved = moved or _MOVED.get(f"{path}.{part}")
+            if moved:
+                return f"{path} has no field {part!r}: {moved}"
             return f"{path} has no field {part!r}; allowed: {sorted(node.keys())}"
         node, path = node[part], f"{path}.{part}"
     return None
+
+
+# Run-config fields that moved to another section (see train.run_config.MOVED_FIELDS).
+_MOVED = {f"config.{a}.{b}": f"moved to config.{c}.{d}" for (a, b), (c, d) in MOVED_FIELDS.items()}

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaxformer_lite.experiments import plots
+from flaxformer_lite.experiments import plots, results
 from flaxformer_lite.experiments.tables import (
     CONFIDENCE,
     CSV_FIELDS,
@@ -47,6 +47,7 @@ __all__ = [
     "render_report",
     "table_names",
     "write_report",
+    "write_study_report",
 ]
 
 
@@ -80,7 +81,7 @@ def _band_note(tables: Sequence[Table]) -> str:
 def _make_plots(
     rows: Sequence[Mapping[str, Any]], tables: Sequence[Table], out_dir: Path
 ) -> list[PlotInfo]:
-    styles = plots.encoding_styles(encoding_order(r["encoding"] for r in rows))
+    styles = plots.encoding_styles(encoding_order(rows))
     studies = {r.get("study") for r in rows}
     figures = []
     for t in tables:
@@ -143,7 +144,7 @@ def _position_plots(
         longest = max(r["eval_length"] for r in rs)
         rs = [r for r in rs if r["eval_length"] == longest]
         by_encoding = group_by(rs, lambda r: r["encoding"])
-        order = [e for e in encoding_order(r["encoding"] for r in rows) if e in by_encoding]
+        order = [e for e in encoding_order(rows) if e in by_encoding]
         curves = {e: plots.mean_curve([r["value"] for r in by_encoding[e]]) for e in order}
         window = max(1, (train_length or longest) // 8)
         name = names[("loss_by_position", key)]
@@ -305,7 +306,7 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         f"{s} ({p})" if p else str(s)
         for s, p in dict.fromkeys((r.get("study"), r.get("preset")) for r in rows)
     ]
-    encodings = encoding_order(r["encoding"] for r in rows)
+    encodings = encoding_order(rows)
     seeds = sorted((s for s in _distinct(rows, "seed") if s is not None), key=_number_first)
     protocols = [p for p in _distinct(rows, "protocol") if p]
     tasks = [t for t in _distinct(rows, "task") if t]
@@ -474,3 +475,12 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_study_report(workdir: str | Path) -> Path | None:
+    """The report of a study directory from its ``results.jsonl`` (skipped lines are stated
+    in it); None when no cell has finished yet."""
+    rows, problems = results.load_rows([workdir], return_problems=True)
+    if not rows:
+        return None
+    return write_report(rows, workdir, problems=problems)

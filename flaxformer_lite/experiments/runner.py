@@ -16,7 +16,6 @@ and the study goes on; the runner then exits non-zero.
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 import traceback
@@ -24,100 +23,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_collections
 from tqdm.auto import tqdm
 
 from flaxformer_lite.base.io import atomic_write_text
-from flaxformer_lite.nn.encodings import encoding_row_name, get_positional_encoding
-from flaxformer_lite.train import allocator, batches, provenance, sharding
-from flaxformer_lite.train.loop import check_workdir, check_writable_dir, train_and_evaluate
-from flaxformer_lite.train.run_config import ConfigError, RunConfig
-
-SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
-
-
-def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]):
-    """A copy of ``config`` with dotted-path overrides, e.g. ``{"model.positional": "rope"}``."""
-    config = copy.deepcopy(config)
-    for path, value in overrides.items():
-        *parents, leaf = path.split(".")
-        node = config
-        for p in parents:
-            if p not in node:
-                raise ConfigError(f"sweep override {path!r}: config has no field {p!r}")
-            node = node[p]
-        if leaf not in node:
-            raise ConfigError(f"sweep override {path!r}: config has no field {leaf!r}")
-        node[leaf] = value
-    return config
-
-
-def cell_label(run: RunConfig) -> str:
-    """The encoding's row label: registry name (+RoPE scaling) (+``randomized``)."""
-    label = encoding_row_name(run.model)
-    if run.model.randomized_positions:
-        label += "+randomized"
-    return label
-
-
-def rows_for_cell(
-    run: RunConfig, name: str, summary: dict[str, Any], command: str
-) -> list[dict[str, Any]]:
-    """Results rows (DESIGN.md §7) of one finished cell: one per length x metric."""
-    env = summary["provenance"]
-    base_label = cell_label(run)
-    common = {
-        "study": run.study,
-        "preset": run.preset,
-        "run": name,
-        "seed": run.seed,
-        "train_length": run.data.train_length,
-        "task": run.data.task or None,
-        "config_hash": summary["config_hash"],
-        "git_commit": env["git_commit"],
-        "packages": env["packages"],
-        "python": env["python"],
-        "backend": env["backend"],
-        "device_kind": env["device_kind"],
-        "device_count": env["device_count"],
-        "data": env["data"],
-        "train_seconds": round(summary["train_seconds"], 3),
-        "eval_seconds": round(summary["eval_seconds"], 3),
-        "command": command,
-        "timestamp": summary.get("finished_at"),
-    }
-    rows = []
-    for r in summary["eval"]:
-        variant_cfg = run.model
-        label = base_label
-        if r["variant"] != "base":
-            variant_cfg = run.model.replace(rope_scaling=r["variant"])
-            label = encoding_row_name(variant_cfg) + base_label[len(run.model.positional) :]
-        head = common | {
-            "encoding": label,
-            "variant": get_positional_encoding(run.model.positional).variant(variant_cfg)
-            | {"randomized_positions": run.model.randomized_positions}
-            | ({"max_position": run.model.max_position} if run.model.randomized_positions else {}),
-            "eval_length": r["eval_length"],
-            "eval_multiple": r["eval_length"] // run.data.train_length,
-            "protocol": r["protocol"],
-            "stride": r.get("stride"),
-            "tokens": r.get("tokens"),
-            "examples": r.get("examples"),
-        }
-        metrics = ["exact_match", "accuracy"] if r["protocol"] == "task" else SCALAR_METRICS
-        rows += [head | {"metric": m, "value": r[m]} for m in metrics]
-        for bucket, value in r.get("bucket_loss", {}).items():
-            rows.append(head | {"metric": "bucket_loss", "bucket": bucket, "value": value})
-        if "loss_by_position" in r:
-            rows.append(head | {"metric": "loss_by_position", "value": r["loss_by_position"]})
-    return rows
+from flaxformer_lite.experiments.report import write_study_report
+from flaxformer_lite.experiments.rows import rows_for_cell
+from flaxformer_lite.experiments.sweeps import (
+    apply_overrides,
+    check_overrides,
+    expand_sweep,
+    select_cells,
+)
+from flaxformer_lite.train import batches, sharding
+from flaxformer_lite.train.loop import (
+    check_workdir,
+    check_writable_dir,
+    prepare_process,
+    train_and_evaluate,
+)
+from flaxformer_lite.train.run_config import RunConfig
 
 
 class Study:
     """One study directory: its cells, their state, and the merged results."""
 
-    def __init__(self, config: ml_collections.ConfigDict, sweep: list[dict], workdir, command):
+    def __init__(self, config: Any, sweep: list[dict], workdir: str | Path, command: str):
         self.config = config
         self.sweep = sweep
         self.workdir = Path(workdir)
@@ -160,51 +90,48 @@ class Study:
         atomic_write_text(self.cell_dir(cell["name"]) / "rows.jsonl", text)
 
 
-def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:
-    """Cells whose name, encoding (``model.positional``) or task is in ``only`` (all if empty)."""
-    if not only:
-        return sweep
-
-    def tags(cell: dict) -> set[str]:
-        o = cell["overrides"]
-        return {cell["name"], o.get("model.positional"), o.get("data.task")} - {None}
-
-    known = set().union(*(tags(c) for c in sweep))
-    unknown = sorted(set(only) - known)
-    if unknown:
-        raise ConfigError(
-            f"--only={','.join(only)}: {unknown} not in this sweep; known: {sorted(known)}"
-        )
-    return [c for c in sweep if tags(c) & set(only)]
-
-
 def run_study(
-    config: ml_collections.ConfigDict,
-    sweep: list[dict],
+    config: Any,
     workdir: str | Path,
     *,
+    sweep: list[dict] | None = None,
     only: Sequence[str] = (),
     command: str = "",
-    report: Callable[[Path], Any] | None = None,
+    overrides: Sequence[tuple[str, Any]] = (),
+    report: bool | Callable[[Path], Any] = True,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run every selected cell (skipping finished ones), merge rows, write the report.
+
+    Args:
+      config: the study config (``ml_collections.ConfigDict`` from ``experiments/*.py``).
+      workdir: the study directory.
+      sweep: the cells; default `sweeps.expand_sweep` ``(config)``.
+      only: run only the cells with these names, encodings or tasks.
+      command: the command line, recorded in every row.
+      overrides: the command line's ``--config.`` overrides ``[(name, value)]``; one of a
+        field the sweep sets for every cell is refused.
+      report: True writes REPORT.md, tables and plots (`report.write_study_report`); a
+        callable is called with the study directory instead; False writes none.
+      progress: show progress bars.
 
     Every selected cell's config, data and workdir are checked before anything is written
     (`ConfigError`: a bad value, a missing corpus, a batch the devices do not divide, an
     unwritable directory, a cell workdir that holds a run of a different config), so a bad
     call fails fast and writes nothing.
-    Returns ``{"done": [...], "failed": {name: error}, "results": path}``.
+    Returns ``{"done": [...], "failed": {name: error}, "results": path, "report": path}``
+    (``report``: REPORT.md, or None when none was written).
     """
+    sweep = expand_sweep(config) if sweep is None else sweep
+    check_overrides(sweep, overrides)
     cells = select_cells(sweep, only)
     study = Study(config, sweep, workdir, command)
     check_writable_dir(study.workdir, "workdir")
-    allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
-    provenance.git_commit()  # read (and cache) the commit now: the code that runs is this one
-    for cell in cells:
-        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
-        batches.build(run)  # corpus / task / length errors
-        sharding.initialize_distributed(run.mesh)  # (multi-host only) before devices are used
+    runs = [RunConfig.from_config(apply_overrides(config, c["overrides"])) for c in cells]
+    for i, (cell, run) in enumerate(zip(cells, runs, strict=True)):
+        if i == 0:
+            prepare_process(run)  # before JAX touches a device
+        batches.open_run_data(run)  # corpus / task / length errors
         sharding.make_mesh(run.mesh, batch_size=run.data.batch_size)  # batch vs devices
         check_workdir(study.cell_dir(cell["name"]), run)
     study.write_manifest()
@@ -238,10 +165,14 @@ def run_study(
         study.merge_results()
     bar.close()
     results = study.merge_results()
-    if report is not None:
+    report_path = None
+    if report is True:
+        report_path = write_study_report(study.workdir)
+    elif report:
         report(study.workdir)
     return {
         "done": [c["name"] for c in cells if study.is_done(c["name"])],
         "failed": failed,
         "results": results,
+        "report": report_path,
     }

@@ -2,7 +2,8 @@
 
 * `build_tables` groups rows into `Table` s: one per metric x protocol (x task, x train
   length or study when several are present). Rows = encodings, in the order they first appear
-  with every ``base+variant`` label (RoPE scaling, randomized positions) right after its base;
+  with each model's variants (RoPE scaling, randomized positions) right after it
+  (`encoding_order`, from the rows' ``positional`` and ``variant`` fields);
   columns = evaluation lengths ("2× (128)"), or window-offset buckets at the longest length for
   ``bucket_loss``; cells = mean ± 95% Student-t CI across seeds (`stats.mean_ci`).
 * `render_markdown`, `render_latex`, `render_csv` turn a table into text (deterministic).
@@ -220,25 +221,36 @@ def format_number(x: float, digits: int) -> str:
     return f"{x:.{digits}f}"
 
 
-def encoding_order(labels: Iterable[str]) -> list[str]:
-    """Distinct labels in order of first appearance, each ``base+variant`` right after ``base``.
+def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Display labels (``row["encoding"]``) in order of first appearance, each model's
+    variants right after it.
 
-    ``["sinusoidal", "rope", "alibi", "rope+pi", "rope+yarn"]`` ->
-    ``["sinusoidal", "rope", "rope+pi", "rope+yarn", "alibi"]``. A variant whose base is absent
-    keeps its own position.
+    Rows are grouped by the trained encoding (``row["positional"]``): the trained model as it
+    is (``variant`` ``"base"``, not randomized) comes first, then its evaluation-time variants
+    and randomized-position training, in order of first appearance; a group sits where its
+    base first appears (or its first label, when the base is absent). Labels are never
+    parsed; rows without a ``positional`` field (written before it existed) are each their
+    own group, in order of first appearance.
     """
-    order = list(dict.fromkeys(labels))
-    present = set(order)
-
-    def base(label: str) -> str | None:
-        head = label.split("+", 1)[0]
-        return head if "+" in label and head in present else None
-
+    group: dict[str, Any] = {}
+    base: dict[Any, str] = {}
+    for r in rows:
+        label = r["encoding"]
+        if label in group:
+            continue
+        key = r.get("positional") or ("label", label)
+        group[label] = key
+        is_base = r.get("variant", "base") == "base" and not r.get("randomized_positions")
+        if is_base or "positional" not in r:
+            base.setdefault(key, label)
+    members: dict[Any, list[str]] = {}
+    for label, key in group.items():
+        members.setdefault(key, []).append(label)
     out = []
-    for label in order:
-        if base(label) is None:
-            out.append(label)
-            out += [v for v in order if base(v) == label]
+    for label, key in group.items():
+        anchor = base.get(key, members[key][0])
+        if label == anchor:
+            out += [anchor] + [m for m in members[key] if m != anchor]
     return out
 
 
@@ -291,7 +303,7 @@ def build_tables(rows: Sequence[Mapping[str, Any]]) -> list[Table]:
     not tabulated. Tables are ordered by study, then metric (bits/byte, exact match, accuracy,
     buckets, loss, perplexity, others by name), then first appearance."""
     scalar = [r for r in rows if r["metric"] != "loss_by_position"]
-    order = encoding_order(r["encoding"] for r in rows)
+    order = encoding_order(rows)
     studies = list(dict.fromkeys(r.get("study") for r in rows))
 
     grouped: dict[tuple[str, tuple[Any, ...]], list[Mapping[str, Any]]] = {}

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core.positions import as_batched_positions
 from flaxformer_lite.nn.models import DecoderOnlyLM, EncoderDecoder
 
@@ -90,11 +91,7 @@ def generate(
     batch, prompt_len = prompt.shape
     if batch < 1 or prompt_len < 1:
         raise ValueError(f"prompt has shape {prompt.shape}; need [batch >= 1, prompt_len >= 1]")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be a positive int")
-    max_new_tokens = int(max_new_tokens)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be a positive int")
+    max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     temperature = _check_temperature(temperature)
     if temperature > 0 and rng is None:
         raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(seed)")
@@ -265,19 +262,18 @@ def _fed_positions(positions: Any, batch: int, capacity: int) -> Array:
 
 
 def _check_positions_encodable(model: nnx.Module, length: int) -> None:
-    """Trace the decoder's add hook over ``length`` tokens so that an encoding that cannot
-    encode them (a learned table with fewer rows) raises its ValueError now, statically,
-    instead of gathering NaN rows inside the loop."""
-    pe = model.decoder.pe
-    x = jax.ShapeDtypeStruct((1, length, model.cfg.d_model), model.cfg.compute_dtype)
-    pos = jax.ShapeDtypeStruct((1, length), jnp.int32)
-    try:
-        jax.eval_shape(pe.add, x, pos)
-    except ValueError as e:
+    """Refuse, before anything is traced, to feed more tokens than the model's encoding can
+    encode (its registry capacity, e.g. a learned table's rows): inside the loop such a
+    table would gather NaN rows."""
+    cfg = model.cfg
+    capacity = cfg.encoding.capacity(cfg.positional_options)
+    if capacity is not None and length > capacity:
+        field = f"ModelConfig.positional_options.{cfg.encoding.capacity_field}"
         raise ValueError(
             f"generate: prompt_len + max_new_tokens - 1 = {length} tokens are fed to the "
-            f"model, more than its positional encoding can encode: {e}"
-        ) from None
+            f"model, more than its positional encoding can encode ({cfg.positional!r}: "
+            f"{field}={capacity})"
+        )
 
 
 def _source_args(src: Any, src_positions: Any, src_valid: Any, batch: int):

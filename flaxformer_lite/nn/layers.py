@@ -20,7 +20,7 @@ from flax import nnx
 
 from flaxformer_lite.core import attention, kv_cache, mixed_precision
 from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
-from flaxformer_lite.nn.encodings import PositionalEncoding
+from flaxformer_lite.nn.encodings.base import PositionalEncoding
 from flaxformer_lite.nn.model_config import ModelConfig
 
 Array = jax.Array
@@ -120,6 +120,7 @@ class MultiHeadAttention(nnx.Module):
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.head_dim
         self.implementation = cfg.attention_impl
+        self.chunked_threshold = cfg.chunked_threshold
         d, hd = cfg.d_model, cfg.num_heads * cfg.head_dim
         self.query = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
         self.key = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
@@ -182,6 +183,7 @@ class MultiHeadAttention(nnx.Module):
             mask=mask,
             causal=causal,
             implementation=self.implementation,
+            chunked_threshold=self.chunked_threshold,
         )
         return self.out(out.reshape((*out.shape[:2], -1)))
 
@@ -253,6 +255,7 @@ class MultiHeadAttention(nnx.Module):
             mask=kv_cache.self_attention_mask(positions, cache),
             causal=False,  # the causal mask is built from positions above, not from indices
             implementation=self.implementation,
+            chunked_threshold=self.chunked_threshold,
         )
         return self.out(out.reshape((*out.shape[:2], -1))), cache
 
@@ -285,6 +288,7 @@ class MultiHeadAttention(nnx.Module):
             k_positions=cache.positions,
             mask=cache.valid[:, None, None, :],
             implementation=self.implementation,
+            chunked_threshold=self.chunked_threshold,
         )
         return self.out(out.reshape((*out.shape[:2], -1)))
 

@@ -5,22 +5,36 @@ Defaults are the base Transformer of Vaswani et al. 2017 (Table 3, "base"): 6 en
 sinusoidal positions. The vocabulary defaults to 256 bytes (this library is byte-level; the
 paper used a shared 37k BPE vocabulary).
 
+The positional encoding is chosen by name (``positional``) from the registry; its own
+settings are ``positional_options``, the frozen options dataclass its registry entry declares
+(`RopeOptions`, `T5Options`, ...), so adding an encoding never edits this class::
+
+    ModelConfig(positional="rope", positional_options={"base": 500000.0, "fraction": 0.5})
+
 Every error names the field, the value and what is allowed, e.g.::
 
     ModelConfig.num_heads=3: d_model=512 must be divisible by num_heads
+    ModelConfig.positional_options.base=1.0: must be a number > 1
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
+from flaxformer_lite.base.checks import ConfigError, check_positive_int, fail, is_int, is_number
+from flaxformer_lite.core import attention
+from flaxformer_lite.nn.encodings import registry
+from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims
+
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
 DTYPES = ("float32", "bfloat16", "float16")
+OPTIONS_PATH = "ModelConfig.positional_options"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,24 +54,15 @@ class ModelConfig:
     tie_embeddings: bool = True  # output logits use the transposed token embedding
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper §3.4)
     positional: str = "sinusoidal"  # registry name, see encodings.positional_encoding_names()
-    max_length: int = 2048  # rows of the learned table; positions must be < max_length
-    rope_base: float = 10000.0  # RoPE frequency base; theta_i = base^(-2i/d)
-    rope_layout: str = "half"  # RoPE pairing: "half" (i, i+d/2) or "interleaved" (2i, 2i+1)
-    rope_fraction: float = 1.0  # partial rotary: rotate the even dim count nearest f*head_dim
-    rope_scaling: str = "none"  # RoPE extension: "none", "pi", "ntk", "dynamic_ntk", "yarn"
-    rope_scale: float = 1.0  # s = L'/L >= 1 for pi / ntk / yarn; 1 for none and dynamic_ntk
-    rope_original_length: int | None = None  # training length L (yarn, dynamic_ntk)
-    yarn_alpha: float = 1.0  # YaRN ramp: pairs turning < alpha times over L are interpolated
-    yarn_beta: float = 32.0  # YaRN ramp: pairs turning > beta times over L are kept
-    xpos_scale_base: float = 512.0  # xPos: query pair i scaled by zeta_i^(n / xpos_scale_base)
-    t5_num_buckets: int = 32  # T5 bias: buckets (half per direction when bidirectional)
-    t5_max_distance: int = 128  # T5 bias: distances >= this share their side's last bucket
-    fire_mlp_width: int = 32  # FIRE: hidden width of the 2-layer MLP f_theta
-    fire_threshold_init: float = 512.0  # FIRE: initial threshold L of psi(max(L, i))
-    randomized_positions: bool = False  # engine draws sorted random positions (Ruoss et al.)
+    # The encoding's options: its registry entry's dataclass, a mapping of its fields, one
+    # such mapping per encoding name ({"rope": {...}, "t5": {...}}: the chosen one is used,
+    # the others are checked), or None for the defaults; always stored as the dataclass.
+    positional_options: EncodingOptions | Mapping[str, Any] | None = None
+    randomized_positions: bool = False  # train/evaluate on sorted random positions (Ruoss et al.)
     max_position: int = 2048  # randomized positions are drawn from [0, max_position)
-    sinusoidal_base: float = 10000.0  # wavelength base of the sinusoidal encoding
-    attention_impl: str = "xla"  # attention implementation, see attention.IMPLEMENTATIONS
+    attention_impl: str = "xla"  # attention implementation, see core.attention.IMPLEMENTATIONS
+    chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
+    # this many keys: "auto" in training and inference, and every evaluation length
     dtype: str = "float32"  # compute dtype of activations and matmuls
     param_dtype: str = "float32"  # storage dtype of parameters
 
@@ -76,52 +81,169 @@ class ModelConfig:
     def params_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.param_dtype)
 
+    @property
+    def dims(self) -> ModelDims:
+        """What the positional encoding may know about the model."""
+        return ModelDims(self.d_model, self.num_heads, self.head_dim, self.params_dtype)
+
+    @property
+    def encoding(self) -> registry.EncodingSpec:
+        """The registry entry of ``positional``."""
+        return registry.get_positional_encoding(self.positional)
+
     def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (validated again).
+
+        Changing ``positional`` without ``positional_options`` resets the options to the new
+        encoding's defaults.
+        """
+        if "positional" in changes and "positional_options" not in changes:
+            if changes["positional"] != self.positional:
+                changes["positional_options"] = None
         return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ModelConfig:
-        """Build from a dict or ``ml_collections.ConfigDict``; unknown keys are an error."""
+        """Build from a dict or ``ml_collections.ConfigDict``; unknown keys are an error.
+
+        ``positional_options`` is either the chosen encoding's options (``{"base": 10000.0}``,
+        as `to_dict` writes it) or one mapping per registered encoding (``{"rope": {...},
+        "t5": {...}}``, as a study config holds them so that a sweep can switch encodings).
+        Configs written before options existed (flat ``rope_base=...`` fields) still load:
+        each old field moves to the option of the chosen encoding that replaced it.
+        """
+        values = _to_plain(values)
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        legacy = registry.legacy_field_names()
+        unknown = sorted(set(values) - known - set(legacy))
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"ModelConfig has no field(s) {unknown}; allowed fields: {sorted(known)}"
             )
-        return cls(**dict(values))
+        try:
+            spec = registry.get_positional_encoding(values.get("positional", "sinusoidal"))
+            options = _chosen_options(spec, values.get("positional_options"))
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for old in sorted(set(values) & set(legacy)):
+            option = spec.legacy_fields.get(old)
+            value = values.pop(old)
+            if option is None:
+                continue  # an old field of another encoding: it never affected this model
+            if option in options and options[option] != value:
+                raise ConfigError(
+                    f"ModelConfig.{old}={value!r} (an old field, now "
+                    f"{OPTIONS_PATH}.{option}) contradicts {OPTIONS_PATH}.{option}="
+                    f"{options[option]!r}; give it once, as {OPTIONS_PATH}.{option}"
+                )
+            options[option] = value
+        values["positional_options"] = options
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _fail(field: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"ModelConfig.{field}={value!r}: {allowed}")
+def moved_field_message(name: str) -> str | None:
+    """Where an old flat ``ModelConfig`` field went (for error messages), or None."""
+    moves = registry.legacy_field_names().get(name)
+    if not moves:
+        return None
+    where = " / ".join(f"config.model.positional_options.{enc}.{opt}" for enc, opt in moves)
+    return f"{name!r} is now an option of its encoding: {where}"
+
+
+_dataclass_init = ModelConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self, *args: Any, **kwargs: Any) -> None:
+    moved = [moved_field_message(k) for k in kwargs if moved_field_message(k)]
+    if moved:
+        raise TypeError(
+            f"ModelConfig got an old field: {'; '.join(moved)} (in Python: "
+            "ModelConfig(positional=..., positional_options={option: value}))"
+        )
+    _dataclass_init(self, *args, **kwargs)
+
+
+ModelConfig.__init__ = _init
+
+
+def options_template() -> dict[str, dict[str, Any]]:
+    """``{encoding: {option: default}}`` for every registered encoding: the
+    ``positional_options`` section of a study config, so a sweep can switch encodings and
+    any option can be overridden from the command line."""
+    return registry.default_options_by_name()
+
+
+def rope_scaling_variant(
+    cfg: ModelConfig, eval_length: int, scaling: str | None = None
+) -> ModelConfig:
+    """The config that evaluates a trained model at ``eval_length`` under a RoPE context
+    extension ``scaling`` (default: the one it has), for an encoding where RoPE scaling
+    applies (`EncodingSpec.rope_scaling`).
+
+    ``s = max(1, eval_length / original_length)`` for ``"pi"``, ``"ntk"`` and ``"yarn"``;
+    ``"none"`` and ``"dynamic_ntk"`` keep ``scale = 1``. RoPE has no parameters: build the
+    model from the returned config and reuse the trained state. Name the results row with
+    `encoding_row_name`.
+    """
+    spec, options = cfg.encoding, cfg.positional_options
+    if scaling is None:
+        scaling = getattr(options, "scaling", "none")
+    return cfg.replace(positional_options=spec.variant_options(options, scaling, eval_length))
+
+
+def encoding_row_name(cfg: ModelConfig) -> str:
+    """The encoding's name in results rows: ``cfg.positional``, plus what its options select
+    (``"rope+pi"`` for RoPE with ``scaling="pi"``). The exact settings are
+    ``cfg.encoding.settings(cfg.positional_options)``."""
+    return cfg.encoding.label(cfg.positional_options)
+
+
+def _to_plain(values: Mapping[str, Any]) -> dict[str, Any]:
+    if hasattr(values, "to_dict"):
+        values = values.to_dict()
+    return dict(values.items())
+
+
+def _chosen_options(spec: registry.EncodingSpec, value: Any) -> dict[str, Any]:
+    """The chosen encoding's options as a plain dict, from either form of
+    ``positional_options`` (see `ModelConfig.from_mapping`)."""
+    if value is None:
+        return {}
+    if isinstance(value, EncodingOptions):
+        return dataclasses.asdict(spec.make_options(value, path=OPTIONS_PATH))
+    if not isinstance(value, Mapping):
+        fail(OPTIONS_PATH, value, "must be a mapping of options")
+    value = _to_plain(value)
+    names = set(registry.positional_encoding_names())
+    if value and set(value) <= names and all(isinstance(v, Mapping) for v in value.values()):
+        for other, options in value.items():  # every section must at least be well formed
+            registry.get_positional_encoding(other).make_options(
+                _to_plain(options), path=f"{OPTIONS_PATH}.{other}"
+            )
+        return _to_plain(value.get(spec.name, {}))
+    return value
 
 
 def _validate(cfg: ModelConfig) -> None:
-    from flaxformer_lite.core import attention
-    from flaxformer_lite.nn.encodings import get_positional_encoding
+    def bad(name: str, allowed: str) -> None:
+        fail(f"ModelConfig.{name}", getattr(cfg, name), allowed)
 
-    for name in (
-        "vocab_size",
-        "d_model",
-        "num_heads",
-        "d_ff",
-        "max_length",
-        "max_position",
-    ):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            _fail(name, value, "must be a positive int")
+    for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_position", "chunked_threshold"):
+        check_positive_int(f"ModelConfig.{name}", getattr(cfg, name), error=ConfigError)
     for name in ("num_encoder_layers", "num_decoder_layers"):
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            _fail(name, value, "must be an int >= 0")
+        if not is_int(value) or value < 0:
+            bad(name, "must be an int >= 0")
     if cfg.d_model % cfg.num_heads:
-        _fail("num_heads", cfg.num_heads, f"d_model={cfg.d_model} must be divisible by num_heads")
-    if not isinstance(cfg.dropout_rate, int | float) or not 0.0 <= cfg.dropout_rate < 1.0:
-        _fail("dropout_rate", cfg.dropout_rate, "must be in [0, 1)")
+        bad("num_heads", f"d_model={cfg.d_model} must be divisible by num_heads")
+    if not is_number(cfg.dropout_rate) or not 0.0 <= cfg.dropout_rate < 1.0:
+        bad("dropout_rate", "must be in [0, 1)")
     for name, allowed in (
         ("norm", NORM_POSITIONS),
         ("activation", ACTIVATIONS),
@@ -129,14 +251,50 @@ def _validate(cfg: ModelConfig) -> None:
         ("param_dtype", DTYPES),
         ("attention_impl", attention.IMPLEMENTATIONS),
     ):
-        value = getattr(cfg, name)
-        if value not in allowed:
-            _fail(name, value, f"allowed values: {list(allowed)}")
-    for name in ("rope_base", "sinusoidal_base"):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 1.0:
-            _fail(name, value, "must be a number > 1")
+        if getattr(cfg, name) not in allowed:
+            bad(name, f"allowed values: {list(allowed)}")
     if not isinstance(cfg.randomized_positions, bool):
-        _fail("randomized_positions", cfg.randomized_positions, "must be a bool")
-    spec = get_positional_encoding(cfg.positional)  # raises, listing the valid names
-    spec.validate(cfg)
+        bad("randomized_positions", "must be a bool")
+    try:
+        spec = registry.get_positional_encoding(cfg.positional)  # raises, listing the names
+        options = cfg.positional_options
+        if isinstance(options, Mapping):
+            options = _chosen_options(spec, options)
+        options = spec.make_options(options, path=OPTIONS_PATH)
+        spec.validate(cfg.dims, options, path=OPTIONS_PATH)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    object.__setattr__(cfg, "positional_options", options)  # normalised: the dataclass
+    capacity = spec.capacity(options)
+    if cfg.randomized_positions and capacity is not None and cfg.max_position > capacity:
+        bad(
+            "max_position",
+            f"with randomized_positions, positions are drawn from [0, max_position), but "
+            f"{cfg.positional!r} encodes only {capacity} ({OPTIONS_PATH}.{spec.capacity_field}"
+            f"={capacity}); max_position must be <= {capacity}",
+        )
+
+
+def check_encodable(cfg: ModelConfig, length: int, *, what: str) -> None:
+    """Raise `ConfigError` if the encoding cannot encode positions ``0..length-1`` (or, with
+    randomized positions, ``0..max_position-1``): the one check of "the encoding must cover
+    the longest sequence it will see", naming the option to change. ``what`` names the
+    sequence, e.g. ``"the longest evaluation sequence"``."""
+    spec = cfg.encoding
+    capacity = spec.capacity(cfg.positional_options)
+    if capacity is None:
+        return
+    reason = f"{what} ({length} tokens)"
+    needed = length
+    if cfg.randomized_positions and cfg.max_position > length:
+        reason = f"the randomized positions (config.model.max_position={cfg.max_position})"
+        needed = cfg.max_position
+    if needed > capacity:
+        fail(
+            f"config.model.positional_options.{cfg.positional}.{spec.capacity_field}",
+            capacity,
+            f"must be >= {needed}: the {cfg.positional!r} encoding must encode every position "
+            f"of {reason}; rows past the training length stay untrained",
+        )

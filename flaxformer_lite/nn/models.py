@@ -18,7 +18,6 @@ from flax import nnx
 from flaxformer_lite.core import attention
 from flaxformer_lite.core.kv_cache import CrossKVCache, DecoderCache, KVCache, slot_positions
 from flaxformer_lite.core.positions import as_batched_positions
-from flaxformer_lite.nn.encodings import get_positional_encoding
 from flaxformer_lite.nn.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _layer_norm
 from flaxformer_lite.nn.model_config import ModelConfig
 
@@ -54,7 +53,7 @@ class _Stack(nnx.Module):
     def _init_stack(self, cfg: ModelConfig, embed: TokenEmbedding | None, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = TokenEmbedding(cfg, rngs=rngs) if embed is None else embed
-        self.pe = get_positional_encoding(cfg.positional).build(cfg, rngs=rngs)
+        self.pe = cfg.encoding.build(cfg, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
         self.final_norm = _layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
 
@@ -70,7 +69,7 @@ class Encoder(_Stack):
     """A stack of bidirectional `EncoderBlock` s (BERT-style): tokens -> ``[b, l, d_model]``."""
 
     def __init__(self, cfg: ModelConfig, *, embed: TokenEmbedding | None = None, rngs: nnx.Rngs):
-        if get_positional_encoding(cfg.positional).causal_only:
+        if cfg.encoding.causal_only:
             raise ValueError(
                 f"ModelConfig.positional={cfg.positional!r} is defined only for causal "
                 "attention and cannot be used in a bidirectional Encoder"

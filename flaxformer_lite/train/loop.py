@@ -19,6 +19,7 @@ uninterrupted one would have seen.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite.base import faults
 from flaxformer_lite.base.io import atomic_write_text
+from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import allocator, batches, provenance, sharding
 from flaxformer_lite.train.checkpoint import Checkpointer
@@ -46,6 +48,16 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN or Inf metric; the message names the step and the metric."""
+
+
+def prepare_process(run: RunConfig) -> None:
+    """What a process does before a run touches a device (the one preamble of
+    `train_and_evaluate` and the study runner): keep freed host memory on CPU (before JAX's
+    CPU client starts), read the git commit now (rows must name the code that ran, not a
+    commit made while it ran), and join the other hosts when ``run.mesh.multihost``."""
+    allocator.configure_host_allocator()
+    provenance.git_commit()
+    sharding.initialize_distributed(run.mesh)
 
 
 def build_model(run: RunConfig) -> DecoderOnlyLM:
@@ -106,20 +118,13 @@ def prepare_workdir(workdir: Path, run: RunConfig) -> None:
 
 
 def _identity_diff(old: dict[str, Any], run: RunConfig) -> list[str]:
-    new = json.loads(json.dumps(run.identity(), default=str))
-    old = {k: v for k, v in old.items() if k in new}
-    old["train"], old["eval"] = {}, {}
-    old.get("model", {}).pop("attention_impl", None)
-    diffs = []
-    for section in sorted(set(old) | set(new)):
-        a, b = old.get(section), new.get(section)
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                if a.get(k) != b.get(k):
-                    diffs.append(f"{section}.{k}: {a.get(k)!r} -> {b.get(k)!r}")
-        elif a != b:
-            diffs.append(f"{section}: {a!r} -> {b!r}")
-    return diffs
+    """How the run recorded in a workdir's ``config.json`` differs from ``run`` in what it
+    trains (`RunConfig.identity_diff`); a record that is no longer a valid config differs."""
+    try:
+        recorded = RunConfig.from_config(old)
+    except ConfigError as e:
+        return [f"the recorded config.json is not a valid config here ({e})"]
+    return run.identity_diff(recorded)
 
 
 def _check_finite(step: int, metrics: dict[str, float]) -> None:
@@ -145,41 +150,44 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
       (also saved as ``eval.json``).
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
-    allocator.configure_host_allocator()  # CPU: keep freed memory (before JAX's CPU client)
-    provenance.git_commit()  # read (and cache) the commit now: the code that runs is this one
-    sharding.initialize_distributed(run.mesh)  # before anything touches a device
-    source = batches.build(run)  # fails on bad data settings before anything is written
-    plan = sharding.Plan.create(run)  # None on one device: the plain single-device path
+    prepare_process(run)
+    plan = run.eval_plan()
+    dataset = batches.open_run_data(run, plan)  # bad data settings fail before any write
+    placement = sharding.Plan.create(run)  # None on one device: the plain single-device path
     workdir = Path(workdir)
     prepare_workdir(workdir, run)
     eval_path = workdir / "eval.json"
 
     tx = make_optimizer(run.optim, run.train.num_steps)
-    if plan is None:
+    if placement is None:
         graphdef, state = init_train_state(build_model(run), tx)
     else:
-        graphdef, state = plan.init_train_state(lambda: build_model(run), tx)
+        graphdef, state = placement.init_train_state(lambda: build_model(run), tx)
     ckpt = Checkpointer(workdir / "checkpoints", keep=run.train.keep_checkpoints)
     try:
         restored = ckpt.restore_latest(state)
         start = 0 if restored is None else restored[1]
         if restored is not None:
-            state = restored[0] if plan is None else plan.place(restored[0])
+            state = restored[0] if placement is None else placement.place(restored[0])
         if start >= run.train.num_steps and eval_path.exists():
             cached = json.loads(eval_path.read_text())
             if cached.get("config_hash") == run.hash():
                 return cached
         info = {"train_seconds": 0.0}
         if start < run.train.num_steps:
-            state, info = _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan)
+            train_data = batches.TrainBatches(run, dataset, plan)
+            validate = functools.partial(run_evaluation.quick_evaluate, plan=plan, dataset=dataset)
+            state, info = _train(
+                run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement
+            )
         ckpt.save(run.train.num_steps, state)
     finally:
         ckpt.close()
 
     model = nnx.merge(graphdef, state["params"], state["rest"])
     t0 = time.perf_counter()
-    results = source.evaluate(model, progress=run.train.progress)
-    env = provenance.environment() | {"data": source.provenance()}
+    results = run_evaluation.evaluate_plan(model, plan, dataset, progress=run.train.progress)
+    env = provenance.environment() | {"data": dataset.provenance()}
     atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
     summary = {
         "config": run.to_dict(),
@@ -195,12 +203,12 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
     return summary
 
 
-def _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan=None):
+def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement=None):
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
-    if plan is None:
+    if placement is None:
         train_step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
     else:
-        train_step = plan.jit_train_step(graphdef, tx, schedule, state)
+        train_step = placement.jit_train_step(graphdef, tx, schedule, state)
     writer = MetricsWriter(workdir, resume_step=start)
     bar = tqdm(
         total=run.train.num_steps,
@@ -214,9 +222,9 @@ def _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan=None):
     t0 = time.perf_counter()
     try:
         for step in range(start, run.train.num_steps):
-            batch = source.train_batch(step)
-            if plan is not None:
-                batch = plan.shard_batch(batch)
+            batch = train_data(step)
+            if placement is not None:
+                batch = placement.shard_batch(batch)
             state, metrics = train_step(state, batch)
             faults.hit("train_step")
             if pending is not None:
@@ -228,7 +236,7 @@ def _train(run, source, graphdef, state, tx, ckpt, workdir, start, plan=None):
                 ckpt.save(step + 1, state)
             if run.train.eval_every and (step + 1) % run.train.eval_every == 0:
                 model = nnx.merge(graphdef, state["params"], state["rest"])
-                writer.write(step + 1, "validation", source.quick_eval(model))
+                writer.write(step + 1, "validation", validate(model))
         if pending is not None:
             _log_step(run, writer, bar, *pending)
     finally:

@@ -1,8 +1,12 @@
 """Run configuration: an ``ml_collections.ConfigDict`` at the edge becomes frozen dataclasses.
 
-`RunConfig.from_config` converts and validates once; every error names the full field path,
-the value and what is allowed, e.g. ``config.optim.learning_rate=-0.1: must be > 0``. Nothing
-is written to a workdir before this succeeds.
+A run config is composed of the sections each layer owns: ``model`` (`nn.ModelConfig`),
+``data`` (`data.DataConfig`), ``eval`` (`evaluation.EvalConfig`), and this layer's ``optim``,
+``train`` and ``mesh``. `RunConfig.from_config` converts and validates once -- including the
+run's evaluation plan (`RunConfig.eval_plan`), so an encoding that cannot reach the longest
+evaluation length fails before training; every error names the full field path, the value
+and what is allowed, e.g. ``config.optim.learning_rate=-0.1: must be > 0``. Nothing is
+written to a workdir before this succeeds.
 """
 
 from __future__ import annotations
@@ -14,23 +18,14 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.checks import ConfigError, check_type, fail
+from flaxformer_lite.data.data_config import DataConfig
+from flaxformer_lite.evaluation.eval_config import EvalConfig
+from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.model_config import ModelConfig
 
-SOURCES = ("corpus", "task")
-PROTOCOLS = ("nonoverlapping", "sliding")
-SPLITS = ("validation", "test")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    source: str = "corpus"  # "corpus" (byte-level LM) or "task" (synthetic task)
-    corpus: str = "stdlib"  # corpus registry name (flaxformer_lite.data.corpus_names())
-    path: str = ""  # file, folder or list of files when corpus="path"
-    cache_dir: str = ""  # corpus cache directory ("" = the library default)
-    task: str = ""  # task registry name when source == "task"
-    train_length: int = 64  # L: tokens per training sequence (task: the task length parameter)
-    batch_size: int = 32  # sequences per training step
+# Fields that moved between sections: old path -> new path (old configs still load).
+MOVED_FIELDS = {("eval", "chunked_threshold"): ("model", "chunked_threshold")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +48,6 @@ class TrainConfig:
     checkpoint_every: int = 250  # save a checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 2  # how many recent checkpoints to keep
     progress: bool = True  # show a tqdm progress bar
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)  # eval lengths = L x these
-    protocols: tuple[str, ...] = ("nonoverlapping",)  # "nonoverlapping" and/or "sliding"
-    stride_fraction: float = 0.5  # sliding window stride S = eval_length * this (>= 1 token)
-    max_tokens: int = 65536  # score this many tokens of the split at every length
-    batch_size: int = 8  # windows per evaluation batch
-    split: str = "validation"  # "validation" or "test"
-    num_examples: int = 256  # task sequences scored per length
-    rope_scalings: tuple[str, ...] = ()  # extra RoPE rows, e.g. ("pi", "ntk", "yarn")
-    chunked_threshold: int = 1024  # evaluate with chunked attention above this many keys
 
 
 MESH_AXES = ("data", "fsdp")
@@ -104,10 +86,14 @@ class RunConfig:
     def eval_lengths(self) -> tuple[int, ...]:
         return tuple(self.data.train_length * m for m in self.eval.length_multiples)
 
+    def eval_plan(self) -> EvalPlan:
+        """Every evaluation of this run (`flaxformer_lite.evaluation.plan.EvalPlan`)."""
+        return EvalPlan.build(self.model, self.data, self.eval, seed=self.seed)
+
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
-        values = _to_dict(config)
+        values = _move_fields(_to_dict(config))
         known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
         known |= {"mesh", "sweep"}
         unknown = sorted(set(values) - known)
@@ -118,9 +104,9 @@ class RunConfig:
         except ValueError as e:
             raise ConfigError(f"config.model: {e}") from None
         run = cls(
-            study=_check_type("config.study", values.get("study", "run"), str),
-            preset=_check_type("config.preset", values.get("preset", ""), str),
-            seed=_check_type("config.seed", values.get("seed", 0), int),
+            study=check_type("config.study", values.get("study", "run"), str),
+            preset=check_type("config.preset", values.get("preset", ""), str),
+            seed=check_type("config.seed", values.get("seed", 0), int),
             model=model,
             data=_build(DataConfig, values.get("data", {}), "config.data"),
             optim=_build(OptimConfig, values.get("optim", {}), "config.optim"),
@@ -137,15 +123,30 @@ class RunConfig:
     def identity(self) -> dict[str, Any]:
         """The fields that define what is trained; a workdir only resumes a run with equal ones.
 
-        Step counts, cadences, evaluation settings and the device mesh may change between
-        invocations.
+        Step counts, cadences, evaluation settings, the device mesh and how attention is
+        computed (implementation, chunking threshold: equal results to float32 tolerance)
+        may change between invocations.
         """
         d = self.to_dict()
-        d["train"] = {}
-        d["eval"] = {}
+        d["train"], d["eval"] = {}, {}
         d.pop("mesh")
-        d["model"].pop("attention_impl", None)
-        return d
+        for name in NOT_IDENTITY_MODEL_FIELDS:
+            d["model"].pop(name)
+        return json.loads(json.dumps(d, default=str))
+
+    def identity_diff(self, other: RunConfig) -> list[str]:
+        """``["section.field: old -> new", ...]`` where ``other``'s identity differs."""
+        a, b = other.identity(), self.identity()
+        diffs = []
+        for section in sorted(set(a) | set(b)):
+            x, y = a.get(section), b.get(section)
+            if isinstance(x, dict) and isinstance(y, dict):
+                for k in sorted(set(x) | set(y)):
+                    if x.get(k) != y.get(k):
+                        diffs.append(f"{section}.{k}: {x.get(k)!r} -> {y.get(k)!r}")
+            elif x != y:
+                diffs.append(f"{section}: {x!r} -> {y!r}")
+        return diffs
 
     def hash(self) -> str:
         """Short sha256 of the resolved config (recorded in results rows).
@@ -160,81 +161,78 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+# How attention is computed, not what: left out of a run's identity.
+NOT_IDENTITY_MODEL_FIELDS = ("attention_impl", "chunked_threshold")
+
+
+def _move_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """Apply `MOVED_FIELDS`: an old path's value goes to its new path (both given and
+    different is an error naming both)."""
+    for (old_section, old), (new_section, new) in MOVED_FIELDS.items():
+        section = values.get(old_section)
+        if not isinstance(section, Mapping) or old not in section:
+            continue
+        section = dict(section)
+        value = section.pop(old)
+        values[old_section] = section
+        target = dict(values.get(new_section) or {})
+        if new in target and target[new] != value:
+            raise ConfigError(
+                f"config.{old_section}.{old}={value!r} moved to config.{new_section}.{new}, which "
+                f"is {target[new]!r}; give it once, as config.{new_section}.{new}"
+            )
+        target[new] = value
+        values[new_section] = target
+    return values
+
+
 def _to_dict(config: Mapping[str, Any]) -> dict[str, Any]:
     if hasattr(config, "to_dict"):
         config = config.to_dict()
     return {k: (_to_dict(v) if isinstance(v, Mapping) else v) for k, v in dict(config).items()}
 
 
-def _fail(path: str, value: Any, allowed: str) -> typing.NoReturn:
-    raise ConfigError(f"{path}={value!r}: {allowed}")
-
-
-def _check_type(path: str, value: Any, typ: Any) -> Any:
-    origin = typing.get_origin(typ)
-    if origin is tuple:
-        (item_type, _) = typing.get_args(typ)
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            _fail(path, value, f"must be a tuple of {item_type.__name__}")
-        return tuple(_check_type(f"{path}[{i}]", v, item_type) for i, v in enumerate(value))
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            _fail(path, value, "must be a number")
-        return float(value)
-    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-        _fail(path, value, "must be an int")
-    if typ is bool and not isinstance(value, bool):
-        _fail(path, value, "must be True or False")
-    if typ is str and not isinstance(value, str):
-        _fail(path, value, "must be a string")
-    return value
-
-
 def _build(cls: type, values: Mapping[str, Any], path: str) -> Any:
     if not isinstance(values, Mapping):
-        _fail(path, values, "must be a mapping of fields")
+        fail(path, values, "must be a mapping of fields")
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(values) - set(hints))
     if unknown:
         raise ConfigError(f"{path} has unknown field(s) {unknown}; allowed: {sorted(hints)}")
-    kwargs = {k: _check_type(f"{path}.{k}", v, hints[k]) for k, v in values.items()}
+    kwargs = {k: check_type(f"{path}.{k}", v, hints[k]) for k, v in values.items()}
     return cls(**kwargs)
 
 
 def _positive(path: str, value: float) -> None:
     if not value > 0:
-        _fail(path, value, "must be > 0")
+        fail(path, value, "must be > 0")
 
 
 def _validate(run: RunConfig) -> None:
-    d, o, t, e = run.data, run.optim, run.train, run.eval
-    if d.source not in SOURCES:
-        _fail("config.data.source", d.source, f"allowed: {list(SOURCES)}")
-    if d.source == "task" and not d.task:
-        _fail("config.data.task", d.task, "a task name is required when config.data.source='task'")
-    _positive("config.data.train_length", d.train_length)
-    _positive("config.data.batch_size", d.batch_size)
+    o, t = run.optim, run.train
+    run.data.validate()
+    run.eval.validate()
     _positive("config.optim.learning_rate", o.learning_rate)
     _positive("config.optim.eps", o.eps)
     for name in ("warmup_steps",):
         if getattr(o, name) < 0:
-            _fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
+            fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
     for name in ("weight_decay", "clip_norm", "final_lr_ratio"):
         if getattr(o, name) < 0:
-            _fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
+            fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
     if o.final_lr_ratio > 1:
-        _fail("config.optim.final_lr_ratio", o.final_lr_ratio, "must be in [0, 1]")
+        fail("config.optim.final_lr_ratio", o.final_lr_ratio, "must be in [0, 1]")
     for name in ("b1", "b2"):
         if not 0 <= getattr(o, name) < 1:
-            _fail(f"config.optim.{name}", getattr(o, name), "must be in [0, 1)")
+            fail(f"config.optim.{name}", getattr(o, name), "must be in [0, 1)")
     _positive("config.train.num_steps", t.num_steps)
     _positive("config.train.log_every", t.log_every)
     _positive("config.train.checkpoint_every", t.checkpoint_every)
     _positive("config.train.keep_checkpoints", t.keep_checkpoints)
     if t.eval_every < 0:
-        _fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
-    _validate_eval(run, e)
+        fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _validate_mesh(run)
+    run.eval_plan()  # the encoding covers every evaluation length, variants exist, ...
 
 
 def _validate_mesh(run: RunConfig) -> None:
@@ -243,22 +241,22 @@ def _validate_mesh(run: RunConfig) -> None:
     for name in MESH_AXES:
         value = getattr(m, name)
         if value != -1 and value < 1:
-            _fail(f"config.mesh.{name}", value, "must be >= 1, or -1 for all devices left over")
+            fail(f"config.mesh.{name}", value, "must be >= 1, or -1 for all devices left over")
     if m.data == -1 and m.fsdp == -1:
-        _fail("config.mesh.fsdp", m.fsdp, "only one of config.mesh.data / fsdp may be -1")
+        fail("config.mesh.fsdp", m.fsdp, "only one of config.mesh.data / fsdp may be -1")
     seen = set()
     for rule in m.rules:
         logical, eq, mesh = rule.partition("=")
         axes = [a.strip() for a in mesh.split("+") if a.strip()]
         if not eq or not logical.strip() or any(a not in MESH_AXES for a in axes):
-            _fail(
+            fail(
                 "config.mesh.rules",
                 m.rules,
                 f"each rule is 'logical_axis=mesh_axis[+mesh_axis]' (or 'logical_axis=' for "
                 f"replicated) with mesh axes from {list(MESH_AXES)}; bad rule {rule!r}",
             )
         if logical.strip() in seen or len(set(axes)) != len(axes):
-            _fail("config.mesh.rules", m.rules, f"rule {rule!r} repeats a logical or mesh axis")
+            fail("config.mesh.rules", m.rules, f"rule {rule!r} repeats a logical or mesh axis")
         seen.add(logical.strip())
     batch_axes = m.parsed_rules().get("batch", ())
     known = [getattr(m, a) for a in batch_axes]
@@ -268,44 +266,8 @@ def _validate_mesh(run: RunConfig) -> None:
             ways *= n
         if run.data.batch_size % ways:
             names = " x ".join(f"config.mesh.{a}={getattr(m, a)}" for a in batch_axes)
-            _fail(
+            fail(
                 "config.data.batch_size",
                 run.data.batch_size,
                 f"must be divisible by the {ways} data-parallel devices ({names}) it is split over",
             )
-
-
-def _validate_eval(run: RunConfig, e: EvalConfig) -> None:
-    if not e.length_multiples:
-        _fail("config.eval.length_multiples", e.length_multiples, "must list at least one")
-    for m in e.length_multiples:
-        if m < 1:
-            _fail(
-                "config.eval.length_multiples",
-                e.length_multiples,
-                "each multiple must be >= 1 (an eval length shorter than the training length "
-                "says nothing about extrapolation)",
-            )
-    for p in e.protocols:
-        if p not in PROTOCOLS:
-            _fail("config.eval.protocols", e.protocols, f"each must be one of {list(PROTOCOLS)}")
-    if not 0 < e.stride_fraction <= 1:
-        _fail("config.eval.stride_fraction", e.stride_fraction, "must be in (0, 1]")
-    _positive("config.eval.max_tokens", e.max_tokens)
-    _positive("config.eval.batch_size", e.batch_size)
-    _positive("config.eval.num_examples", e.num_examples)
-    _positive("config.eval.chunked_threshold", e.chunked_threshold)
-    if e.split not in SPLITS:
-        _fail("config.eval.split", e.split, f"allowed: {list(SPLITS)}")
-    longest = max(run.eval_lengths)  # tokens for corpora (tasks check their own lengths)
-    if (
-        run.data.source == "corpus"
-        and run.model.positional == "learned"
-        and (run.model.max_length < longest)
-    ):
-        _fail(
-            "config.model.max_length",
-            run.model.max_length,
-            f"the learned table must cover the longest evaluation length {longest} "
-            "(rows past the training length stay untrained)",
-        )

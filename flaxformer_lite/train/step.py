@@ -1,4 +1,4 @@
-"""Pure, jit-compiled training and evaluation steps over a split NNX model (DESIGN.md §6).
+"""The pure, jit-compiled training step over a split NNX model (DESIGN.md §6).
 
 The model is split once into a static ``graphdef`` and array state: ``params`` (the
 ``nnx.Param`` leaves, which the optimizer updates) and ``rest`` (everything else, e.g. the
@@ -21,13 +21,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from flaxformer_lite.evaluation.step import forward, split_model, token_losses
+
 Array = jax.Array
 TrainState = dict[str, Any]
-
-
-def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
-    """``(graphdef, params, rest)``: parameters apart from all other state."""
-    return nnx.split(model, nnx.Param, ...)
 
 
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation):
@@ -42,33 +39,6 @@ def init_train_state(model: nnx.Module, tx: optax.GradientTransformation):
     return graphdef, state
 
 
-def token_losses(logits: Array, targets: Array) -> tuple[Array, Array]:
-    """Per-token cross-entropy in nats and 0/1 correctness, both float32 ``[batch, length]``."""
-    logits = logits.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    correct = (argmax_last(logits) == targets).astype(jnp.float32)
-    return ce, correct
-
-
-def argmax_last(x: Array) -> Array:
-    """``jnp.argmax(x, axis=-1)`` (the first index of the maximum) for rows without NaN.
-
-    One max, one compare-and-select and one integer min: XLA:CPU runs these as plain
-    vectorised reductions, while ``argmax``'s (value, index) reduction took ~2 ms of the
-    quick-preset train step (docs/performance.md). A row containing NaN gives the row size.
-    """
-    top = jnp.max(x, axis=-1, keepdims=True)
-    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
-
-
-def _forward(graphdef, params, rest, batch, *, deterministic: bool):
-    model = nnx.merge(graphdef, params, rest)
-    logits = model(batch["inputs"], batch["positions"], deterministic=deterministic)
-    _, _, new_rest = split_model(model)
-    return logits, new_rest
-
-
 def make_train_step(
     graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule
 ) -> Callable[[TrainState, dict[str, Array]], tuple[TrainState, dict[str, Array]]]:
@@ -79,7 +49,7 @@ def make_train_step(
     """
 
     def loss_fn(params, rest, batch):
-        logits, new_rest = _forward(graphdef, params, rest, batch, deterministic=False)
+        logits, new_rest = forward(graphdef, params, rest, batch, deterministic=False)
         ce, correct = token_losses(logits, batch["targets"])
         mask = batch["loss_mask"].astype(jnp.float32)
         denom = jnp.maximum(mask.sum(), 1.0)
@@ -106,24 +76,3 @@ def make_train_step(
         return new_state, metrics
 
     return train_step
-
-
-def make_eval_step(graphdef: nnx.GraphDef):
-    """``eval_step(params, rest, batch) -> sums``: per-position sums over the batch.
-
-    Returns ``loss_sum``, ``correct_sum`` and ``count`` (float32 ``[length]``: summed over the
-    batch, only counted targets) and ``predictions`` (int32 ``[batch, length]``, argmax).
-    """
-
-    def eval_step(params, rest, batch):
-        logits, _ = _forward(graphdef, params, rest, batch, deterministic=True)
-        ce, correct = token_losses(logits, batch["targets"])
-        mask = batch["loss_mask"].astype(jnp.float32)
-        return {
-            "loss_sum": (ce * mask).sum(axis=0),
-            "correct_sum": (correct * mask).sum(axis=0),
-            "count": mask.sum(axis=0),
-            "predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
-        }
-
-    return eval_step

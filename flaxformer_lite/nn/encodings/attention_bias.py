@@ -1,44 +1,53 @@
-"""More positional encodings for the length-extrapolation studies (issue 6).
+"""Encodings that **bias** the attention logits: ALiBi, T5, KERPLE and FIRE (hook ``bias``).
 
-Each is one NNX module plus one registry entry (imported, hence registered, by
-``import flaxformer_lite``); the formulas are pure functions in `flaxformer_lite.core`.
+Each is one NNX module, its options and one registry entry; the formulas are pure functions
+in `flaxformer_lite.core.attention_bias`. Bias modules return float32 ``[batch, heads, q_len,
+kv_len]``. Like every encoding here, each stack (encoder, decoder) owns one instance shared by
+its layers, as T5 shares its relative-bias table.
 
-* ``xpos`` (rotate): RoPE + per-pair exponential decay (Sun et al. 2022); causal only;
-* ``t5`` (bias): a learned scalar per (log-spaced distance bucket, head) (Raffel et al. 2020);
-* ``kerple_log`` / ``kerple_power`` (bias): ``-r1 log(1 + r2 |i-j|)`` / ``-r1 |i-j|^r2``
-  with learned ``r1, r2`` per head (Chi et al. 2022);
-* ``fire`` (bias): an MLP of ``psi(|i-j|) / psi(max(L, i))`` with learned MLP, ``c`` and
-  ``L`` (Li et al. 2024).
-
-Bias modules return float32 ``[batch, heads, q_len, kv_len]``. Like every encoding here,
-each stack (encoder, decoder) owns one instance shared by its layers, as T5 shares its
-relative-bias table.
+* ``alibi``: a fixed linear distance penalty per head (Press et al. 2022);
+* ``t5``: a learned scalar per (log-spaced distance bucket, head) (Raffel et al. 2020);
+* ``kerple_log`` / ``kerple_power``: ``-r1 log(1 + r2 |i-j|)`` / ``-r1 |i-j|^r2`` with learned
+  ``r1, r2`` per head (Chi et al. 2022);
+* ``fire``: an MLP of ``psi(|i-j|) / psi(max(L, i))`` with learned MLP, ``c`` and ``L``
+  (Li et al. 2024).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite.core import attention_bias, rotary
+from flaxformer_lite.base.checks import ConfigError, check_positive_int, fail, is_int, is_number
+from flaxformer_lite.core import attention_bias
 from flaxformer_lite.core.positions import relative_positions
-from flaxformer_lite.nn.encodings.registry import (
-    EncodingSpec,
-    PositionalEncoding,
-    _check_rope,
-    register,
-)
-
-if TYPE_CHECKING:
-    from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims, PositionalEncoding
+from flaxformer_lite.nn.encodings.registry import EncodingSpec, NoOptions, register
 
 Array = jax.Array
+
+
+class ALiBiEncoding(PositionalEncoding):
+    """ALiBi (Press et al. 2022, arXiv 2108.12409): a linear distance penalty per head."""
+
+    hook = "bias"
+
+    def __init__(self, dims: ModelDims, options: EncodingOptions, *, rngs: nnx.Rngs):
+        del options, rngs
+        self.num_heads = dims.num_heads
+
+    def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
+        slopes = attention_bias.alibi_slopes(self.num_heads)
+        return attention_bias.alibi_bias(q_positions, k_positions, slopes, causal=causal)
+
+
 KERPLE_EPS = 0.01  # lower clamp of r1 and r2 (chijames/KERPLE ``self.eps = 1e-2``)
-KERPLE_POWER_MAX = 2.0  # upper clamp of the power variant's exponent r2
+KERPLE_POWER_MAX = 2.0  # upper clamp of the power kernel's exponent r2
+KERPLE_KERNELS = ("log", "power")
 FIRE_INIT_C = 0.1  # initial c of psi(x) = log(c x + 1) (Li et al. 2024)
 FIRE_EPS = 1e-6  # added to psi(max(L, i)), as in the public FIRE implementations
 
@@ -54,50 +63,25 @@ def _clamp(x: Array, low: float, high: float | None = None) -> Array:
     return x + jax.lax.stop_gradient(jnp.clip(x, low, high) - x)
 
 
-class XPosEncoding(PositionalEncoding):
-    """xPos (Sun et al. 2022, arXiv 2212.10554; torchscale ``XPOS``): RoPE whose pair i is
-    scaled by ``zeta_i^(n/B)`` on queries and ``zeta_i^(-m/B)`` on keys, ``B`` =
-    ``xpos_scale_base`` (512), ``zeta_i = (2i + 0.4d)/(1.4d)``: logits decay like
-    ``zeta^((n-m)/B)`` with the distance. Defined for causal attention only.
+@dataclasses.dataclass(frozen=True)
+class T5Options(EncodingOptions):
+    """Options of the T5 relative bias (T5: 32 buckets, max distance 128 with inputs of 512)."""
 
-    Centring: the scale exponent uses ``n - c`` with ``c = (min + max) // 2`` of each row's
-    key positions (`rotary.xpos_center`), applied to queries and keys alike. The
-    logits do not depend on ``c`` (it cancels in ``zeta^((n-c) - (m-c))``); it keeps the
-    factors near 1 for long or randomized positions (torchscale also centres them). Shifting
-    all positions by ``s`` shifts ``c`` by exactly ``s``, so the scaled q and k are unchanged.
-    Honours ``rope_fraction`` (the decay applies to the rotated pairs only, ``d`` =
-    rotated dims), ``rope_base`` and ``rope_layout``; no ``rope_scaling``.
-    """
+    num_buckets: int = 32  # buckets (half per direction when bidirectional)
+    max_distance: int = 128  # distances >= this share their side's last bucket
 
-    hook = "rotate"
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        del rngs
-        self.base = cfg.rope_base
-        self.layout = cfg.rope_layout
-        self.rotary_dim = rotary.rotary_dim_for(cfg.head_dim, cfg.rope_fraction)
-        self.scale_base = cfg.xpos_scale_base
-
-    def rotate(
-        self, q: Array, k: Array, q_positions: Array, k_positions: Array
-    ) -> tuple[Array, Array]:
-        center = rotary.xpos_center(k_positions)
-        kw = dict(
-            center=center,
-            scale_base=self.scale_base,
-            base=self.base,
-            layout=self.layout,
-            rotary_dim=self.rotary_dim,
-        )
-        q = rotary.apply_xpos(q, q_positions, inverse=False, **kw)
-        k = rotary.apply_xpos(k, k_positions, inverse=True, **kw)
-        return q, k
+    def check(self, dims: ModelDims, path: str) -> None:
+        n, d = self.num_buckets, self.max_distance
+        if not is_int(n) or n < 4 or n % 2:
+            fail(f"{path}.num_buckets", n, "must be an even int >= 4 (half per direction)")
+        if not is_int(d) or d <= n // 2:
+            fail(f"{path}.max_distance", d, f"must be an int > num_buckets // 2 = {n // 2}")
 
 
 class T5RelativeBias(PositionalEncoding):
     """T5 relative attention bias (Raffel et al. 2020; flaxformer ``RelativePositionBiases``).
 
-    A learned table ``[t5_num_buckets, heads]`` (logical axes ``("relpos_buckets",
+    A learned table ``[num_buckets, heads]`` (logical axes ``("relpos_buckets",
     "heads")``, init normal with std ``1/sqrt(num_buckets)`` like flaxformer's embedding
     init); the bias of query i and key j is the row of bucket
     `attention_bias.t5_relative_position_bucket` ``(q_pos - k_pos)``: causal bucketing under
@@ -106,14 +90,14 @@ class T5RelativeBias(PositionalEncoding):
 
     hook = "bias"
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.num_buckets = cfg.t5_num_buckets
-        self.max_distance = cfg.t5_max_distance
+    def __init__(self, dims: ModelDims, options: T5Options, *, rngs: nnx.Rngs):
+        self.num_buckets = options.num_buckets
+        self.max_distance = options.max_distance
         init = nnx.initializers.variance_scaling(
             1.0, "fan_in", "truncated_normal", in_axis=0, out_axis=1
         )
         self.table = nnx.Param(
-            init(rngs.params(), (cfg.t5_num_buckets, cfg.num_heads), cfg.params_dtype),
+            init(rngs.params(), (options.num_buckets, dims.num_heads), jnp.dtype(dims.param_dtype)),
             logical_axes=("relpos_buckets", "heads"),
         )
 
@@ -130,7 +114,7 @@ class T5RelativeBias(PositionalEncoding):
 
 
 class KerpleBias(PositionalEncoding):
-    """KERPLE (Chi et al. 2022, arXiv 2205.09921; chijames/KERPLE), two variants:
+    """KERPLE (Chi et al. 2022, arXiv 2205.09921; chijames/KERPLE), two kernels:
 
     * ``"log"``:   ``-r1_h * log(1 + r2_h * |i - j|)``   (r1 init U(0, 2), r2 init U(0, 1));
     * ``"power"``: ``-r1_h * |i - j|^r2_h``              (r1 init U(0, 1), r2 init U(0, 2));
@@ -144,14 +128,15 @@ class KerpleBias(PositionalEncoding):
 
     hook = "bias"
 
-    def __init__(self, cfg: ModelConfig, *, variant: str, rngs: nnx.Rngs):
-        if variant not in ("log", "power"):
-            raise ValueError(f"KERPLE variant={variant!r}; allowed: ['log', 'power']")
-        self.variant = variant
-        r2_max = KERPLE_POWER_MAX if variant == "power" else None
+    def __init__(self, dims: ModelDims, options: EncodingOptions, *, kernel: str, rngs: nnx.Rngs):
+        del options
+        if kernel not in KERPLE_KERNELS:
+            raise ValueError(f"KERPLE kernel={kernel!r}; allowed: {list(KERPLE_KERNELS)}")
+        self.kernel = kernel
+        r2_max = KERPLE_POWER_MAX if kernel == "power" else None
         self.r2_max = r2_max
-        r1_scale, r2_scale = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
-        shape, dtype = (cfg.num_heads,), cfg.params_dtype
+        r1_scale, r2_scale = (2.0, 1.0) if kernel == "log" else (1.0, 2.0)
+        shape, dtype = (dims.num_heads,), jnp.dtype(dims.param_dtype)
         r1 = jax.random.uniform(rngs.params(), shape, dtype) * r1_scale
         r2 = jax.random.uniform(rngs.params(), shape, dtype) * r2_scale
         self.r1 = nnx.Param(jnp.clip(r1, KERPLE_EPS, None), logical_axes=("heads",))
@@ -168,10 +153,24 @@ class KerpleBias(PositionalEncoding):
         r1, r2 = self.coefficients()
         fn = (
             attention_bias.kerple_log_bias
-            if self.variant == "log"
+            if self.kernel == "log"
             else attention_bias.kerple_power_bias
         )
         return fn(q_positions, k_positions, r1, r2)
+
+
+@dataclasses.dataclass(frozen=True)
+class FireOptions(EncodingOptions):
+    """Options of FIRE (Li et al. 2024)."""
+
+    mlp_width: int = 32  # hidden width of the 2-layer MLP f_theta
+    threshold_init: float = 512.0  # initial threshold L of psi(max(L, i))
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        check_positive_int(f"{path}.mlp_width", self.mlp_width, error=ConfigError)
+        t = self.threshold_init
+        if not is_number(t) or not 0 < t < math.inf:
+            fail(f"{path}.threshold_init", t, "must be a finite number > 0")
 
 
 class FireBias(PositionalEncoding):
@@ -179,8 +178,8 @@ class FireBias(PositionalEncoding):
 
     ``psi(x) = log(c x + 1)``; ``i`` is the query position (explicit positions, so it is
     the true position even with randomized positions or an offset); ``f_theta`` is
-    ``Dense(1 -> fire_mlp_width) -> ReLU -> Dense(width -> heads)``. Learned: the MLP, ``c``
-    (init 0.1) and ``L = |l| * fire_threshold_init`` with ``l`` init 1 (the public
+    ``Dense(1 -> mlp_width) -> ReLU -> Dense(width -> heads)``. Learned: the MLP, ``c``
+    (init 0.1) and ``L = |l| * threshold_init`` with ``l`` init 1 (the public
     implementations learn this multiplier; ``c`` enters as ``|c|``). The normalised distance
     is `attention_bias.fire_normalized_distance`: it uses ``|i - j|``, so under bidirectional
     attention the bias is symmetric in past and future (the paper defines FIRE for causal
@@ -196,9 +195,10 @@ class FireBias(PositionalEncoding):
 
     hook = "bias"
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        width, heads, dtype = cfg.fire_mlp_width, cfg.num_heads, cfg.params_dtype
-        self.threshold_init = cfg.fire_threshold_init
+    def __init__(self, dims: ModelDims, options: FireOptions, *, rngs: nnx.Rngs):
+        width, heads = options.mlp_width, dims.num_heads
+        dtype = jnp.dtype(dims.param_dtype)
+        self.threshold_init = options.threshold_init
 
         def uniform(fan_in: int, shape: tuple[int, ...]) -> Array:
             bound = 1.0 / math.sqrt(fan_in)
@@ -242,55 +242,12 @@ class FireBias(PositionalEncoding):
         return out
 
 
-# ----------------------------------------------------------------------------- registry
-
-
-def _fail(field: str, value: object, allowed: str) -> None:
-    raise ValueError(f"ModelConfig.{field}={value!r}: {allowed}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _check_xpos(cfg: ModelConfig) -> None:
-    _check_rope(cfg)
-    if cfg.rope_scaling != "none":
-        _fail("rope_scaling", cfg.rope_scaling, "xpos supports only 'none'")
-    v = cfg.xpos_scale_base
-    if not _is_number(v) or not 0 < v < math.inf:
-        _fail("xpos_scale_base", v, "must be a finite number > 0")
-
-
-def _check_t5(cfg: ModelConfig) -> None:
-    n, d = cfg.t5_num_buckets, cfg.t5_max_distance
-    if not _is_int(n) or n < 4 or n % 2:
-        _fail("t5_num_buckets", n, "must be an even int >= 4 (half per direction)")
-    if not _is_int(d) or d <= n // 2:
-        _fail("t5_max_distance", d, f"must be an int > t5_num_buckets // 2 = {n // 2}")
-
-
-def _check_fire(cfg: ModelConfig) -> None:
-    w, t = cfg.fire_mlp_width, cfg.fire_threshold_init
-    if not _is_int(w) or w <= 0:
-        _fail("fire_mlp_width", w, "must be a positive int")
-    if not _is_number(t) or not 0 < t < math.inf:
-        _fail("fire_threshold_init", t, "must be a finite number > 0")
-
-
 register(
     EncodingSpec(
-        "xpos",
-        "rotate",
-        XPosEncoding,
-        variant_fields=("rope_base", "rope_layout", "rope_fraction", "xpos_scale_base"),
-        check=_check_xpos,
-        causal_only=True,
-        summary="RoPE with exponential decay of the logits with distance (Sun et al. 2022)",
+        "alibi",
+        "bias",
+        ALiBiEncoding,
+        summary="linear distance bias on the logits (Press et al. 2022)",
     )
 )
 register(
@@ -298,8 +255,8 @@ register(
         "t5",
         "bias",
         T5RelativeBias,
-        variant_fields=("t5_num_buckets", "t5_max_distance"),
-        check=_check_t5,
+        options=T5Options,
+        legacy_fields={"t5_num_buckets": "num_buckets", "t5_max_distance": "max_distance"},
         summary="learned bias per log-spaced distance bucket and head (Raffel et al. 2020)",
     )
 )
@@ -307,7 +264,8 @@ register(
     EncodingSpec(
         "kerple_log",
         "bias",
-        lambda cfg, *, rngs: KerpleBias(cfg, variant="log", rngs=rngs),
+        lambda dims, options, *, rngs: KerpleBias(dims, options, kernel="log", rngs=rngs),
+        options=NoOptions,
         summary="KERPLE logarithmic kernel -r1 log(1 + r2 |i-j|) (Chi et al. 2022)",
     )
 )
@@ -315,7 +273,8 @@ register(
     EncodingSpec(
         "kerple_power",
         "bias",
-        lambda cfg, *, rngs: KerpleBias(cfg, variant="power", rngs=rngs),
+        lambda dims, options, *, rngs: KerpleBias(dims, options, kernel="power", rngs=rngs),
+        options=NoOptions,
         summary="KERPLE power kernel -r1 |i-j|^r2 (Chi et al. 2022)",
     )
 )
@@ -324,8 +283,8 @@ register(
         "fire",
         "bias",
         FireBias,
-        variant_fields=("fire_mlp_width", "fire_threshold_init"),
-        check=_check_fire,
+        options=FireOptions,
+        legacy_fields={"fire_mlp_width": "mlp_width", "fire_threshold_init": "threshold_init"},
         summary="MLP of the progressively normalised log distance (Li et al. 2024)",
     )
 )

@@ -1,0 +1,131 @@
+"""Length-extrapolation evaluation: one trained model scored at many sequence lengths.
+
+Protocols (Press et al. 2022, "Train Short, Test Long", §4):
+
+* ``nonoverlapping`` -- the split is cut into windows of the evaluation length ``L'``; every
+  target is scored once, with ``1..L'`` tokens of context (early tokens of a window see
+  little: the "early token curse").
+* ``sliding`` -- windows of length ``L'`` advance by a stride ``S``; each target is still
+  scored exactly once, but (after the first window) with at least ``L' - S`` tokens of context.
+
+Both score the same first ``max_tokens`` targets of the split at every length, so the
+numbers at different lengths are directly comparable. The same model code as in training is
+used; positions are explicit, so nothing special happens past the training length (a learned
+table must be sized for the longest length by the config).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from flaxformer_lite.core import attention
+from flaxformer_lite.evaluation.eval_config import PROTOCOLS
+from flaxformer_lite.evaluation.metrics import summarize
+from flaxformer_lite.evaluation.step import Evaluator, rebuild_model
+from flaxformer_lite.nn.model_config import ModelConfig
+
+# (window index, batch size, length) -> int32 positions [batch, length]
+PositionFn = Callable[[int, int, int], np.ndarray]
+
+
+def arange_positions(index: int, batch: int, length: int) -> np.ndarray:
+    """Positions ``0..length-1`` for every row (the default scheme)."""
+    del index
+    return np.broadcast_to(np.arange(length, dtype=np.int32)[None, :], (batch, length))
+
+
+def evaluate_length(
+    model: nnx.Module,
+    split: Any,
+    length: int,
+    *,
+    stride: int | None = None,
+    max_tokens: int = 65536,
+    batch_size: int = 8,
+    train_length: int | None = None,
+    positions_fn: PositionFn = arange_positions,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score ``model`` on windows of ``length`` tokens of a byte ``split``.
+
+    Args:
+      model: a causal LM called as ``model(tokens, positions, deterministic=True)``.
+      split: a `flaxformer_lite.data` split (``eval_batches``).
+      length: window length L'.
+      stride: None for non-overlapping windows, else the sliding-window stride S (1..L').
+      max_tokens: score the first ``max_tokens`` targets of the split.
+      batch_size: windows per batch (the last batch is padded, so one compile per length).
+      train_length: the training length, for ``bucket_loss``.
+      positions_fn: positions of each batch (default ``0..L'-1``).
+
+    Returns:
+      `summarize` 's metrics plus ``eval_length``, ``protocol``, ``stride`` and ``windows``.
+    """
+    evaluator = Evaluator(model)
+    batches = split.eval_batches(
+        length, batch_size, stride=stride, max_bytes=max_tokens + 1, pad_batch=True
+    )
+    total = split.num_eval_windows(length, stride=stride, max_bytes=max_tokens + 1)
+    sums = {k: np.zeros(length, np.float64) for k in ("loss_sum", "correct_sum", "count")}
+    bar = tqdm(total=total, desc=f"eval L'={length}", unit="win", disable=not progress, leave=False)
+    for index, batch in enumerate(batches):
+        batch = dict(batch, positions=positions_fn(index, batch_size, length))
+        out = evaluator(batch)
+        for k in sums:
+            sums[k] += out[k]
+        bar.update(min(batch_size, total - index * batch_size))
+    bar.close()
+    result = summarize(**sums, train_length=train_length)
+    result.update(
+        eval_length=length,
+        protocol="nonoverlapping" if stride in (None, length) else "sliding",
+        stride=length if stride is None else stride,
+        windows=total,
+    )
+    return result
+
+
+def evaluate_lengths(
+    model: nnx.Module,
+    split: Any,
+    lengths: Iterable[int],
+    *,
+    protocol: str = "nonoverlapping",
+    stride_fraction: float = 0.5,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """`evaluate_length` at every length in ``lengths`` with one protocol.
+
+    Lengths above ``model.cfg.chunked_threshold`` keys use chunked attention (same numbers to
+    float32 tolerance, ``O(length)`` memory). ``kwargs`` go to `evaluate_length`. For
+    ``protocol="sliding"`` the stride is `sliding_stride` ``(length, stride_fraction)``. A
+    study evaluates its whole `flaxformer_lite.evaluation.plan.EvalPlan` instead
+    (`flaxformer_lite.evaluation.run.evaluate_plan`).
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r}; allowed: {list(PROTOCOLS)}")
+    results = []
+    for length in lengths:
+        m = rebuild_model(model, attention_config(model.cfg, length))
+        stride = sliding_stride(length, stride_fraction) if protocol == "sliding" else None
+        results.append(evaluate_length(m, split, length, stride=stride, **kwargs))
+    return results
+
+
+def sliding_stride(length: int, stride_fraction: float) -> int:
+    """The sliding-window stride at ``length``: ``max(1, round(length * stride_fraction))``."""
+    return max(1, round(length * stride_fraction))
+
+
+def attention_config(cfg: ModelConfig, keys: int) -> ModelConfig:
+    """``cfg`` with the attention implementation for sequences of ``keys`` tokens: chunked
+    above ``cfg.chunked_threshold`` (`core.attention.choose_implementation`)."""
+    impl = attention.choose_implementation(
+        cfg.attention_impl, keys, keys, threshold=cfg.chunked_threshold
+    )
+    return cfg.replace(attention_impl=impl)

@@ -1,0 +1,108 @@
+"""The jit-compiled evaluation step over a split NNX model, and the per-token loss it shares
+with training (`flaxformer_lite.train.step` builds the training step on `token_losses`).
+
+The model is split into a static ``graphdef`` and array state: ``params`` (the ``nnx.Param``
+leaves) and ``rest`` (everything else, e.g. dropout RNG counters). Batches are dicts of
+``inputs`` / ``targets`` int32 ``[batch, length]``, ``loss_mask`` float32 ``[batch, length]``
+(1 = this target counts) and ``positions`` int32 ``[batch, length]``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from flaxformer_lite.base import faults
+
+Array = jax.Array
+
+
+def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """``(graphdef, params, rest)``: parameters apart from all other state."""
+    return nnx.split(model, nnx.Param, ...)
+
+
+def token_losses(logits: Array, targets: Array) -> tuple[Array, Array]:
+    """Per-token cross-entropy in nats and 0/1 correctness, both float32 ``[batch, length]``."""
+    logits = logits.astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    correct = (argmax_last(logits) == targets).astype(jnp.float32)
+    return ce, correct
+
+
+def argmax_last(x: Array) -> Array:
+    """``jnp.argmax(x, axis=-1)`` (the first index of the maximum) for rows without NaN.
+
+    One max, one compare-and-select and one integer min: XLA:CPU runs these as plain
+    vectorised reductions, while ``argmax``'s (value, index) reduction took ~2 ms of the
+    quick-preset train step (docs/performance.md). A row containing NaN gives the row size.
+    """
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
+
+
+def forward(graphdef, params, rest, batch, *, deterministic: bool):
+    """Logits of ``batch`` and the model's updated non-parameter state."""
+    model = nnx.merge(graphdef, params, rest)
+    logits = model(batch["inputs"], batch["positions"], deterministic=deterministic)
+    _, _, new_rest = split_model(model)
+    return logits, new_rest
+
+
+def make_eval_step(graphdef: nnx.GraphDef):
+    """``eval_step(params, rest, batch) -> sums``: per-position sums over the batch.
+
+    Returns ``loss_sum``, ``correct_sum`` and ``count`` (float32 ``[length]``: summed over the
+    batch, only counted targets) and ``predictions`` (int32 ``[batch, length]``, argmax).
+    """
+
+    def eval_step(params, rest, batch):
+        logits, _ = forward(graphdef, params, rest, batch, deterministic=True)
+        ce, correct = token_losses(logits, batch["targets"])
+        mask = batch["loss_mask"].astype(jnp.float32)
+        return {
+            "loss_sum": (ce * mask).sum(axis=0),
+            "correct_sum": (correct * mask).sum(axis=0),
+            "count": mask.sum(axis=0),
+            "predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        }
+
+    return eval_step
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_eval_step(graphdef: nnx.GraphDef):
+    """One jitted eval step per model structure, so repeated evaluations (periodic
+    validation, several lengths, several tasks) reuse its compilations."""
+    return jax.jit(make_eval_step(graphdef))
+
+
+class Evaluator:
+    """Jit-compiled per-position sums for one model, one compile per batch shape."""
+
+    def __init__(self, model: nnx.Module):
+        graphdef, self.params, self.rest = split_model(model)
+        self.step = _jitted_eval_step(graphdef)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.base.faults)
+        out = self.step(self.params, self.rest, {k: jnp.asarray(v) for k, v in batch.items()})
+        return jax.device_get(out)
+
+
+def rebuild_model(model: nnx.Module, cfg: Any) -> nnx.Module:
+    """The same parameters under another config that changes no parameter shape (e.g. the
+    attention implementation or RoPE scaling): a new module sharing ``model``'s state;
+    ``model`` itself when the config is unchanged."""
+    if cfg == model.cfg:
+        return model
+    graphdef_new, _ = nnx.split(nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0))))
+    _, state = nnx.split(model)
+    return nnx.merge(graphdef_new, state)

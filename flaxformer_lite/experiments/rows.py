@@ -1,0 +1,61 @@
+"""Results rows (DESIGN.md §7): one per run x evaluation cell x metric, with provenance.
+
+A row's subject is the evaluation plan's label, as separate fields (``encoding`` -- the
+display label --, ``positional``, ``variant``, ``randomized_positions``, and the exact
+``encoding_options``), so tables group and order rows without parsing label strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flaxformer_lite.train.run_config import RunConfig
+
+SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
+TASK_METRICS = ("exact_match", "accuracy")
+LABEL_FIELDS = ("encoding", "positional", "variant", "randomized_positions", "encoding_options")
+
+
+def rows_for_cell(
+    run: RunConfig, name: str, summary: dict[str, Any], command: str
+) -> list[dict[str, Any]]:
+    """Results rows of one finished cell (``summary``: `train_and_evaluate`'s result)."""
+    env = summary["provenance"]
+    common = {
+        "study": run.study,
+        "preset": run.preset,
+        "run": name,
+        "seed": run.seed,
+        "train_length": run.data.train_length,
+        "task": run.data.task or None,
+        "config_hash": summary["config_hash"],
+        "git_commit": env["git_commit"],
+        "packages": env["packages"],
+        "python": env["python"],
+        "backend": env["backend"],
+        "device_kind": env["device_kind"],
+        "device_count": env["device_count"],
+        "data": env["data"],
+        "train_seconds": round(summary["train_seconds"], 3),
+        "eval_seconds": round(summary["eval_seconds"], 3),
+        "command": command,
+        "timestamp": summary.get("finished_at"),
+    }
+    rows = []
+    for r in summary["eval"]:
+        head = common | {k: r[k] for k in LABEL_FIELDS}
+        head |= {
+            "eval_length": r["eval_length"],
+            "eval_multiple": r["eval_length"] // run.data.train_length,
+            "protocol": r["protocol"],
+            "stride": r.get("stride"),
+            "tokens": r.get("tokens"),
+            "examples": r.get("examples"),
+        }
+        metrics = TASK_METRICS if r["protocol"] == "task" else SCALAR_METRICS
+        rows += [head | {"metric": m, "value": r[m]} for m in metrics]
+        for bucket, value in r.get("bucket_loss", {}).items():
+            rows.append(head | {"metric": "bucket_loss", "bucket": bucket, "value": value})
+        if "loss_by_position" in r:
+            rows.append(head | {"metric": "loss_by_position", "value": r["loss_by_position"]})
+    return rows

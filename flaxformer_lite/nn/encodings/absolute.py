@@ -1,0 +1,116 @@
+"""Encodings **added** to the token embeddings: sinusoidal and learned (hook ``add``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_lite.base.checks import ConfigError, check_positive_int, fail, is_number
+from flaxformer_lite.core import absolute
+from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims, PositionalEncoding
+from flaxformer_lite.nn.encodings.registry import EncodingSpec, register
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SinusoidalOptions(EncodingOptions):
+    """Options of the sinusoidal encoding."""
+
+    base: float = 10000.0  # wavelength base: PE[p, 2i] = sin(p / base^(2i/d_model))
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        if not is_number(self.base) or not self.base > 1.0:
+            fail(f"{path}.base", self.base, "must be a number > 1")
+
+
+class SinusoidalEncoding(PositionalEncoding):
+    """Fixed sinusoids added to the embeddings (Vaswani et al. 2017, §3.5); see
+    `flaxformer_lite.core.absolute.sinusoidal` for the layout (sin on even dims, cos on odd)."""
+
+    hook = "add"
+
+    def __init__(self, dims: ModelDims, options: SinusoidalOptions, *, rngs: nnx.Rngs):
+        del rngs
+        self.d_model = dims.d_model
+        self.base = options.base
+
+    def add(self, x: Array, positions: Array) -> Array:
+        pe = absolute.sinusoidal(positions, self.d_model, base=self.base)
+        return (x.astype(jnp.float32) + pe).astype(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedOptions(EncodingOptions):
+    """Options of the learned absolute table."""
+
+    max_length: int = 2048  # rows of the table: positions must be < max_length
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        check_positive_int(f"{path}.max_length", self.max_length, error=ConfigError)
+
+
+class LearnedEncoding(PositionalEncoding):
+    """A trained table ``[max_length, d_model]`` added to the embeddings (GPT-2, BERT).
+
+    It cannot encode a position it has no row for. JAX clamps out-of-range gathers silently
+    (the last row would be reused), which would make an extrapolation study a lie, so:
+
+    * a sequence longer than the table is a ``ValueError`` when the model is traced;
+    * a position value past the table (e.g. an offset under jit) gathers NaN rows, which
+      poison the output visibly instead of clamping.
+
+    Studies that evaluate beyond the training length size the table for the longest
+    evaluation length (the registry's ``max_positions`` capability lets the evaluation plan
+    check it before training); rows past the training length are then never trained.
+    """
+
+    hook = "add"
+
+    def __init__(self, dims: ModelDims, options: LearnedOptions, *, rngs: nnx.Rngs):
+        self.max_length = options.max_length
+        init = nnx.initializers.normal(stddev=0.02)
+        self.table = nnx.Param(
+            init(rngs.params(), (options.max_length, dims.d_model), jnp.dtype(dims.param_dtype)),
+            logical_axes=("position", "embed"),
+        )
+
+    def add(self, x: Array, positions: Array) -> Array:
+        length = positions.shape[-1]
+        if length > self.max_length:
+            raise ValueError(
+                f"learned positional table has max_length={self.max_length} rows but the "
+                f"sequence has length {length}; set the learned encoding's max_length >= "
+                f"{length} (ModelConfig.positional_options; rows beyond the training length "
+                "stay untrained)"
+            )
+        table = self.table[...].astype(jnp.float32)
+        pe = jnp.take(table, positions, axis=0, mode="fill", fill_value=jnp.nan)
+        return (x.astype(jnp.float32) + pe).astype(x.dtype)
+
+
+register(
+    EncodingSpec(
+        "sinusoidal",
+        "add",
+        SinusoidalEncoding,
+        options=SinusoidalOptions,
+        legacy_fields={"sinusoidal_base": "base"},
+        summary="fixed sinusoids added to the embeddings (Vaswani et al. 2017)",
+    )
+)
+register(
+    EncodingSpec(
+        "learned",
+        "add",
+        LearnedEncoding,
+        options=LearnedOptions,
+        max_positions=lambda options: options.max_length,
+        capacity_field="max_length",
+        legacy_fields={"max_length": "max_length"},
+        summary="trained absolute table added to the embeddings",
+    )
+)

@@ -1,0 +1,251 @@
+"""Encodings that **rotate** queries and keys: RoPE (with context extension) and xPos."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_lite.base.checks import check_positive_int, fail, is_int, is_number
+from flaxformer_lite.core import rotary
+from flaxformer_lite.core.positions import as_batched_positions
+from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims, PositionalEncoding
+from flaxformer_lite.nn.encodings.registry import EncodingSpec, register
+
+Array = jax.Array
+
+
+def _check_rotation(dims: ModelDims, path: str, layout: str, fraction: float, name: str) -> int:
+    """Checks shared by RoPE and xPos; returns the number of rotated dims."""
+    if layout not in rotary.ROPE_LAYOUTS:
+        fail(f"{path}.layout", layout, f"allowed values: {list(rotary.ROPE_LAYOUTS)}")
+    if not is_number(fraction) or not 0.0 < fraction <= 1.0:
+        fail(f"{path}.fraction", fraction, "must be a number in (0, 1]")
+    if dims.head_dim < 2:
+        fail(
+            "ModelConfig.num_heads",
+            dims.num_heads,
+            f"positional={name!r} needs head_dim >= 2; got {dims.head_dim}",
+        )
+    if dims.head_dim % 2 and fraction == 1.0:
+        fail(
+            "ModelConfig.num_heads",
+            dims.num_heads,
+            f"positional={name!r} needs an even head_dim; d_model={dims.d_model} / "
+            f"num_heads={dims.num_heads} = {dims.head_dim} (or rotate part of it: {path}"
+            ".fraction < 1)",
+        )
+    return rotary.rotary_dim_for(dims.head_dim, fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeOptions(EncodingOptions):
+    """Options of RoPE (Su et al. 2021) and its context extensions."""
+
+    base: float = 10000.0  # frequency base; theta_i = base^(-2i/d)
+    layout: str = "half"  # pairing: "half" (i, i+d/2) or "interleaved" (2i, 2i+1)
+    fraction: float = 1.0  # partial rotary: rotate the even dim count nearest f*head_dim
+    scaling: str = "none"  # context extension: "none", "pi", "ntk", "dynamic_ntk", "yarn"
+    scale: float = 1.0  # s = L'/L >= 1 for pi / ntk / yarn; 1 for none and dynamic_ntk
+    original_length: int | None = None  # training length L (yarn, dynamic_ntk, eval scaling)
+    yarn_alpha: float = 1.0  # YaRN ramp: pairs turning < alpha times over L are interpolated
+    yarn_beta: float = 32.0  # YaRN ramp: pairs turning > beta times over L are kept
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        if not is_number(self.base) or not self.base > 1.0:
+            fail(f"{path}.base", self.base, "must be a number > 1")
+        rotary_dim = _check_rotation(dims, path, self.layout, self.fraction, "rope")
+        scaling, s, length = self.scaling, self.scale, self.original_length
+        if scaling not in rotary.ROPE_SCALINGS:
+            fail(f"{path}.scaling", scaling, f"allowed: {list(rotary.ROPE_SCALINGS)}")
+        if not is_number(s) or not 1.0 <= s < math.inf:
+            fail(f"{path}.scale", s, "must be a finite number >= 1")
+        if scaling in ("none", "dynamic_ntk") and s != 1.0:
+            fail(
+                f"{path}.scale",
+                s,
+                f"must be 1.0 with scaling={scaling!r} (dynamic_ntk derives its scale from the "
+                "current length)",
+            )
+        if length is not None and (not is_int(length) or length <= 0):
+            fail(f"{path}.original_length", length, "must be a positive int or None")
+        if scaling in ("yarn", "dynamic_ntk") and length is None:
+            fail(f"{path}.original_length", None, f"scaling={scaling!r} needs the training length")
+        a, b = self.yarn_alpha, self.yarn_beta
+        if not (is_number(a) and is_number(b)) or not 0.0 <= a < b:
+            fail(f"{path}.yarn_alpha", a, f"need numbers with 0 <= yarn_alpha < yarn_beta={b!r}")
+        if scaling in ("ntk", "dynamic_ntk") and rotary_dim <= 2:
+            fail(
+                f"{path}.scaling",
+                scaling,
+                f"needs more than 2 rotated dims; fraction={self.fraction} of "
+                f"head_dim={dims.head_dim} rotates {rotary_dim}",
+            )
+
+
+class RotaryEncoding(PositionalEncoding):
+    """RoPE (Su et al. 2021, arXiv 2104.09864): rotate q and k by ``position * theta_i``.
+
+    Honours partial rotary (``fraction``: only the first `core.rotary.rotary_dim_for`
+    dimensions rotate) and context extension (``scaling``: PI, NTK, dynamic NTK, YaRN; see
+    `core.rotary.rope_scaled_inv_frequencies`). YaRN also multiplies q and k (all head
+    dimensions) by ``sqrt(1/t) = 0.1 ln(s) + 1``. RoPE has no parameters, so a trained model
+    is evaluated under a scaling by rebuilding it from
+    `flaxformer_lite.nn.model_config.rope_scaling_variant` with the same state.
+    """
+
+    hook = "rotate"
+
+    def __init__(self, dims: ModelDims, options: RopeOptions, *, rngs: nnx.Rngs):
+        del rngs
+        self.base = options.base
+        self.layout = options.layout
+        self.rotary_dim = rotary.rotary_dim_for(dims.head_dim, options.fraction)
+        self.scaling = options.scaling
+        self.scale = options.scale
+        self.original_length = options.original_length
+        self.yarn_alpha = options.yarn_alpha
+        self.yarn_beta = options.yarn_beta
+        yarn = options.scaling == "yarn"
+        self.attention_factor = rotary.yarn_attention_factor(options.scale) if yarn else 1.0
+
+    def rotate(
+        self, q: Array, k: Array, q_positions: Array, k_positions: Array
+    ) -> tuple[Array, Array]:
+        inv_freq = rotary.rope_scaled_inv_frequencies(
+            self.rotary_dim,
+            scaling=self.scaling,
+            scale=self.scale,
+            base=self.base,
+            original_length=self.original_length,
+            alpha=self.yarn_alpha,
+            beta=self.yarn_beta,
+            k_positions=k_positions,
+        )
+        for x, pos in ((q, q_positions), (k, k_positions)):
+            if as_batched_positions(pos).shape[1] != x.shape[1]:
+                raise ValueError(f"positions shape {pos.shape} does not match x {x.shape}")
+        q = rotary.apply_rotary(q, rotary.rope_angles(q_positions, inv_freq), layout=self.layout)
+        k = rotary.apply_rotary(k, rotary.rope_angles(k_positions, inv_freq), layout=self.layout)
+        if self.attention_factor != 1.0:
+            factor = jnp.float32(self.attention_factor)
+            q = (q.astype(jnp.float32) * factor).astype(q.dtype)
+            k = (k.astype(jnp.float32) * factor).astype(k.dtype)
+        return q, k
+
+
+def rope_at_length(options: RopeOptions, scaling: str, eval_length: int) -> RopeOptions:
+    """RoPE's options for evaluating at ``eval_length`` under the context extension ``scaling``.
+
+    ``s = max(1, eval_length / original_length)`` for ``"pi"``, ``"ntk"`` and ``"yarn"``;
+    ``"none"`` and ``"dynamic_ntk"`` keep ``scale = 1`` (dynamic NTK takes its scale from the
+    positions it sees). RoPE has no parameters: a model built with these options reuses the
+    trained state.
+    """
+    if scaling not in rotary.ROPE_SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not known; allowed: {list(rotary.ROPE_SCALINGS)}")
+    if options.original_length is None:
+        raise ValueError(
+            "ModelConfig.positional_options.original_length=None: set it to the training "
+            "length to derive the scale s = eval_length / original_length"
+        )
+    eval_length = check_positive_int("eval_length", eval_length)
+    s = max(1.0, eval_length / options.original_length)
+    if scaling in ("none", "dynamic_ntk"):
+        s = 1.0
+    return dataclasses.replace(options, scaling=scaling, scale=float(s))
+
+
+@dataclasses.dataclass(frozen=True)
+class XPosOptions(EncodingOptions):
+    """Options of xPos (Sun et al. 2022): RoPE's rotation options plus the decay's scale."""
+
+    base: float = 10000.0  # frequency base, as RoPE's
+    layout: str = "half"  # pairing, as RoPE's
+    fraction: float = 1.0  # partial rotary, as RoPE's (the decay applies to rotated pairs)
+    scale_base: float = 512.0  # query pair i scaled by zeta_i^(n / scale_base)
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        if not is_number(self.base) or not self.base > 1.0:
+            fail(f"{path}.base", self.base, "must be a number > 1")
+        _check_rotation(dims, path, self.layout, self.fraction, "xpos")
+        if not is_number(self.scale_base) or not 0 < self.scale_base < math.inf:
+            fail(f"{path}.scale_base", self.scale_base, "must be a finite number > 0")
+
+
+class XPosEncoding(PositionalEncoding):
+    """xPos (Sun et al. 2022, arXiv 2212.10554; torchscale ``XPOS``): RoPE whose pair i is
+    scaled by ``zeta_i^(n/B)`` on queries and ``zeta_i^(-m/B)`` on keys, ``B`` =
+    ``scale_base`` (512), ``zeta_i = (2i + 0.4d)/(1.4d)``: logits decay like
+    ``zeta^((n-m)/B)`` with the distance. Defined for causal attention only.
+
+    Centring: the scale exponent uses ``n - c`` with ``c = (min + max) // 2`` of each row's
+    key positions (`core.rotary.xpos_center`), applied to queries and keys alike. The logits
+    do not depend on ``c`` (it cancels in ``zeta^((n-c) - (m-c))``); it keeps the factors
+    near 1 for long or randomized positions (torchscale also centres them). Shifting all
+    positions by ``s`` shifts ``c`` by exactly ``s``, so the scaled q and k are unchanged.
+    Honours ``fraction`` (the decay applies to the rotated pairs only, ``d`` = rotated dims),
+    ``base`` and ``layout``; no context-extension scaling.
+    """
+
+    hook = "rotate"
+
+    def __init__(self, dims: ModelDims, options: XPosOptions, *, rngs: nnx.Rngs):
+        del rngs
+        self.base = options.base
+        self.layout = options.layout
+        self.rotary_dim = rotary.rotary_dim_for(dims.head_dim, options.fraction)
+        self.scale_base = options.scale_base
+
+    def rotate(
+        self, q: Array, k: Array, q_positions: Array, k_positions: Array
+    ) -> tuple[Array, Array]:
+        center = rotary.xpos_center(k_positions)
+        kw = dict(
+            center=center,
+            scale_base=self.scale_base,
+            base=self.base,
+            layout=self.layout,
+            rotary_dim=self.rotary_dim,
+        )
+        q = rotary.apply_xpos(q, q_positions, inverse=False, **kw)
+        k = rotary.apply_xpos(k, k_positions, inverse=True, **kw)
+        return q, k
+
+
+_ROTATION_LEGACY = {"rope_base": "base", "rope_layout": "layout", "rope_fraction": "fraction"}
+
+register(
+    EncodingSpec(
+        "rope",
+        "rotate",
+        RotaryEncoding,
+        options=RopeOptions,
+        eval_variant=rope_at_length,
+        eval_variants=rotary.ROPE_SCALINGS,
+        label_suffix=lambda o: "" if o.scaling == "none" else f"+{o.scaling}",
+        legacy_fields=_ROTATION_LEGACY
+        | {
+            "rope_scaling": "scaling",
+            "rope_scale": "scale",
+            "rope_original_length": "original_length",
+            "yarn_alpha": "yarn_alpha",
+            "yarn_beta": "yarn_beta",
+        },
+        summary="rotary embedding of queries and keys (Su et al. 2021)",
+    )
+)
+register(
+    EncodingSpec(
+        "xpos",
+        "rotate",
+        XPosEncoding,
+        options=XPosOptions,
+        causal_only=True,
+        legacy_fields=_ROTATION_LEGACY | {"xpos_scale_base": "scale_base"},
+        summary="RoPE with exponential decay of the logits with distance (Sun et al. 2022)",
+    )
+)
