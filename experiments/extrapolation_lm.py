@@ -109,6 +109,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             split="validation",  # or "test"
             num_examples=256,  # task studies only
             rope_scalings=(),  # extra rows for rope: "pi", "ntk", "dynamic_ntk", "yarn"
+            local_window=0,  # > 0: also rows with windowed causal attention of this many keys
         )
     )
     c.mesh = ml_collections.ConfigDict(
@@ -128,11 +129,39 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
         )
     )
     PRESETS[preset](c)
-    options = c.model.positional_options
-    options.learned.max_length = c.data.train_length * max(c.eval.length_multiples)
-    c.model.max_position = options.learned.max_length  # randomized positions reach every length
-    options.rope.original_length = c.data.train_length  # L, for RoPE scaling at evaluation
+    size_to_training_length(c)
     return c
+
+
+def size_to_training_length(
+    c: ml_collections.ConfigDict, length: int | None = None, longest: int | None = None
+) -> None:
+    """Encoding hyper-parameters relative to the training length L (tokens per training
+    sequence; default ``config.data.train_length``), as their sources use them
+    (docs/encodings.md, "Sized to the training length"); call after the preset sets L.
+    ``longest``: tokens of the longest evaluation sequence (default L x the largest multiple)."""
+    length = c.data.train_length if length is None else length
+    longest = length * max(c.eval.length_multiples) if longest is None else longest
+    options = c.model.positional_options
+    # A learned table has L rows: positions past L have no embedding, and the tables report
+    # "n/a" there instead of numbers from untrained rows. (Set a larger max_length to
+    # reproduce the other setting; its rows are then labelled "+untrained_rows".)
+    options.learned.max_length = length
+    # Randomized positions (Ruoss et al. 2023) are drawn from [0, max_position), which must
+    # reach every evaluation length.
+    c.model.max_position = longest
+    options.rope.original_length = length  # L, for RoPE scaling at evaluation
+    # T5 (Raffel et al. 2020): max_distance 128 with inputs of 512 tokens, i.e. L / 4, so
+    # the shared last bucket (every distance >= max_distance) is trained; 32 buckets, fewer
+    # when L / 4 < 32 so that max_distance stays above the exact buckets.
+    options.t5.max_distance = max(length // 4, 3)
+    options.t5.num_buckets = max(4, min(32, 2 * (options.t5.max_distance // 2)))
+    # FIRE (Li et al. 2024): the threshold L_thr of psi(max(L_thr, i)) is learned; the public
+    # default 512 with the 2048-token training of its LM experiments is L / 4, so progressive
+    # interpolation is active in training (at 512 = 8L it never was).
+    options.fire.threshold_init = length / 4
+    # xPos (Sun et al. 2022; torchscale XPOS): scale_base 512 with training length 1024, L / 2.
+    options.xpos.scale_base = length / 2
 
 
 def _tiny(c: ml_collections.ConfigDict) -> None:
@@ -174,6 +203,8 @@ def _paper(c: ml_collections.ConfigDict) -> None:
 
 def _all(c: ml_collections.ConfigDict) -> None:
     _quick(c)
+    # every encoding also with windowed causal attention, W = L (xPos's evaluation setting)
+    c.eval.local_window = c.data.train_length
     c.sweep.encodings = ALL_ENCODINGS
     c.sweep.randomized = ALL_RANDOMIZED
     c.eval.rope_scalings = ("pi", "ntk", "dynamic_ntk", "yarn")

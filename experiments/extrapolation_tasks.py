@@ -54,10 +54,15 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.sweep.tasks = TASKS  # one run per task x encoding x seed
     c.sweep.lock()
     PRESETS[preset](c)
+    tasks = [get_task(t) for t in c.sweep.tasks]
     longest = c.data.train_length * max(c.eval.length_multiples)
-    options = c.model.positional_options
-    options.learned.max_length = max(get_task(t).sequence_length(longest) for t in c.sweep.tasks)
-    options.rope.original_length = c.data.train_length
+    extrapolation_lm.size_to_training_length(
+        c,
+        length=max(t.sequence_length(c.data.train_length) for t in tasks),
+        longest=max(t.sequence_length(longest) for t in tasks),
+    )
+    # RoPE scaling compares task lengths (the plan scales by eval length / original length)
+    c.model.positional_options.rope.original_length = c.data.train_length
     return c
 
 

@@ -37,8 +37,9 @@ def main(argv: list[str]) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     for r in summary["eval"]:
-        metric = "bits_per_byte" if "bits_per_byte" in r else "exact_match"
-        print(json.dumps({k: r[k] for k in ("encoding", "protocol", "eval_length", metric)}))
+        metric = "exact_match" if r["protocol"] == "task" else "bits_per_byte"
+        row = {k: r[k] for k in ("encoding", "protocol", "eval_length")}
+        print(json.dumps(row | {metric: r.get(metric, "n/a")}))
     print(f"workdir: {_WORKDIR.value}")
 
 

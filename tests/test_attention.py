@@ -356,3 +356,163 @@ def test_invalid_arguments_raise_clear_errors():
         attention.dot_product_attention(q, k[..., :4], v)
     with pytest.raises(ValueError, match=r"q_len=.*: must be a positive int"):
         attention.causal_mask(0, 3)
+
+
+# ------------------------------------------------------------------ sliding-window attention
+
+
+def np_window_mask(lq, lk, window):
+    """Loop reference: query i sees key j iff i - window < j <= i."""
+    return np.array([[i - window < j <= i for j in range(lk)] for i in range(lq)], bool)
+
+
+@pytest.mark.parametrize(
+    "lq,lk,window", [(6, 6, 1), (6, 6, 3), (6, 6, 6), (6, 6, 9), (4, 7, 2), (9, 4, 2), (1, 1, 1)]
+)
+def test_window_mask_values(lq, lk, window):
+    m = np.asarray(attention.window_mask(lq, lk, window))
+    assert m.dtype == bool and m.shape == (lq, lk)
+    np.testing.assert_array_equal(m, np_window_mask(lq, lk, window))
+    # Each query sees at most its last `window` keys; a window >= the length is causal.
+    assert m.sum(-1).max() <= window
+    if window >= lk:
+        np.testing.assert_array_equal(m, attention.causal_mask(lq, lk))
+
+
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("window", [1, 2, 4, 7, 50])
+def test_windowed_attention_matches_numpy(window, padding):
+    lq = lk = 7
+    rng = np.random.default_rng(100 + window + 7 * padding)
+    q, k, v = _qkv(rng.integers(1 << 30), lq, lk)
+    band = np_window_mask(lq, lk, window)
+    mask = None
+    allowed_mask = band[None, None]
+    if padding:
+        valid = np.ones((B, lk), bool)
+        valid[0, 2:4] = False  # with window 1 or 2, rows 2 and/or 3 of batch 0 see nothing
+        valid[1, 0] = False  # with window 1, row 0 of batch 1 sees nothing
+        mask = valid[:, None, None, :]
+        allowed_mask = band[None, None] & mask
+    ref_logits, ref_w, ref_out, allowed = np_attention(q, k, v, mask=allowed_mask)
+
+    kw = {"mask": mask, "causal": True, "window": window}
+    out = np.asarray(attention.dot_product_attention(q, k, v, **kw))
+    w = np.asarray(attention.attention_weights(q, k, **kw))
+    logits, combined = attention.attention_logits(jnp.asarray(q), jnp.asarray(k), **kw)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(w))
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.broadcast_to(combined, allowed.shape), allowed)
+    np.testing.assert_allclose(
+        np.where(allowed, logits, 0.0), np.where(allowed, ref_logits, 0.0), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_array_equal(w[~allowed], 0.0)  # nothing outside the band, exactly
+    live = allowed.any(-1)
+    np.testing.assert_allclose(w.sum(-1)[live], 1.0, atol=1e-6)
+    np.testing.assert_array_equal(w.sum(-1)[~live], 0.0)
+    if padding and window <= 2:  # the test covers rows the window and padding empty
+        assert not live.all()
+    if window == 1 and not padding:  # each query sees only itself: the output is v
+        np.testing.assert_allclose(out, v, rtol=1e-6, atol=1e-6)
+    if window >= lk:  # a window covering the sequence is plain causal attention
+        plain = attention.dot_product_attention(q, k, v, mask=mask, causal=True)
+        np.testing.assert_allclose(out, plain, rtol=1e-6, atol=1e-6)
+    elif window > 1:  # ... and a shorter one really changes the answer
+        plain = attention.dot_product_attention(q, k, v, mask=mask, causal=True)
+        assert np.abs(np.asarray(plain) - out).max() > 1e-2
+
+
+def test_window_rows_past_the_keys_are_zero_with_finite_gradients():
+    """Query i >= kv_len + W - 1 sees no key at all: zeros, never NaN, no gradient."""
+    lq, lk, window = 9, 4, 2
+    q, k, v = _qkv(11, lq, lk)
+    out = np.asarray(attention.dot_product_attention(q, k, v, causal=True, window=window))
+    _, _, ref, _ = np_attention(q, k, v, mask=np_window_mask(lq, lk, window))
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[:, lk + window - 1 :], 0.0)
+    assert np.abs(out[:, lk + window - 2]).max() > 0
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(attention.dot_product_attention(q, k, v, causal=True, window=2)))
+
+    gq, gk, gv = jax.grad(loss, argnums=(0, 1, 2))(*map(jnp.asarray, (q, k, v)))
+    assert all(np.all(np.isfinite(g)) for g in (gq, gk, gv))
+    np.testing.assert_array_equal(np.asarray(gq)[:, lk + window - 1 :], 0.0)
+    assert np.abs(np.asarray(gk)).max() > 1e-3
+
+
+def test_windowed_outputs_depend_only_on_the_window():
+    """Output t has zero derivative w.r.t. inputs s > t and s <= t - W, nonzero within."""
+    lq, window = 7, 3
+    q, k, v = _qkv(12, lq=lq, lk=lq)
+
+    def f(q, k, v):
+        return attention.dot_product_attention(q, k, v, causal=True, window=window)
+
+    jk, jv = jax.jacobian(f, argnums=(1, 2))(*map(jnp.asarray, (q, k, v)))
+    for j, name in ((jk, "k"), (jv, "v")):
+        j = np.asarray(j)  # [B, L, H, D, B, L, H, D]
+        for t in range(lq):
+            outside = [s for s in range(lq) if not t - window < s <= t]
+            assert np.all(j[:, t, :, :, :, outside] == 0.0), (name, t)
+            inside = [s for s in range(lq) if t - window < s <= t]
+            if t > 0 or name == "v":
+                assert np.abs(j[:, t, :, :, :, inside]).max() > 0, (name, t)
+
+
+@pytest.mark.parametrize("implementation", PORTABLE)
+def test_attend_with_window_matches_numpy(implementation):
+    lq = lk = 8
+    window = 3
+    q, k, v = _qkv(13, lq=lq, lk=lk)
+    qp = np.broadcast_to(np.arange(lq, dtype=np.int32), (B, lq))
+    valid = np.ones((B, lk), bool)
+    valid[0, 3:6] = False  # batch 0, query 5 sees keys 3..5: all padding -> zeros
+    mask = valid[:, None, None, :]
+    slopes = np.array([0.5, 0.25, 0.125], np.float32)
+
+    def bias_fn(qpos, kpos):
+        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
+        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
+
+    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
+    band = np_window_mask(lq, lk, window)[None, None] & mask
+    _, _, ref, _ = np_attention(q, k, v, mask=band, bias=ref_bias)
+    kw = dict(q_positions=qp, k_positions=qp, mask=mask, causal=True, window=window)
+    out = attention.attend(q, k, v, bias_fn=bias_fn, implementation=implementation, **kw)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out)[0, 5], 0.0)
+    _, _, ref_nobias, _ = np_attention(q, k, v, mask=band)
+    out = attention.attend(q, k, v, implementation=implementation, **kw)
+    np.testing.assert_allclose(out, ref_nobias, rtol=1e-5, atol=1e-5)
+
+
+def test_window_argument_errors():
+    q, k, v = _qkv(14, lq=6, lk=6)
+    qp = np.broadcast_to(np.arange(6, dtype=np.int32), (B, 6))
+    calls = {
+        "dot_product_attention": lambda **kw: attention.dot_product_attention(q, k, v, **kw),
+        "attention_weights": lambda **kw: attention.attention_weights(q, k, **kw),
+        "attention_logits": lambda **kw: attention.attention_logits(q, k, **kw),
+    }
+    for impl in attention.IMPLEMENTATIONS:
+        calls[impl] = lambda impl=impl, **kw: attention.attend(
+            q, k, v, q_positions=qp, k_positions=qp, implementation=impl, **kw
+        )
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=r"window=3: a sliding window needs causal=True"):
+            call(window=3)
+        with pytest.raises(ValueError, match=r"^window=0: must be a positive int$"):
+            call(window=0, causal=True)
+        with pytest.raises(ValueError, match=r"^window=True: must be a positive int$"):
+            call(window=True, causal=True)
+        with pytest.raises(ValueError, match=r"^window=-2: must be a positive int$"):
+            call(window=-2, causal=True)
+        with pytest.raises(ValueError, match=r"^window=2.0: must be a positive int$"):
+            call(window=2.0, causal=True)
+        if name != "cudnn":  # (cudnn cannot run on this backend at all)
+            assert np.all(np.isfinite(call(window=2, causal=True)[0])), name
+    with pytest.raises(ValueError, match=r"^window=0: must be a positive int$"):
+        attention.window_mask(4, 4, 0)

@@ -91,10 +91,10 @@ COMMON = [
         "learned_table",
         [
             "--config.model.positional=learned",
-            "--config.model.positional_options.learned.max_length=32",
+            "--config.model.positional_options.learned.max_length=8",
         ],
-        r"config\.model\.positional_options\.learned\.max_length=32: must be >= 64: the 'learned' "
-        r"encoding must encode every position of the longest evaluation sequence",
+        r"config\.model\.positional_options\.learned\.max_length=8: must be >= 16: the 'learned' "
+        r"encoding must encode every position of the training sequence",
     ),
     (
         "moved_model_field",
@@ -186,9 +186,9 @@ STUDY_ONLY = {  # run_study: the sweep sets the encoding, so these cases select 
     ),
     "learned_table": (
         "learned_table",
-        ["--only=learned", "--config.model.positional_options.learned.max_length=32"],
-        r"config\.model\.positional_options\.learned\.max_length=32: must be >= 64: the 'learned' "
-        r"encoding must encode every position of the longest evaluation sequence",
+        ["--only=learned", "--config.model.positional_options.learned.max_length=8"],
+        r"config\.model\.positional_options\.learned\.max_length=8: must be >= 16: the 'learned' "
+        r"encoding must encode every position of the training sequence",
     ),
 }
 STUDY_CASES = [

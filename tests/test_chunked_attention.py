@@ -39,12 +39,14 @@ def _alibi(causal):
     return lambda qp, kp: attention_bias.alibi_bias(qp, kp, slopes, causal=causal)
 
 
-def _plain(q, k, v, qp, kp, bias_fn, mask, causal):
+def _plain(q, k, v, qp, kp, bias_fn, mask, causal, window=None):
     bias = None if bias_fn is None else bias_fn(qp, kp)
-    return attention.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal)
+    return attention.dot_product_attention(
+        q, k, v, mask=mask, bias=bias, causal=causal, window=window
+    )
 
 
-def _chunked(q, k, v, qp, kp, bias_fn, mask, causal, **blocks):
+def _chunked(q, k, v, qp, kp, bias_fn, mask, causal, window=None, **blocks):
     return chunked_attention(
         q,
         k,
@@ -54,6 +56,7 @@ def _chunked(q, k, v, qp, kp, bias_fn, mask, causal, **blocks):
         bias_fn=bias_fn,
         mask=mask,
         causal=causal,
+        window=window,
         **(blocks or BLOCKS),
     )
 
@@ -158,7 +161,8 @@ def test_bfloat16_inputs_match_plain_and_float32():
         np.testing.assert_allclose(np.asarray(g, np.float32), g_ref, atol=5e-2, rtol=5e-2)
 
 
-def test_gradient_reaches_parameters_the_bias_fn_closes_over():
+@pytest.mark.parametrize("window", [None, 11])
+def test_gradient_reaches_parameters_the_bias_fn_closes_over(window):
     """A learned bias (here: trainable ALiBi slopes) gets the plain implementation's gradient."""
     lq = lk = 33
     q, k, v = _qkv(11, lq, lk)
@@ -167,9 +171,9 @@ def test_gradient_reaches_parameters_the_bias_fn_closes_over():
     def loss(slopes, impl):
         bias_fn = lambda a, b: attention_bias.alibi_bias(a, b, slopes)
         if impl == "chunked":
-            out = _chunked(q, k, v, qp, kp, bias_fn, None, True)
+            out = _chunked(q, k, v, qp, kp, bias_fn, None, True, window)
         else:
-            out = _plain(q, k, v, qp, kp, bias_fn, None, True)
+            out = _plain(q, k, v, qp, kp, bias_fn, None, True, window)
         return jnp.sum(jnp.sin(out * 3.0))
 
     slopes = attention_bias.alibi_slopes(H)
@@ -177,6 +181,82 @@ def test_gradient_reaches_parameters_the_bias_fn_closes_over():
     g_ref = jax.jit(jax.grad(loss), static_argnums=1)(slopes, "xla")
     assert np.abs(g_ref).max() > 1e-2
     np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-4)
+
+
+# Sliding windows (query i sees keys i - W < j <= i) with blocks of 8 queries and 16 keys:
+# W below, at and above a block (and above the length), W = 1, lengths that are not block
+# multiples, more queries than keys (rows past kv_len + W - 1 see nothing), more keys than
+# queries, block_q > block_k, and divisible lengths (no padded block).
+WINDOW_CASES = [
+    # lq, lk, window, blocks, bias, padding
+    (37, 37, 5, BLOCKS, False, False),
+    (37, 37, 8, BLOCKS, True, True),
+    (37, 37, 16, BLOCKS, True, False),
+    (37, 37, 23, BLOCKS, False, True),
+    (37, 37, 100, BLOCKS, True, False),
+    (37, 37, 1, BLOCKS, False, True),
+    (45, 21, 3, BLOCKS, True, False),
+    (29, 53, 20, BLOCKS, False, True),
+    (50, 50, 12, {"block_q": 16, "block_k": 8}, True, True),
+    (64, 64, 16, {"block_q": 16, "block_k": 16}, False, False),
+]
+
+
+@pytest.mark.parametrize("lq,lk,window,blocks,bias,padding", WINDOW_CASES)
+def test_windowed_chunked_matches_plain_forward_and_gradients(
+    lq, lk, window, blocks, bias, padding
+):
+    q, k, v = _qkv(lq * 1000 + lk * 10 + window, lq, lk)
+    qp, kp = _positions(lq), _positions(lk)
+    bias_fn = _alibi(True) if bias else None
+    mask = None
+    if padding:
+        valid = np.ones((B, lk), bool)
+        valid[0, lk - 7 :] = False
+        valid[1, :3] = False
+        mask = jnp.asarray(valid)[:, None, None, :]
+
+    plain = lambda q, k, v: _plain(q, k, v, qp, kp, bias_fn, mask, True, window)
+    chunk = lambda q, k, v: _chunked(q, k, v, qp, kp, bias_fn, mask, True, window, **blocks)
+    ref, g_ref = _out_and_grads(plain)(q, k, v)
+    out, g_out = _out_and_grads(chunk)(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    for name, a, b in zip("qkv", g_out, g_ref, strict=True):
+        if window == 1 and name != "v":  # a softmax over one key: constant 1, no gradient
+            np.testing.assert_allclose(a, 0.0, atol=1e-5)  # (up to rounding in dp - delta)
+        else:
+            assert np.abs(b).max() > 1e-2, name
+        assert np.all(np.isfinite(a)), name
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5, err_msg=f"d loss / d {name}")
+    # The window matters (unless it covers everything): plain causal differs.
+    if window < lk:
+        causal = _plain(q, k, v, qp, kp, bias_fn, mask, True)
+        assert np.abs(np.asarray(causal) - np.asarray(out)).max() > 1e-2
+    if window == 1 and not padding:
+        np.testing.assert_allclose(out, v, rtol=1e-6, atol=1e-6)
+    if lq > lk + window - 1:  # queries past the last key's window: zeros
+        np.testing.assert_array_equal(np.asarray(out)[:, lk + window - 1 :], 0.0)
+
+
+@pytest.mark.parametrize("window", [5, 16, 33])
+def test_windowed_bfloat16_inputs_match_plain_and_float32(window):
+    lq = lk = 40
+    q, k, v = _qkv(37, lq, lk, jnp.bfloat16)
+    qp = kp = _positions(lq)
+    chunk = lambda q, k, v: _chunked(q, k, v, qp, kp, _alibi(True), None, True, window)
+    plain = lambda q, k, v: _plain(q, k, v, qp, kp, _alibi(True), None, True, window)
+    out, grads = _out_and_grads(chunk)(q, k, v)
+    ref16 = jax.jit(plain)(q, k, v)
+    ref32, refs32 = _out_and_grads(plain)(*(a.astype(jnp.float32) for a in (q, k, v)))
+    assert out.dtype == jnp.bfloat16
+    o = np.asarray(out, np.float32)
+    np.testing.assert_allclose(o, np.asarray(ref16, np.float32), atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(o, ref32, atol=2e-2, rtol=2e-2)
+    for g, g_ref in zip(grads, refs32, strict=True):
+        assert g.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(g, np.float32), g_ref, atol=5e-2, rtol=5e-2)
 
 
 # ----------------------------------------------------------------------------- memory / skipping
@@ -206,6 +286,77 @@ def test_causal_blocks_above_the_diagonal_are_never_evaluated():
     assert sorted(visited) == sorted(list(expected) * 2)
 
 
+def _band_blocks(nq, nk, bq, bk, window):
+    """(query block, key block) pairs holding some (i, j) with i - window < j <= i."""
+    return {
+        (i, j)
+        for i in range(nq)
+        for j in range(nk)
+        # some key of block j is <= the last query, and some key > the first query - window
+        if j * bk <= (i + 1) * bq - 1 and (j + 1) * bk - 1 > i * bq - window
+    }
+
+
+@pytest.mark.parametrize("window,bq,bk", [(10, 8, 16), (3, 8, 16), (16, 16, 8), (40, 8, 16)])
+def test_windowed_blocks_outside_the_window_are_never_evaluated(window, bq, bk):
+    """Forward and backward evaluate exactly the blocks that meet the band, once each."""
+    lq = lk = 50
+    nq, nk = -(-lq // bq), -(-lk // bk)
+    visited = []
+
+    def bias_fn(qp, kp):
+        jax.debug.callback(lambda a, b: visited.append((int(a), int(b))), qp[0, 0], kp[0, 0])
+        return _alibi(True)(qp, kp)
+
+    q, k, v = _qkv(41, lq, lk)
+    qp = kp = _positions(lq)
+    chunk = lambda q, k, v: _chunked(
+        q, k, v, qp, kp, bias_fn, None, True, window, block_q=bq, block_k=bk
+    )
+    jax.block_until_ready(jax.jit(chunk)(q, k, v))
+    expected = {(i * bq, j * bk) for i, j in _band_blocks(nq, nk, bq, bk, window)}
+    assert sorted(visited) == sorted(expected)
+    counts = kv_blocks_visited(lq, lk, causal=True, window=window, block_q=bq, block_k=bk)
+    assert counts == [sum(a == i * bq for a, _ in expected) for i in range(nq)]
+    causal = kv_blocks_visited(lq, lk, causal=True, block_q=bq, block_k=bk)
+    assert all(w <= c for w, c in zip(counts, causal, strict=True))
+    if window < 40:
+        assert sum(counts) < sum(causal)  # the window really skips blocks
+
+    visited.clear()  # the backward pass visits the same pairs once more
+    jax.block_until_ready(jax.jit(jax.grad(_loss(chunk)))(q, k, v))
+    assert sorted(visited) == sorted(list(expected) * 2)
+
+
+def test_windowed_kv_blocks_visited_is_linear_in_length():
+    # 50 tokens, blocks 8 / 16, W = 10: query block i needs keys (8i - 10, 8i + 7].
+    assert kv_blocks_visited(50, 50, causal=True, window=10, block_q=8, block_k=16) == [
+        1, 1, 2, 2, 2, 2, 2
+    ]  # fmt: skip
+    assert kv_blocks_visited(50, 50, causal=True, window=1, block_q=8, block_k=8) == [1] * 7
+    # A window as long as the sequence is plain causal.
+    assert kv_blocks_visited(50, 50, causal=True, window=50, block_q=8, block_k=16) == (
+        kv_blocks_visited(50, 50, causal=True, block_q=8, block_k=16)
+    )
+    # 4096 tokens, blocks of 512, W = 512: at most 2 key blocks per query block ...
+    blocks = {"block_q": 512, "block_k": 512}
+    counts = kv_blocks_visited(4096, 4096, causal=True, window=512, **blocks)
+    assert counts == [1] + [2] * 7
+    assert sum(kv_blocks_visited(4096, 4096, causal=True, **blocks)) == 36  # causal: 8*9/2
+    # ... and the total grows linearly with the length (O(L * W)), not quadratically.
+    for length in (8192, 32768):
+        counts = kv_blocks_visited(length, length, causal=True, window=512, **blocks)
+        assert max(counts) == 2 and sum(counts) == 2 * (length // 512) - 1
+    counts = kv_blocks_visited(32768, 32768, causal=True, window=1024, **blocks)
+    assert max(counts) == 3 and sum(counts) <= 3 * (32768 // 512)
+    # Fewer keys than queries: the last query blocks see no key at all.
+    assert kv_blocks_visited(64, 16, causal=True, window=4, block_q=8, block_k=8) == [
+        1, 2, 1, 0, 0, 0, 0, 0
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="window=4: a sliding window needs causal=True"):
+        kv_blocks_visited(64, 64, causal=False, window=4)
+
+
 def _large_intermediates(jaxpr, length):
     """Shapes of values in ``jaxpr`` (recursively) with two or more axes >= ``length``."""
     found = []
@@ -227,7 +378,8 @@ def _large_intermediates(jaxpr, length):
     return found
 
 
-def test_no_length_squared_intermediate_at_2048_tokens():
+@pytest.mark.parametrize("window", [None, 300])
+def test_no_length_squared_intermediate_at_2048_tokens(window):
     length, batch = 2048, 1
     spec = jax.ShapeDtypeStruct((batch, length, H, 16), jnp.float32)
     pos = jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -236,11 +388,19 @@ def test_no_length_squared_intermediate_at_2048_tokens():
 
     def chunk(q, k, v):
         return chunked_attention(
-            q, k, v, q_positions=pos, k_positions=pos, bias_fn=bias_fn, causal=True, **blocks
+            q,
+            k,
+            v,
+            q_positions=pos,
+            k_positions=pos,
+            bias_fn=bias_fn,
+            causal=True,
+            window=window,
+            **blocks,
         )
 
     def plain(q, k, v):
-        return _plain(q, k, v, pos, pos, bias_fn, None, True)
+        return _plain(q, k, v, pos, pos, bias_fn, None, True, window)
 
     fwd = jax.make_jaxpr(jax.jit(chunk))(spec, spec, spec)
     bwd = jax.make_jaxpr(jax.jit(jax.grad(_loss(chunk), argnums=(0, 1, 2))))(spec, spec, spec)
@@ -274,6 +434,31 @@ def test_attend_dispatches_chunked_and_auto_on_cpu(caplog):
     # above the threshold "auto" is the chunked implementation, bit for bit
     above = attention.attend(q, k, v, implementation="auto", chunked_threshold=lk - 1, **kwargs)
     np.testing.assert_array_equal(above, chunked)
+
+
+@pytest.mark.parametrize("window", [1, 6, 30])
+def test_attend_with_window_agrees_across_implementations(window, caplog):
+    lq = lk = 24
+    q, k, v = _qkv(43, lq, lk)
+    qp = kp = _positions(lq)
+    valid = np.ones((B, lk), bool)
+    valid[1, 5:9] = False
+    mask = jnp.asarray(valid)[:, None, None, :]
+    kwargs = dict(q_positions=qp, k_positions=kp, mask=mask, causal=True, window=window)
+    ref = _plain(q, k, v, qp, kp, None, mask, True, window)
+    xla = attention.attend(q, k, v, implementation="xla", **kwargs)
+    chunked = attention.attend(q, k, v, implementation="chunked", **kwargs)
+    with caplog.at_level(logging.INFO, logger="flaxformer_lite.core.attention"):
+        auto = attention.attend(q, k, v, implementation="auto", **kwargs)
+        above = attention.attend(q, k, v, implementation="auto", chunked_threshold=8, **kwargs)
+    np.testing.assert_array_equal(xla, ref)
+    np.testing.assert_allclose(chunked, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(auto, xla)  # CPU, below the threshold: "xla"
+    np.testing.assert_array_equal(above, chunked)  # above it: "chunked", window included
+    # The window is really applied by each (plain causal differs).
+    if window < lk:
+        causal = _plain(q, k, v, qp, kp, None, mask, True)
+        assert np.abs(np.asarray(causal) - np.asarray(chunked)).max() > 1e-2
 
 
 def test_model_chunked_threshold_reaches_attention(monkeypatch, tiny_config):
@@ -332,6 +517,50 @@ def test_fused_wrapper_zeroes_fully_masked_rows(causal):
     assert np.all(np.asarray(out)[1] == 0.0)
 
 
+@pytest.mark.parametrize("window", [1, 4, 20])
+def test_fused_wrapper_with_window_matches_xla(window):
+    """local_window_size=(W - 1, 0) in jax.nn.dot_product_attention's XLA kernel, and the
+    rows the window (with or without a mask) leaves empty are zeros."""
+    assert attention._FUSED_HAS_WINDOW  # the installed JAX has local_window_size
+    lq, lk = 13, 9  # window 1 or 4: queries >= lk + window - 1 see no key
+    q, k, v = _qkv(47, lq, lk)
+    kv_valid = np.ones((B, lk), bool)
+    kv_valid[0, 2:6] = False  # window <= 4: query 5 of row 0 sees only padding
+    masks = (
+        None,
+        jnp.asarray(kv_valid)[:, None, None, :],
+        attention.padding_mask(jnp.asarray(np.arange(lq)[None, :] < [[11], [13]]), kv_valid),
+    )
+    for mask in masks:
+        out = attention._fused_attention(
+            q, k, v, mask=mask, causal=True, scale=None, window=window, kernel="xla"
+        )
+        ref = attention.dot_product_attention(q, k, v, mask=mask, causal=True, window=window)
+        assert np.all(np.isfinite(out))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+        if lq > lk + window - 1:
+            np.testing.assert_array_equal(np.asarray(out)[:, lk + window - 1 :], 0.0)
+    if window <= 4:
+        np.testing.assert_array_equal(np.asarray(out)[0, 5], 0.0)
+    with pytest.raises(ValueError, match="window=4: a sliding window needs causal=True"):
+        attention._fused_attention(q, k, v, mask=None, causal=False, scale=None, window=4)
+
+
+def test_fused_reason_for_a_window_without_local_window_size(monkeypatch):
+    """On a JAX without local_window_size the fused path reports it: "auto" falls back."""
+    reason = attention._fused_unavailable_reason
+    bf16 = jnp.dtype(jnp.bfloat16)
+    assert reason("gpu", (bf16,) * 3, has_bias=False, has_window=True) is None
+    monkeypatch.setattr(attention, "_FUSED_HAS_WINDOW", False)
+    assert "local_window_size" in reason("gpu", (bf16,) * 3, has_bias=False, has_window=True)
+    assert reason("gpu", (bf16,) * 3, has_bias=False, has_window=False) is None
+    q, k, v = _qkv(53, 8, 8)
+    with pytest.raises(NotImplementedError, match="local_window_size"):
+        attention._fused_attention(
+            q, k, v, mask=None, causal=True, scale=None, window=3, kernel="xla"
+        )
+
+
 def test_choose_implementation():
     choose = attention.choose_implementation
     assert attention.DEFAULT_CHUNKED_THRESHOLD == 1024
@@ -360,6 +589,11 @@ def test_invalid_arguments_raise_clear_errors():
         )
     with pytest.raises(ValueError, match="mask has shape"):
         chunked_attention(q, k, v, q_positions=qp, k_positions=qp, mask=jnp.ones((3, 8), bool))
+    with pytest.raises(ValueError, match="window=4: a sliding window needs causal=True"):
+        chunked_attention(q, k, v, q_positions=qp, k_positions=qp, window=4)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match=rf"^window={bad!r}: must be a positive int$"):
+            chunked_attention(q, k, v, q_positions=qp, k_positions=qp, causal=True, window=bad)
 
 
 def test_decoder_lm_loss_and_gradients_equal_with_chunked(monkeypatch):

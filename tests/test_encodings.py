@@ -224,6 +224,7 @@ def test_settings_record_the_exact_variant():
         "original_length": None,
         "yarn_alpha": 1.0,
         "yarn_beta": 32.0,
+        "yarn_variant": "hf",
     }
     assert cfg.encoding.settings(cfg.positional_options) == settings
     none = small_cfg("none")

@@ -421,11 +421,18 @@ def test_ntk_base_formula():
     assert got[-1] == pytest.approx(theta[-1] / s, rel=1e-6)  # the lowest is interpolated by s
 
 
-def test_yarn_blend_matches_numpy_reference_at_chosen_dims():
+def test_paper_yarn_blend_matches_numpy_reference_at_chosen_dims():
+    """The paper's variant (Eq. 17-19); the default is the authors' code (test_rope_scaling)."""
     d, s, big_l, b = 64, 4.0, 512, 10000.0
     got = np.asarray(
         rotary.rope_scaled_inv_frequencies(
-            d, scaling="yarn", scale=s, original_length=big_l, alpha=1.0, beta=32.0
+            d,
+            scaling="yarn",
+            scale=s,
+            original_length=big_l,
+            alpha=1.0,
+            beta=32.0,
+            yarn_variant="paper",
         )
     )
     dims = np.array([0, 3, 5, 10, 15, 20, 31])
@@ -646,6 +653,7 @@ def test_registry_entries():
         "original_length",
         "yarn_alpha",
         "yarn_beta",
+        "yarn_variant",
     )
     assert fl.get_positional_encoding("xpos").option_names() == (
         "base",
@@ -683,3 +691,62 @@ def test_kerple_module_takes_dims_options_and_kernel():
     assert pe.r2_max == 2.0
     with pytest.raises(ValueError, match=r"kernel='cubic'; allowed: \['log', 'power'\]"):
         encodings.KerpleBias(dims, encodings.NoOptions(), kernel="cubic", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("kernel", ["kerple_log", "kerple_power"])
+def test_kerple_parameters_stay_in_their_box_after_every_update(kernel, monkeypatch):
+    """The reference clamps r1, r2 in place before each forward; here the training step
+    projects them back after each update (`nn.constraints`), so the stored values never
+    leave the box even when an update would push them out (shown by the same steps with the
+    projection switched off)."""
+    import optax
+
+    from flaxformer_lite.nn import constraints
+    from flaxformer_lite.train import step as train_step
+
+    rng = np.random.default_rng(0)
+    batch = {
+        "inputs": jnp.asarray(rng.integers(0, 13, (2, 8)), jnp.int32),
+        "targets": jnp.asarray(rng.integers(0, 13, (2, 8)), jnp.int32),
+        "loss_mask": jnp.ones((2, 8)),
+        "positions": jnp.broadcast_to(jnp.arange(8), (2, 8)),
+    }
+    high = 2.0 if kernel == "kerple_power" else np.inf
+
+    def coefficients(project: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+        if not project:
+            monkeypatch.setattr(constraints, "project", lambda state: state)
+        model = fl.DecoderOnlyLM(tiny_cfg(kernel), rngs=nnx.Rngs(0))
+        # an update of -5 then +5 on every parameter: first below the box, then above it
+        sign = {"n": 0}
+
+        def update(grads, opt_state, params=None):
+            sign["n"] += 1
+            delta = -5.0 if sign["n"] == 1 else 5.0
+            return jax.tree.map(lambda g: jnp.full_like(g, delta), grads), opt_state
+
+        tx = optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+        graphdef, state = train_step.init_train_state(model, tx)
+        out = []
+        for _ in range(2):
+            step = train_step.make_train_step(graphdef, tx, lambda s: 1.0)
+            state, _ = step(state, batch)
+            pe = state["params"]["decoder"]["pe"]
+            out.append(tuple(np.asarray(pe[n].get_value()) for n in ("r1", "r2")))
+        return out
+
+    def in_box(r1, r2):
+        return (r1 >= 0.01).all() and (r2 >= 0.01).all() and (r2 <= high).all()
+
+    (low1, low2), (high1, high2) = coefficients(project=True)
+    assert in_box(low1, low2) and in_box(high1, high2)
+    np.testing.assert_allclose(low1, 0.01)  # clipped to the lower edge ...
+    if kernel == "kerple_power":
+        np.testing.assert_allclose(high2, 2.0)  # ... and to the upper one
+    assert not in_box(*coefficients(project=False)[0])  # without it: out of the box
+    model = fl.DecoderOnlyLM(tiny_cfg(kernel), rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    assert constraints.bounds_of(params["decoder"]["pe"]["r2"]) == (
+        0.01,
+        None if high == np.inf else 2.0,
+    )

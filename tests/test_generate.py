@@ -73,15 +73,29 @@ SRC_POSITIONS = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (2, 7))
 SRC_VALID = jnp.asarray([[True] * 7, [True] * 6 + [False]])  # a padded source token
 
 
-def _full_and_cached(model, tokens, positions):
-    """Logits ``[b, T, V]`` of one full forward pass, and of prefilling ``P`` tokens and
-    then decoding the rest one token at a time through the cache (a ``lax.scan``)."""
+def _recomputed(model, tokens, positions, per_prefix):
+    """Reference logits ``[b, T, V]``: the full forward pass over the tokens so far at every
+    step (the prompt's ``P`` rows from one pass over the prompt, then each later row from a
+    pass over its prefix); one pass over all ``T`` tokens when ``per_prefix`` is False (equal
+    by causality, except for an encoding that reads the current length: dynamic NTK)."""
     if isinstance(model, EncoderDecoder):
         src_kw = dict(src_positions=SRC_POSITIONS, src_valid=SRC_VALID)
-        full = model(SRC, tokens, tgt_positions=positions, **src_kw)
+        run = lambda n: model(SRC, tokens[:, :n], tgt_positions=positions[:, :n], **src_kw)
+    else:
+        run = lambda n: model(tokens[:, :n], positions[:, :n])
+    if not per_prefix:
+        return run(T)
+    return jnp.concatenate([run(P)] + [run(n)[:, -1:] for n in range(P + 1, T + 1)], axis=1)
+
+
+def _full_and_cached(model, tokens, positions, per_prefix=False):
+    """`_recomputed` logits, and those of prefilling ``P`` tokens and then decoding the rest
+    one token at a time through the cache (a ``lax.scan``)."""
+    full = _recomputed(model, tokens, positions, per_prefix)
+    if isinstance(model, EncoderDecoder):
+        src_kw = dict(src_positions=SRC_POSITIONS, src_valid=SRC_VALID)
         cache = model.init_cache(SRC, capacity=T, positions=positions, **src_kw)
     else:
-        full = model(tokens, positions)
         cache = model.init_cache(tokens.shape[0], T, positions=positions)
     first, cache = model.decode_step(tokens[:, :P], positions[:, :P], cache)
 
@@ -94,11 +108,11 @@ def _full_and_cached(model, tokens, positions):
     return full, jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], axis=1)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _compare_all(graphdefs, states, tokens, positions):
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _compare_all(graphdefs, states, tokens, positions, per_prefix=False):
     """`_full_and_cached` for several models in one compile (fewer compiles, faster tests)."""
     return [
-        _full_and_cached(nnx.merge(g, s), tokens, positions)
+        _full_and_cached(nnx.merge(g, s), tokens, positions, per_prefix)
         for g, s in zip(graphdefs, states, strict=True)
     ]
 
@@ -110,13 +124,17 @@ def test_cached_decoding_equals_full_forward(name, scaling):
     """Prompt of 5 tokens prefilled at once, 11 more one at a time, total 16 > the training
     length 8 of the scaled RoPE variants; offset positions on row 1. The DecoderOnlyLM, and
     the EncoderDecoder (unless the encoding is causal-only; with a padded source token, so
-    cached cross-attention is compared with recomputing it)."""
+    cached cross-attention is compared with recomputing it). Dynamic NTK takes its scale
+    from the current length, so its reference recomputes the forward pass at every step."""
     cfg = small_cfg(name, ROPE_SCALINGS.get(scaling))
     models = [DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))]
     if not get_positional_encoding(name).causal_only and not scaling:
         models.append(EncoderDecoder(cfg, rngs=nnx.Rngs(0)))
     graphdefs, states = zip(*(nnx.split(m) for m in models), strict=True)
-    results = _compare_all(tuple(graphdefs), list(states), _tokens(0, (2, T)), POSITIONS)
+    per_prefix = scaling == "dynamic_ntk"
+    results = _compare_all(
+        tuple(graphdefs), list(states), _tokens(0, (2, T)), POSITIONS, per_prefix
+    )
     for model, (full, cached) in zip(models, results, strict=True):
         assert np.isfinite(np.asarray(full)).all(), type(model).__name__
         np.testing.assert_allclose(
@@ -372,3 +390,48 @@ def test_generate_script_end_to_end(tmp_path):
     text = (prompt.encode() + bytes(tokens.tolist())).decode("utf-8", errors="replace")
     assert proc.stdout == text + "\n"
     assert proc.stdout.startswith(prompt)
+
+
+def test_dynamic_ntk_prompt_does_not_depend_on_how_much_follows():
+    """The issue's repro: a 2-layer RoPE model with dynamic NTK and original length 4; a
+    4-token prompt prefilled into caches of capacity 4, 8 and 20 gives the logits of the full
+    forward pass over the prompt (the cache's capacity is not the current length), and
+    generating past the original length equals recomputing the forward pass at every step."""
+    cfg = small_cfg("rope", {"scaling": "dynamic_ntk", "original_length": 4}, num_decoder_layers=2)
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(1))
+    prompt = _tokens(7, (2, 4))
+    full = np.asarray(model(prompt, jnp.arange(4)[None]))
+    for capacity in (4, 8, 20):
+        cache = model.init_cache(2, capacity)
+        logits, _ = model.decode_step(prompt, jnp.broadcast_to(jnp.arange(4), (2, 4)), cache)
+        np.testing.assert_allclose(np.asarray(logits), full, atol=1e-5, rtol=1e-5)
+    for max_new in (3, 9):
+        out = generate(model, prompt, max_new_tokens=max_new)
+        fed = jnp.concatenate([prompt, out[:, :-1]], axis=1)
+        for t in range(max_new):  # the logits that chose token t: a pass over 4 + t tokens
+            n = 4 + t
+            step = np.asarray(model(fed[:, :n], jnp.arange(n)[None]))[:, -1]
+            np.testing.assert_array_equal(np.argmax(step, -1), np.asarray(out[:, t]))
+
+
+@pytest.mark.parametrize("name", ["xpos", "alibi", "rope", "learned"])
+def test_windowed_cached_decoding_equals_full_forward(name):
+    """With a sliding window (each query sees its last 4 keys) the cache's position-based
+    window equals the full pass's index-based one for positions 0..n-1."""
+    model = DecoderOnlyLM(small_cfg(name, attention_window=4), rngs=nnx.Rngs(0))
+    plain = DecoderOnlyLM(small_cfg(name), rngs=nnx.Rngs(0))
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (2, T))
+    (full, cached), (plain_full, _) = _compare_all(
+        (nnx.split(model)[0], nnx.split(plain)[0]),
+        [nnx.split(model)[1], nnx.split(plain)[1]],
+        _tokens(0, (2, T)),
+        positions,
+    )
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(full)[:, :4], np.asarray(plain_full)[:, :4], atol=1e-5)
+    assert not np.allclose(np.asarray(full)[:, 4:], np.asarray(plain_full)[:, 4:], atol=1e-4)
+
+
+def test_a_window_is_refused_by_a_bidirectional_encoder():
+    with pytest.raises(ValueError, match=r"attention_window=4: a window applies to causal"):
+        EncoderDecoder(small_cfg("alibi", attention_window=4), rngs=nnx.Rngs(0))

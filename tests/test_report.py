@@ -211,10 +211,10 @@ def test_tables_one_seed_and_a_missing_cell():
     assert "rope & \\textbf{2.000} & 3.000 \\\\\nalibi & 2.500 & --- \\\\\n" in tex
     head = ["bits_per_byte_nonoverlapping", "s", "bits_per_byte", "nonoverlapping", "", "64"]
     assert _parse_csv(report.render_csv(table))[1:] == [
-        [*head, "rope", "64", "1", "", "2.0", "", "1"],
-        [*head, "rope", "128", "2", "", "3.0", "", "1"],
-        [*head, "alibi", "64", "1", "", "2.5", "", "1"],
-        [*head, "alibi", "128", "2", "", "", "", "0"],  # not measured: n = 0, no numbers
+        [*head, "rope", "64", "1", "", "2.0", "", "1", ""],
+        [*head, "rope", "128", "2", "", "3.0", "", "1", ""],
+        [*head, "alibi", "64", "1", "", "2.5", "", "1", ""],
+        [*head, "alibi", "128", "2", "", "", "", "0", ""],  # not measured: n = 0, no numbers
     ]
 
 
@@ -533,3 +533,29 @@ def test_make_report_script(tmp_path):
     assert done.returncode != 0
     assert "error: no results rows" in done.stderr
     assert not (empty / "REPORT.md").exists()
+
+
+def test_not_applicable_cells_read_n_a_never_a_number(tmp_path):
+    """A learned table has no row past L: its cells there are "n/a" with the reason, in
+    Markdown, LaTeX and CSV, and take no part in "best"."""
+    na = "no position embedding past 64 (the table has 64 rows)"
+    rows = (
+        [_row("learned", s, 64, 2.0 + s / 10) for s in range(2)]
+        + [_row("learned", s, 128, None, na=na) for s in range(2)]
+        + [_row("alibi", s, n, 2.5 + s / 10) for s in range(2) for n in (64, 128)]
+    )
+    (path := tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded, problems = results.load_rows(path, return_problems=True)
+    assert problems == [] and len(loaded) == len(rows)  # a None value with a reason is valid
+    (table,) = report.build_tables(loaded)
+    md = report.render_markdown(table)
+    assert "| learned | **2.050 ± 0.635** | n/a |" in md  # one number at 2x: nothing to mark
+    assert "| alibi | 2.550 ± 0.635 | 2.550 ± 0.635 |" in md
+    assert f"n/a: {na}." in md
+    assert " & n/a \\\\" in report.render_latex(table)
+    csv_rows = list(csv.DictReader(io.StringIO(report.render_csv(table))))
+    cell = next(r for r in csv_rows if r["encoding"] == "learned" and r["eval_length"] == "128")
+    assert (cell["mean"], cell["n"], cell["note"]) == ("", "0", f"n/a: {na}")
+    bad = _row("learned", 0, 256, None)  # None without a reason is still refused
+    (path2 := tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+    assert results.load_rows(path2, return_problems=True, warn=False)[0] == []

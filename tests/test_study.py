@@ -134,3 +134,21 @@ def test_rows_for_cell_carry_the_plan_labels():
     assert base["encoding_options"]["scaling"] == "none"
     assert {r["eval_multiple"] for r in rows} == {1, 2}
     json.dumps(rows)  # serialisable
+
+
+def test_encoding_hyperparameters_are_sized_to_the_training_length():
+    """T5 max_distance L / 4 (T5: 128 with inputs of 512), FIRE's threshold L / 4, xPos's
+    scale base L / 2 (torchscale: 512 at 1024), the learned table L rows."""
+    for preset, length in (("quick", 64), ("tiny", 16), ("paper", 512)):
+        c = extrapolation_lm.get_config(preset)
+        o = c.model.positional_options
+        assert c.data.train_length == length
+        assert o.t5.max_distance == max(length // 4, 3)
+        assert o.t5.num_buckets // 2 < o.t5.max_distance  # above the exact buckets
+        assert o.fire.threshold_init == length / 4
+        assert o.xpos.scale_base == length / 2
+        assert o.learned.max_length == length
+        assert o.rope.original_length == length
+        assert c.model.max_position == length * max(c.eval.length_multiples)
+    assert extrapolation_lm.get_config("paper").model.positional_options.t5.num_buckets == 32
+    assert extrapolation_lm.get_config("all").eval.local_window == 64

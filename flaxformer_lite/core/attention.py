@@ -13,10 +13,18 @@ Logits and the softmax are always computed in float32, whatever the input dtype,
 bfloat16 cannot resolve the small differences a softmax over long rows depends on. Masks are
 boolean with ``True`` meaning "may attend". A query row whose keys are all masked produces
 zero weights and a zero output, never NaN.
+
+Every function that takes ``causal`` also takes ``window``: a positive int W (only with
+``causal=True``) restricting query ``i`` to keys ``i - W < j <= i``, its last W keys itself
+included (`window_mask`). This is sliding-window ("local") causal attention as in Longformer
+(Beltagy et al. 2020) and Mistral 7B (Jiang et al. 2023), and the blockwise-causal attention
+xPos is evaluated with (Sun et al. 2022, "A Length-Extrapolatable Transformer"); the chunked
+implementation then does ``O(length * W)`` work instead of ``O(length^2)``.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import jax
@@ -25,6 +33,7 @@ import jax.numpy as jnp
 from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core import chunked_attention as _chunked
 from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
+from flaxformer_lite.core.chunked_attention import check_window
 
 Array = jax.Array
 
@@ -46,6 +55,15 @@ _BIAS_REASON = (
     "the fused kernel cannot evaluate a positional bias_fn (the bias would have to be "
     "materialised as [batch, heads, q_len, kv_len])"
 )
+# jax.nn.dot_product_attention takes a sliding window as local_window_size=(left, right) in
+# the JAX versions that have that argument; older ones cannot run a window fused.
+_FUSED_HAS_WINDOW = (
+    "local_window_size" in inspect.signature(jax.nn.dot_product_attention).parameters
+)
+_WINDOW_REASON = (
+    "this JAX's jax.nn.dot_product_attention has no local_window_size argument (needed for "
+    "a sliding window)"
+)
 
 
 def causal_mask(q_len: int, kv_len: int) -> Array:
@@ -59,6 +77,19 @@ def causal_mask(q_len: int, kv_len: int) -> Array:
     check_positive_int("q_len", q_len)
     check_positive_int("kv_len", kv_len)
     return jnp.arange(kv_len)[None, :] <= jnp.arange(q_len)[:, None]
+
+
+def window_mask(q_len: int, kv_len: int, window: int) -> Array:
+    """Boolean ``[q_len, kv_len]`` sliding-window causal mask: True where ``i - W < j <= i``.
+
+    Query ``i`` sees its last ``window`` keys, itself included (``window=1``: only key ``i``;
+    ``window >= kv_len``: `causal_mask`). Top-left aligned like `causal_mask`; local
+    attention as in Longformer / Mistral, and the blockwise-causal attention xPos is
+    evaluated with (Sun et al. 2022).
+    """
+    window = check_positive_int("window", window)
+    causal = causal_mask(q_len, kv_len)
+    return causal & (jnp.arange(kv_len)[None, :] > jnp.arange(q_len)[:, None] - window)
 
 
 def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
@@ -97,14 +128,17 @@ def attention_logits(
     mask: Array | None = None,
     bias: Array | None = None,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
 ) -> tuple[Array, Array | None]:
     """Masked float32 logits ``[batch, heads, q_len, kv_len]`` and the combined boolean mask.
 
     Masked entries hold a large negative finite number. The mask returned is the
-    broadcastable combination of ``mask`` and ``causal`` (None if neither is given).
+    broadcastable combination of ``mask`` and ``causal`` (`window_mask` instead of
+    `causal_mask` when a ``window`` is given; None if neither is given).
     """
     _check_qk(q, k)
+    window = check_window(window, causal)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
@@ -113,7 +147,7 @@ def attention_logits(
         bias = as_rank4(jnp.asarray(bias, dtype=jnp.float32))
         check_broadcastable("bias", bias.shape, logits.shape)
         logits = logits + bias
-    combined = _combine_masks(mask, causal, q.shape[1], k.shape[1], logits.shape)
+    combined = _combine_masks(mask, causal, window, q.shape[1], k.shape[1], logits.shape)
     if combined is not None:
         logits = jnp.where(combined, logits, jnp.float32(MASKED_LOGIT))
     return logits, combined
@@ -127,6 +161,7 @@ def attention_weights(
     mask: Array | None = None,
     bias: Array | None = None,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
 ) -> Array:
     """Attention probabilities ``[batch, heads, q_len, kv_len]`` in float32.
@@ -135,13 +170,16 @@ def attention_weights(
     calls can share an argument list). Fully masked rows are all zeros.
     """
     del v
-    logits, combined = attention_logits(q, k, mask=mask, bias=bias, causal=causal, scale=scale)
+    logits, combined = attention_logits(
+        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+    )
     weights = jax.nn.softmax(logits, axis=-1)
-    if mask is not None:
+    if mask is not None or window is not None:
         # Zero out masked entries; for an all-masked row the softmax was uniform over
         # identical sentinel logits, so this also turns that row into zeros. A causal mask
         # alone needs no pass: it never hides a whole row (every query sees key 0) and its
-        # entries are already exactly 0 (exp(-1e30 - max) underflows).
+        # entries are already exactly 0 (exp(-1e30 - max) underflows). A window can hide
+        # whole rows (query i >= kv_len + W - 1 sees no key).
         weights = jnp.where(combined, weights, jnp.float32(0.0))
     return weights
 
@@ -154,6 +192,7 @@ def dot_product_attention(
     mask: Array | None = None,
     bias: Array | None = None,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
 ) -> Array:
     """``softmax(q k^T * scale + bias) v`` for ``[batch, length, heads, head_dim]`` inputs.
@@ -166,6 +205,10 @@ def dot_product_attention(
         leading axes count as size 1, e.g. a ``[q_len, kv_len]`` mask); True = attend.
       bias: optional additive logit bias broadcastable to the same shape (added in float32).
       causal: also apply `causal_mask` (query i sees keys j <= i).
+      window: optional positive int W, only with ``causal=True``: sliding-window causal
+        attention, query i sees keys ``i - W < j <= i`` (`window_mask` replaces
+        `causal_mask`). Longformer / Mistral-style local attention; the blockwise-causal
+        attention xPos is evaluated with (Sun et al. 2022).
       scale: logit scale; defaults to ``1/sqrt(head_dim)`` (Vaswani et al. 2017, §3.2.1).
 
     Returns:
@@ -177,7 +220,9 @@ def dot_product_attention(
             f"v has shape {v.shape} but k has shape {k.shape}; they must agree on "
             "[batch, kv_len, heads]"
         )
-    weights = attention_weights(q, k, mask=mask, bias=bias, causal=causal, scale=scale)
+    weights = attention_weights(
+        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+    )
     out = jnp.einsum(
         "bhqk,bkhd->bqhd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
     )
@@ -194,6 +239,7 @@ def attend(
     bias_fn: BiasFn | None = None,
     mask: Array | None = None,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     implementation: str = "xla",
     chunked_threshold: int = DEFAULT_CHUNKED_THRESHOLD,
@@ -208,7 +254,9 @@ def attend(
       q, k, v: as in `dot_product_attention`.
       q_positions: int ``[batch, q_len]``; k_positions: int ``[batch, kv_len]``.
       bias_fn: optional positional logit bias (ALiBi, T5, ...), see `BiasFn`.
-      mask, causal, scale: as in `dot_product_attention`.
+      mask, causal, window, scale: as in `dot_product_attention`. Every implementation
+        applies the ``window``; "chunked" then skips the key blocks outside it
+        (``O(length * W)`` work), the fused kernel gets ``local_window_size=(W - 1, 0)``.
       implementation: one of `IMPLEMENTATIONS`: "xla" materialises the scores; "chunked"
         is `chunked_attention.chunked_attention` (O(length) memory, bias per block);
         "cudnn" is the fused GPU kernel (no bias_fn, fp16/bf16; a ValueError elsewhere);
@@ -222,22 +270,12 @@ def attend(
         raise ValueError(
             f"implementation={implementation!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
         )
+    window = check_window(window, causal)
     if implementation in ("auto", "cudnn"):
-        reason = _fused_unavailable_reason(
-            jax.default_backend(), (q.dtype, k.dtype, v.dtype), has_bias=bias_fn is not None
-        )
-        if reason is None:
-            try:
-                return _fused_attention(q, k, v, mask=mask, causal=causal, scale=scale)
-            except (ValueError, NotImplementedError, RuntimeError) as err:
-                if implementation == "cudnn":
-                    raise
-                reason = f"the fused kernel rejected the call ({type(err).__name__}: {err})"
-        elif implementation == "cudnn":
-            raise ValueError(
-                f"implementation='cudnn' cannot run here: {reason}. Use 'auto' (falls back "
-                "automatically), 'chunked' or 'xla'."
-            )
+        masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
+        out, reason = _try_fused(implementation, q, k, v, has_bias=bias_fn is not None, **masking)
+        if out is not None:
+            return out
         implementation = choose_implementation(
             "xla", q.shape[1], k.shape[1], threshold=chunked_threshold
         )
@@ -258,10 +296,13 @@ def attend(
             bias_fn=bias_fn,
             mask=mask,
             causal=causal,
+            window=window,
             scale=scale,
         )
     bias = None if bias_fn is None else bias_fn(q_positions, k_positions)
-    return dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale)
+    return dot_product_attention(
+        q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+    )
 
 
 def choose_implementation(
@@ -289,7 +330,7 @@ def choose_implementation(
 
 
 def _fused_unavailable_reason(
-    backend: str, dtypes: tuple[jnp.dtype, ...], *, has_bias: bool
+    backend: str, dtypes: tuple[jnp.dtype, ...], *, has_bias: bool, has_window: bool = False
 ) -> str | None:
     """Why `jax.nn.dot_product_attention(implementation="cudnn")` cannot run, or None."""
     if backend not in ("gpu", "cuda"):
@@ -299,7 +340,39 @@ def _fused_unavailable_reason(
         return f"the fused kernel needs float16 or bfloat16 q, k, v of one dtype; got {names}"
     if has_bias:
         return _BIAS_REASON
+    if has_window and not _FUSED_HAS_WINDOW:
+        return _WINDOW_REASON
     return None
+
+
+def _try_fused(
+    implementation: str, q: Array, k: Array, v: Array, *, has_bias: bool, **kwargs
+) -> tuple[Array | None, str | None]:
+    """`_fused_attention` for "cudnn" / "auto": ``(output, None)``, or ``(None, reason)``.
+
+    "cudnn" raises where "auto" returns the reason (to fall back): the kernel cannot run
+    here (`_fused_unavailable_reason`), or it rejected the call. ``kwargs`` are `attend`'s
+    ``mask, causal, window, scale``.
+    """
+    reason = _fused_unavailable_reason(
+        jax.default_backend(),
+        (q.dtype, k.dtype, v.dtype),
+        has_bias=has_bias,
+        has_window=kwargs["window"] is not None,
+    )
+    if reason is None:
+        try:
+            return _fused_attention(q, k, v, **kwargs), None
+        except (ValueError, NotImplementedError, RuntimeError) as err:
+            if implementation == "cudnn":
+                raise
+            return None, f"the fused kernel rejected the call ({type(err).__name__}: {err})"
+    if implementation == "cudnn":
+        raise ValueError(
+            f"implementation='cudnn' cannot run here: {reason}. Use 'auto' (falls back "
+            "automatically), 'chunked' or 'xla'."
+        )
+    return None, reason
 
 
 def _fused_attention(
@@ -310,16 +383,21 @@ def _fused_attention(
     mask: Array | None,
     causal: bool,
     scale: float | None,
+    window: int | None = None,
     kernel: str = "cudnn",
 ) -> Array:
     """`jax.nn.dot_product_attention` with this module's conventions for masked rows.
 
     The fused kernel turns a boolean mask into a large negative bias, so a row with no
     visible key would average all values; such rows are set to zero here, as in
-    `dot_product_attention`. ``kernel="xla"`` runs the same code path on any backend
-    (tests).
+    `dot_product_attention`. A ``window`` W becomes ``local_window_size=(W - 1, 0)`` with
+    ``is_causal=True``: key ``j`` is visible from query ``i`` iff ``i - (W - 1) <= j <= i``.
+    ``kernel="xla"`` runs the same code path on any backend (tests).
     """
     _check_qk(q, k)
+    window = check_window(window, causal)
+    if window is not None and not _FUSED_HAS_WINDOW:
+        raise NotImplementedError(_WINDOW_REASON)
     mask4 = None
     if mask is not None:
         mask4 = as_rank4(jnp.asarray(mask))
@@ -327,25 +405,39 @@ def _fused_attention(
             raise ValueError(f"mask must be boolean (True = attend); got dtype {mask4.dtype}")
         q_len, kv_len = q.shape[1], k.shape[1]
         check_broadcastable("mask", mask4.shape, (q.shape[0], q.shape[2], q_len, kv_len))
+    kwargs = {} if window is None else {"local_window_size": (window - 1, 0)}
     out = jax.nn.dot_product_attention(
-        q, k, v, mask=mask4, scale=scale, is_causal=causal, implementation=kernel
+        q, k, v, mask=mask4, scale=scale, is_causal=causal, implementation=kernel, **kwargs
     )
-    if mask4 is not None:
-        rows = _visible_rows(mask4, causal, q.shape[1], k.shape[1])  # [mb, mh, q_len or 1]
+    if mask4 is not None or window is not None:
+        rows = _visible_rows(mask4, causal, window, q.shape[1], k.shape[1])  # [mb, mh, q|1]
         out = jnp.where(jnp.swapaxes(rows, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
     return out
 
 
-def _visible_rows(mask4: Array, causal: bool, q_len: int, kv_len: int) -> Array:
-    """Bool ``[mb, mh, q_len or 1]``: the query row sees at least one key."""
+def _visible_rows(
+    mask4: Array | None, causal: bool, window: int | None, q_len: int, kv_len: int
+) -> Array:
+    """Bool ``[mb, mh, q_len or 1]``: the query row sees at least one key.
+
+    ``mask4`` is None only with a window (which hides rows ``i >= kv_len + W - 1``).
+    """
     if not causal:
         return jnp.any(mask4, axis=-1)
+    if mask4 is None:
+        mask4 = jnp.ones((1, 1, 1, kv_len), bool)
     if mask4.shape[2] > 1:  # the mask is already [.., q_len, kv_len]-sized
-        return jnp.any(mask4 & causal_mask(q_len, kv_len)[None, None, :, :], axis=-1)
-    # Row i sees keys 0..i: visible iff some key j <= min(i, kv_len - 1) is unmasked.
-    seen = jnp.cumsum(mask4[:, :, 0, :].astype(jnp.int32), axis=-1) > 0  # [mb, mh, kv|1]
-    last = jnp.minimum(jnp.arange(q_len), seen.shape[-1] - 1)
-    return jnp.take(seen, last, axis=-1)
+        index = causal_mask(q_len, kv_len) if window is None else window_mask(q_len, kv_len, window)
+        return jnp.any(mask4 & index[None, None, :, :], axis=-1)
+    # Row i sees keys max(0, i - W + 1)..min(i, kv_len - 1) (no window: from 0): visible iff
+    # one of them is unmasked, i.e. the count of unmasked keys up to each end differs.
+    keys = jnp.broadcast_to(mask4[:, :, 0, :], (*mask4.shape[:2], kv_len))
+    counts = jnp.pad(jnp.cumsum(keys.astype(jnp.int32), axis=-1), ((0, 0), (0, 0), (1, 0)))
+    rows = jnp.arange(q_len)
+    hi = jnp.minimum(rows + 1, kv_len)  # counts[..., n] = unmasked keys among 0..n-1
+    lo = jnp.zeros_like(rows) if window is None else jnp.clip(rows - window + 1, 0, kv_len)
+    lo = jnp.minimum(lo, hi)
+    return jnp.take(counts, hi, axis=-1) > jnp.take(counts, lo, axis=-1)
 
 
 def _notice_once(reason: str, message: str, *, level: int = logging.INFO) -> None:
@@ -356,7 +448,12 @@ def _notice_once(reason: str, message: str, *, level: int = logging.INFO) -> Non
 
 
 def _combine_masks(
-    mask: Array | None, causal: bool, q_len: int, kv_len: int, shape: tuple[int, ...]
+    mask: Array | None,
+    causal: bool,
+    window: int | None,
+    q_len: int,
+    kv_len: int,
+    shape: tuple[int, ...],
 ) -> Array | None:
     combined = None
     if mask is not None:
@@ -367,7 +464,8 @@ def _combine_masks(
         check_broadcastable("mask", mask.shape, shape)
         combined = mask
     if causal:
-        tri = causal_mask(q_len, kv_len)[None, None, :, :]
+        tri = causal_mask(q_len, kv_len) if window is None else window_mask(q_len, kv_len, window)
+        tri = tri[None, None, :, :]
         combined = tri if combined is None else jnp.logical_and(combined, tri)
     return combined
 

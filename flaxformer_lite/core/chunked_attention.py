@@ -19,6 +19,13 @@ key blocks inside -- is FlashAttention-2's, Dao 2023, arXiv 2307.08691.)
 * With ``causal=True`` the key blocks strictly above the diagonal are never visited (the inner
   loop's trip count depends on the query block), and blocks strictly below it skip the
   causal ``where``; only blocks cut by the diagonal are masked.
+* With a ``window`` W (sliding-window / local causal attention as in Longformer and Mistral,
+  and the blockwise-causal attention xPos is evaluated with, Sun et al. 2022: query ``i``
+  sees keys ``i - W < j <= i``) the key blocks entirely before every query's window are
+  skipped too (the loop starts at the query block's first needed key block), so the forward
+  pass costs ``O(length * W)`` instead of ``O(length^2)``; blocks cut by the window's lower
+  edge are masked, blocks entirely inside it are not. The backward pass skips the query
+  blocks outside each key block's band the same way.
 * Reverse mode is a `jax.custom_vjp` that saves only ``q, k, v``, the output and the
   per-row log-sum-exp ``[b, heads, q_len]`` and recomputes the block scores in the backward
   pass (FlashAttention Algorithm 2 / FlashAttention-2 Algorithm 2), so training memory is
@@ -59,6 +66,7 @@ def chunked_attention(
     bias_fn: BiasFn | None = None,
     mask: Array | None = None,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
@@ -78,6 +86,9 @@ def chunked_attention(
         axes count as size 1); True = attend. Sliced per block, so a key-padding mask
         ``[batch, 1, 1, kv_len]`` costs ``O(kv_len)``.
       causal: query ``i`` sees key ``j`` iff ``j <= i`` (top-left aligned).
+      window: optional positive int W, only with ``causal=True``: query ``i`` sees key ``j``
+        iff ``i - W < j <= i`` (its last W keys, itself included; `check_window`). Key
+        blocks outside every query's window are never visited: ``O(q_len * W)`` work.
       scale: logit scale, a Python number; default ``1/sqrt(head_dim)``.
       block_q, block_k: block sizes, clipped to the lengths. Lengths that are not a multiple
         are padded, and the padding is masked.
@@ -86,6 +97,7 @@ def chunked_attention(
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``; rows with no visible key are zeros.
     """
     _check_inputs(q, k, v, q_positions, k_positions, mask)
+    window = check_window(window, causal)
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
     block_q = check_positive_int("block_q", block_q)
@@ -115,6 +127,7 @@ def chunked_attention(
         scale=float(scale),
         mask_q=mask4 is not None and mask4.shape[2] > 1,
         mask_k=mask4 is not None and mask4.shape[3] > 1,
+        window=window or 0,
     )
     # [b, L, h, d] -> [b, h, L_padded, d]: blocks are slices along axis 2.
     qt = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * bq, 0)
@@ -123,18 +136,7 @@ def chunked_attention(
     qpos = _pad_axis(jnp.asarray(q_positions), 1, nq * bq, "edge")
     kpos = _pad_axis(jnp.asarray(k_positions), 1, nk * bk, "edge")
 
-    converted, consts = None, ()
-    if bias_fn is not None:
-        converted, consts = jax.closure_convert(bias_fn, qpos[:, :bq], kpos[:, :bk])
-        consts = tuple(consts)
-        bias_shape = jax.eval_shape(converted, qpos[:, :bq], kpos[:, :bk], *consts).shape
-        if len(bias_shape) != 4:
-            raise ValueError(
-                f"bias_fn must return [batch, heads, bq, bk] (4 axes); got shape {bias_shape} "
-                f"for position blocks of {bq} queries and {bk} keys"
-            )
-        check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, bq, bk))
-
+    converted, consts = _convert_bias_fn(bias_fn, qpos[:, :bq], kpos[:, :bk], batch, heads)
     out = _attention(cfg, converted, qt, kt, vt, qpos, kpos, mask4, consts)
     return jnp.swapaxes(out[:, :, :q_len], 1, 2)
 
@@ -144,17 +146,41 @@ def kv_blocks_visited(
     kv_len: int,
     *,
     causal: bool,
+    window: int | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
 ) -> list[int]:
     """Number of key blocks the forward pass visits for each query block (for docs/tests).
 
     Causal: ``min(nk, ((i + 1) * bq - 1) // bk + 1)`` for query block ``i``, i.e. about half
-    of the ``nq * nk`` blocks at ``q_len == kv_len``; otherwise all ``nk``.
+    of the ``nq * nk`` blocks at ``q_len == kv_len``; otherwise all ``nk``. With a
+    ``window`` W the blocks before ``max(0, (i * bq - W + 1) // bk)`` are skipped as well: a
+    query block needs keys ``i * bq - W + 1 .. (i + 1) * bq - 1``, which lie in at most
+    ``(bq + W - 3) // bk + 2`` key blocks whatever the length, so the total is
+    ``O(q_len * W / bk)`` (at ``bq = bk = W = 512``: 2 per query block, 1 for the first).
     """
+    window = check_window(window, causal)
     bq, bk = min(block_q, q_len), min(block_k, kv_len)
-    cfg = _Config(q_len, kv_len, bq, bk, -(-q_len // bq), -(-kv_len // bk), causal, 1.0)
-    return [int(_kv_end(cfg, i)) for i in range(cfg.nq)]
+    nq, nk = -(-q_len // bq), -(-kv_len // bk)
+    cfg = _Config(q_len, kv_len, bq, bk, nq, nk, causal, 1.0, window=window or 0)
+    return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(nq)]
+
+
+def check_window(window, causal: bool) -> int | None:
+    """``window`` as an int (or None): a positive int, and only together with ``causal=True``.
+
+    The one rule for every attention implementation (`attention.attend` and friends): with
+    window W, query ``i`` attends to key ``j`` iff ``i - W < j <= i``.
+    """
+    if window is None:
+        return None
+    window = check_positive_int("window", window)
+    if not causal:
+        raise ValueError(
+            f"window={window}: a sliding window needs causal=True (query i sees keys "
+            "i - window < j <= i)"
+        )
+    return window
 
 
 # --------------------------------------------------------------------------- implementation
@@ -173,25 +199,42 @@ class _Config(NamedTuple):
     scale: float
     mask_q: bool = False  # the mask varies along queries / keys (else broadcast, size 1)
     mask_k: bool = False
+    window: int = 0  # sliding window W (causal only): query i sees keys i - W < j <= i; 0 = none
 
     @property
     def kv_padded(self) -> bool:
         return self.nk * self.bk != self.kv_len
 
 
+def _kv_start(cfg: _Config, i):
+    """First key block query block ``i`` needs: 0, or with a window the block holding key
+    ``i * bq - W + 1`` (the lowest key its first query sees)."""
+    if not cfg.window:
+        return 0
+    return jnp.maximum(0, (i * cfg.bq - cfg.window + 1) // cfg.bk)
+
+
 def _kv_end(cfg: _Config, i):
-    """Key blocks ``[0, end)`` that query block ``i`` needs (causal: up to the diagonal)."""
+    """Key blocks ``[start, end)`` that query block ``i`` needs (causal: up to the diagonal)."""
     if not cfg.causal:
         return cfg.nk
     return jnp.minimum(cfg.nk, ((i + 1) * cfg.bq - 1) // cfg.bk + 1)
 
 
 def _kv_full(cfg: _Config, i):
-    """Key blocks ``[0, full)`` that every query of block ``i`` sees without index masking."""
+    """Key blocks ``[lo, hi)`` every query of block ``i`` sees whole, without index masking.
+
+    ``hi``: the blocks entirely at or below the diagonal (a padded last block is masked);
+    ``lo``: with a window, the first block entirely inside the last query's window, i.e.
+    whose first key ``j * bk > (i + 1) * bq - 1 - W``. The range may be empty (``lo >= hi``).
+    """
     last = cfg.nk - 1 if cfg.kv_padded else cfg.nk  # a padded last key block is masked
     if not cfg.causal:
-        return last
-    return jnp.minimum(last, (i * cfg.bq + 1) // cfg.bk)
+        return 0, last
+    hi = jnp.minimum(last, (i * cfg.bq + 1) // cfg.bk)
+    if not cfg.window:
+        return 0, hi
+    return jnp.maximum(0, -(-((i + 1) * cfg.bq - cfg.window) // cfg.bk)), hi
 
 
 def _q_start(cfg: _Config, j):
@@ -199,15 +242,41 @@ def _q_start(cfg: _Config, j):
     return (j * cfg.bk) // cfg.bq if cfg.causal else 0
 
 
+def _q_end(cfg: _Config, j):
+    """Query blocks ``[start, end)`` see key block ``j``: all, or with a window those up to
+    the one holding query ``(j + 1) * bk - 1 + W - 1`` (the last one whose window reaches
+    the block's last key; inverse of `_kv_start`)."""
+    if not cfg.window:
+        return cfg.nq
+    return jnp.minimum(cfg.nq, ((j + 1) * cfg.bk + cfg.window - 2) // cfg.bq + 1)
+
+
 def _q_full(cfg: _Config, j):
-    """Query blocks ``[full, nq)`` see all of key block ``j`` without index masking."""
+    """Query blocks ``[lo, hi)`` see all of key block ``j`` without index masking.
+
+    ``lo``: the blocks entirely at or below the diagonal; ``hi``: with a window, the blocks
+    whose last query ``(i + 1) * bq - 1 < j * bk + W`` still sees the block's first key.
+    """
     if cfg.causal:
-        full = jnp.minimum(cfg.nq, -(-((j + 1) * cfg.bk - 1) // cfg.bq))
+        lo = jnp.minimum(cfg.nq, -(-((j + 1) * cfg.bk - 1) // cfg.bq))
     else:
-        full = jnp.asarray(0)
+        lo = jnp.asarray(0)
     if cfg.kv_padded:
-        full = jnp.where(j == cfg.nk - 1, cfg.nq, full)
-    return full
+        lo = jnp.where(j == cfg.nk - 1, cfg.nq, lo)
+    if not cfg.window:
+        return lo, cfg.nq
+    return lo, jnp.minimum(cfg.nq, (j * cfg.bk + cfg.window) // cfg.bq)
+
+
+def _split(start, lo, hi, end):
+    """Cut ``[start, end)`` into masked ``[start, a)``, unmasked ``[a, b)``, masked ``[b, end)``.
+
+    ``[lo, hi)`` is the range that needs no index mask (possibly empty or reaching outside).
+    Returns ``(a, b)`` with ``start <= a <= b <= end`` (or empty ranges if ``start > end``).
+    """
+    a = jnp.minimum(jnp.maximum(lo, start), end)
+    b = jnp.minimum(jnp.maximum(hi, a), end)
+    return a, b
 
 
 def _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask):
@@ -229,6 +298,8 @@ def _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_ma
         if cfg.causal:
             q_idx = i * cfg.bq + lax.broadcasted_iota(jnp.int32, (1, 1, cfg.bq, 1), 2)
             idx_valid = k_idx <= q_idx
+            if cfg.window:
+                idx_valid = idx_valid & (k_idx > q_idx - cfg.window)
         if cfg.kv_padded:
             in_range = k_idx < cfg.kv_len
             idx_valid = in_range if idx_valid is None else idx_valid & in_range
@@ -239,46 +310,64 @@ def _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_ma
     return s, valid
 
 
+def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
+    """The ``fori_loop`` body of `_forward` for query block ``i``: one key block ``j``.
+
+    Updates the running row maximum ``m``, normaliser ``denom`` and unnormalised output
+    ``acc`` (float32, ``[b, h, bq(, d)]``) with key block ``j``'s scores.
+    """
+    k, v, kpos, mask, consts = tensors
+    q_i, qpos_i = q_block
+    bk = cfg.bk
+
+    def body(j, carry):
+        m, denom, acc = carry
+        k_j = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+        v_j = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
+        kpos_j = lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1)
+        s, valid = _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        correction = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[..., None])
+        if valid is not None:
+            p = jnp.where(valid, p, _F32(0.0))
+        denom = denom * correction + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v_j, preferred_element_type=_F32)
+        acc = acc * correction[..., None] + pv
+        return m_new, denom, acc
+
+    return body
+
+
 def _forward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts):
-    """Output ``[b, h, nq*bq, d]`` (v.dtype) and float32 log-sum-exp ``[b, h, nq*bq]``."""
+    """Output ``[b, h, nq*bq, d]`` (v.dtype) and float32 log-sum-exp ``[b, h, nq*bq]``.
+
+    Query block ``i`` visits key blocks ``[start, end)`` (`_kv_start`, `_kv_end`): those cut
+    by the window's lower edge and by the diagonal with the index mask, those in between
+    (`_kv_full`) without it.
+    """
     b, h, _, d = q.shape
-    bq, bk = cfg.bq, cfg.bk
+    bq = cfg.bq
+    tensors = (k, v, kpos, mask, consts)
 
     def query_block(i):
-        q_i = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2)
-        qpos_i = lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1)
-
-        def make_body(index_mask):
-            def body(j, carry):
-                m, denom, acc = carry
-                k_j = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
-                v_j = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
-                kpos_j = lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1)
-                s, valid = _logits(
-                    cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask
-                )
-                m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-                correction = jnp.exp(m - m_new)
-                p = jnp.exp(s - m_new[..., None])
-                if valid is not None:
-                    p = jnp.where(valid, p, _F32(0.0))
-                denom = denom * correction + jnp.sum(p, axis=-1)
-                pv = jnp.einsum(
-                    "bhqk,bhkd->bhqd", p.astype(v.dtype), v_j, preferred_element_type=_F32
-                )
-                acc = acc * correction[..., None] + pv
-                return m_new, denom, acc
-
-            return body
-
-        init = (
+        q_block = (
+            lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2),
+            lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1),
+        )
+        masked = _forward_step(cfg, bias_fn, tensors, i, q_block, True)
+        unmasked = _forward_step(cfg, bias_fn, tensors, i, q_block, False)
+        carry = (
             jnp.full((b, h, bq), MASKED_LOGIT, _F32),
             jnp.zeros((b, h, bq), _F32),
             jnp.zeros((b, h, bq, d), _F32),
         )
-        full, end = _kv_full(cfg, i), _kv_end(cfg, i)
-        carry = lax.fori_loop(0, full, make_body(False), init)
-        m, denom, acc = lax.fori_loop(full, end, make_body(True), carry)
+        start, end = _kv_start(cfg, i), _kv_end(cfg, i)
+        lo, hi = _split(start, *_kv_full(cfg, i), end)
+        if cfg.window:  # blocks cut by the window's lower edge
+            carry = lax.fori_loop(start, lo, masked, carry)
+        carry = lax.fori_loop(lo, hi, unmasked, carry)
+        m, denom, acc = lax.fori_loop(hi, end, masked, carry)
         seen = denom > 0
         l_safe = jnp.where(seen, denom, _F32(1.0))
         out_i = (acc / l_safe[..., None]).astype(v.dtype)
@@ -334,7 +423,11 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
 
 
 def _backward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse, g):
-    """FlashAttention-2 backward: key blocks outside, query blocks inside, dq accumulated."""
+    """FlashAttention-2 backward: key blocks outside, query blocks inside, dq accumulated.
+
+    Key block ``j`` visits query blocks ``[start, end)`` (`_q_start`, `_q_end`), the same
+    (query block, key block) pairs as `_forward`.
+    """
     bk = cfg.bk
     # D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's diagonal correction.
     delta = jnp.sum(g.astype(_F32) * out.astype(_F32), axis=-1)
@@ -349,13 +442,18 @@ def _backward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse
             lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1),
         )
         zeros = jnp.zeros(kv_j[0].shape, _F32)
-        start, full = _q_start(cfg, j), _q_full(cfg, j)
+        start, end = _q_start(cfg, j), _q_end(cfg, j)
+        lo, hi = _split(start, *_q_full(cfg, j), end)
         carry = (zeros, zeros, dq, dconsts)
-        # Query blocks on the diagonal need the index (causal) mask; those below do not.
+        # Query blocks on the diagonal (and, with a window, those cut by the window's far
+        # edge) need the index mask; those in between do not; the rest are skipped.
         masked = _backward_step(cfg, bias_fn, tensors, j, kv_j, True)
         unmasked = _backward_step(cfg, bias_fn, tensors, j, kv_j, False)
-        carry = lax.fori_loop(start, jnp.maximum(start, full), masked, carry)
-        dk_j, dv_j, dq, dconsts = lax.fori_loop(jnp.maximum(start, full), cfg.nq, unmasked, carry)
+        carry = lax.fori_loop(start, lo, masked, carry)
+        carry = lax.fori_loop(lo, hi, unmasked, carry)
+        if cfg.window:
+            carry = lax.fori_loop(hi, end, masked, carry)
+        dk_j, dv_j, dq, dconsts = carry
         return dq, dconsts, dk_j * _F32(cfg.scale), dv_j
 
     def scan_body(carry, j):
@@ -405,6 +503,28 @@ def _attention(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts):
 
 
 # --------------------------------------------------------------------------- checks / helpers
+
+
+def _convert_bias_fn(bias_fn, qpos_block, kpos_block, batch: int, heads: int):
+    """``bias_fn`` with the arrays it closes over hoisted out (`jax.closure_convert`), so the
+    custom VJP can differentiate them: ``(converted, consts)``, or ``(None, ())``.
+
+    Checks that it returns ``[batch, heads, bq, bk]`` (broadcastable, 4 axes) for position
+    blocks ``qpos_block [b, bq]`` and ``kpos_block [b, bk]``.
+    """
+    if bias_fn is None:
+        return None, ()
+    converted, consts = jax.closure_convert(bias_fn, qpos_block, kpos_block)
+    consts = tuple(consts)
+    bias_shape = jax.eval_shape(converted, qpos_block, kpos_block, *consts).shape
+    bq, bk = qpos_block.shape[1], kpos_block.shape[1]
+    if len(bias_shape) != 4:
+        raise ValueError(
+            f"bias_fn must return [batch, heads, bq, bk] (4 axes); got shape {bias_shape} "
+            f"for position blocks of {bq} queries and {bk} keys"
+        )
+    check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, bq, bk))
+    return converted, consts
 
 
 def _pad_axis(x: Array, axis: int, size: int, fill) -> Array:

@@ -148,7 +148,13 @@ def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache
     )
 
 
-def self_attention_mask(q_positions: Array, cache: KVCache) -> Array:
-    """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's."""
+def self_attention_mask(q_positions: Array, cache: KVCache, *, window: int | None = None) -> Array:
+    """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's (and,
+    with a ``window`` W, > the query's position - W: the last W positions, as windowed
+    causal attention over ``0..n-1`` sees them)."""
     causal = attention.mask_from_positions(q_positions, cache.positions)
-    return causal & cache.valid[:, None, None, :]
+    mask = causal & cache.valid[:, None, None, :]
+    if window is not None:
+        recent = cache.positions[:, None, None, :] > q_positions[:, None, :, None] - window
+        mask = mask & recent
+    return mask

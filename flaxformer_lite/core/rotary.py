@@ -228,11 +228,34 @@ def ntk_scaled_base(base: float, scale: float, rotary_dim: int) -> float:
     return float(base) * float(scale) ** (rotary_dim / (rotary_dim - 2))
 
 
+YARN_VARIANTS = ("hf", "paper")
+
+
 def yarn_ramp(r: np.ndarray, *, alpha: float = 1.0, beta: float = 32.0) -> np.ndarray:
-    """YaRN ramp ``gamma(r)``: 0 for ``r < alpha``, 1 for ``r > beta``, linear between."""
+    """The paper's YaRN ramp ``gamma(r)``: 0 for ``r < alpha``, 1 for ``r > beta``, linear
+    between (Peng et al. 2023, Eq. 18)."""
     if not 0 <= alpha < beta:
         raise ValueError(f"need 0 <= alpha < beta; got alpha={alpha!r}, beta={beta!r}")
     return np.clip((np.asarray(r, np.float64) - alpha) / (beta - alpha), 0.0, 1.0)
+
+
+def yarn_correction_range(
+    rotary_dim: int, *, original_length: int, base: float, beta_fast: float, beta_slow: float
+) -> tuple[float, float]:
+    """The pair-index range YaRN blends over, as the authors' code and Hugging Face
+    transformers compute it (``find_correction_range`` with ``truncate=True``).
+
+    ``corr(n) = d ln(L / (2 pi n)) / (2 ln b)`` is the (fractional) pair index whose
+    wavelength fits ``n`` times into ``L``; ``low = max(floor(corr(beta_fast)), 0)``,
+    ``high = min(ceil(corr(beta_slow)), d - 1)``, ``high += 0.001`` when they are equal.
+    """
+
+    def corr(n: float) -> float:
+        return rotary_dim * math.log(original_length / (n * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(corr(beta_fast)), 0)
+    high = min(math.ceil(corr(beta_slow)), rotary_dim - 1)
+    return float(low), float(high) + (0.001 if low == high else 0.0)
 
 
 def yarn_inv_frequencies(
@@ -243,54 +266,83 @@ def yarn_inv_frequencies(
     base: float = 10000.0,
     alpha: float = 1.0,
     beta: float = 32.0,
+    variant: str = "hf",
 ) -> Array:
-    """YaRN frequencies (Peng et al. 2023, arXiv 2309.00071, Eq. 17-19), float32 ``[d // 2]``.
+    """YaRN frequencies (Peng et al. 2023, arXiv 2309.00071), float32 ``[d // 2]``.
 
-    ``theta'_i = (1 - gamma(r_i)) * theta_i / s + gamma(r_i) * theta_i`` with
-    ``r_i = L / lambda_i``, ``lambda_i = 2 pi / theta_i`` (wavelength), ``L`` the training
-    length: pairs that turn fewer than ``alpha`` times over ``L`` are interpolated (PI),
-    pairs turning more than ``beta`` times are kept, a linear blend between. Computed in
-    float64 on the host. (The authors' code rounds the ramp ends to whole dimension
-    indices; this follows the paper's continuous ``gamma(r)``.) ``scale = 1`` gives RoPE
-    exactly.
+    ``theta'_i = theta_i / s * ramp_i + theta_i * (1 - ramp_i)``: pairs that turn few times
+    over the training length ``L`` are interpolated (PI), fast ones kept, a blend between.
+    ``alpha`` / ``beta`` are the slow / fast turn counts (the code's ``beta_slow = 1`` and
+    ``beta_fast = 32``). Two ways to place the ramp:
+
+    * ``variant="hf"`` (default): as the authors' code and Hugging Face transformers
+      (``_compute_yarn_parameters``) ship it -- linear in the pair index ``i`` between the
+      truncated correction dimensions (`yarn_correction_range`), ``ramp_i = clip((i - low) /
+      (high - low), 0, 1)``; this is the YaRN people use and compare with;
+    * ``variant="paper"``: Eq. 17-19, linear in ``r_i = L / lambda_i`` (``lambda_i = 2 pi /
+      theta_i``), ``ramp_i = 1 - gamma(r_i)`` with `yarn_ramp`. The two give frequencies
+      that differ by up to ~80 % for small head dims (docs/encodings.md).
+
+    Computed in float64 on the host. ``scale = 1`` gives RoPE exactly.
     """
     _check_scale(scale)
     check_positive_int("original_length", original_length)
+    if variant not in YARN_VARIANTS:
+        raise ValueError(f"variant={variant!r} is not known; allowed: {list(YARN_VARIANTS)}")
     rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
     theta = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
     if scale == 1:
         return jnp.asarray(theta, jnp.float32)
-    gamma = yarn_ramp(original_length * theta / (2 * math.pi), alpha=alpha, beta=beta)
-    return jnp.asarray((1.0 - gamma) * theta / scale + gamma * theta, jnp.float32)
+    if variant == "hf":
+        low, high = yarn_correction_range(
+            rotary_dim, original_length=original_length, base=base, beta_fast=beta, beta_slow=alpha
+        )
+        ramp = np.clip((np.arange(rotary_dim // 2) - low) / (high - low), 0.0, 1.0)
+    else:
+        ramp = 1.0 - yarn_ramp(original_length * theta / (2 * math.pi), alpha=alpha, beta=beta)
+    return jnp.asarray(theta / scale * ramp + theta * (1.0 - ramp), jnp.float32)
 
 
 def yarn_attention_factor(scale: float) -> float:
     """YaRN's ``sqrt(1/t) = 0.1 ln(s) + 1`` (Eq. 22); queries and keys are both multiplied by
-    it, so the logits scale by ``1/t``. Exactly 1 at ``s = 1``."""
+    it, so the logits scale by ``1/t``. Exactly 1 at ``s = 1``. Hugging Face multiplies the
+    rotary cos and sin by it, so only the rotated dimensions of a partial rotary are scaled
+    (``variant="hf"``); the paper's temperature divides the whole logit (``"paper"``)."""
     _check_scale(scale)
     return 1.0 if scale == 1 else 0.1 * math.log(scale) + 1.0
 
 
 def dynamic_ntk_inv_frequencies(
-    k_positions: Array, rotary_dim: int, *, original_length: int, base: float = 10000.0
+    positions: Array,
+    rotary_dim: int,
+    *,
+    original_length: int,
+    base: float = 10000.0,
+    factor: float = 1.0,
 ) -> Array:
-    """Dynamic NTK frequencies, float32 ``[batch, d // 2]``, per row from its own length.
+    """Dynamic NTK frequencies, float32 ``[batch, d // 2]``, per row from its current length.
 
-    ``s = max(1, current_length / L)`` with ``current_length = max key position + 1`` (a
-    traced value, fine under jit), then the NTK base ``b * s^(d/(d-2))``, written as
-    ``theta_i * s^(-2i/(d-2))`` so that ``s = 1`` reproduces RoPE's frequencies bit for bit.
-    Queries and keys of a row must share these frequencies (pass the key positions).
+    The current length ``n`` of a row is its largest position + 1 -- pass the positions of
+    the tokens whose outputs are computed now (the queries): for a forward pass over a
+    sequence that is its length, and for a cached decoding step the length so far, never the
+    cache's capacity (that would make the prompt's logits depend on how many tokens will
+    follow). For ``n > L``, Hugging Face's ``_compute_dynamic_ntk_parameters``: base
+    ``b * (factor * n / L - (factor - 1))^(d/(d-2))``, written as ``theta_i *
+    s^(-2i/(d-2))`` with ``s = factor * n / L - (factor - 1)``; for ``n <= L`` plain RoPE, bit
+    for bit. ``factor = 1`` gives ``s = n / L``. A traced value: fine under jit.
     """
     check_positive_int("original_length", original_length)
+    _check_scale(factor)
     if rotary_dim <= 2:
         raise ValueError(f"NTK scaling needs rotary_dim > 2; got {rotary_dim}")
     theta = rope_inv_frequencies(rotary_dim, base=base)
-    k_positions = as_batched_positions(k_positions)
-    current = (k_positions.max(axis=1) + 1).astype(jnp.float32)  # [b]
-    s = jnp.maximum(jnp.float32(1.0), current / jnp.float32(original_length))[:, None]
+    positions = as_batched_positions(positions)
+    current = (positions.max(axis=1) + 1).astype(jnp.float32)[:, None]  # [b, 1]
+    length = jnp.float32(original_length)
+    s = jnp.float32(factor) * current / length - jnp.float32(factor - 1.0)
     exponent = jnp.asarray(-2.0 * np.arange(rotary_dim // 2) / (rotary_dim - 2), jnp.float32)
-    factor = jnp.where(s > 1.0, s ** exponent[None, :], jnp.float32(1.0))
-    return theta[None, :] * factor
+    scaled = jnp.where(current > length, s, jnp.float32(1.0)) ** exponent[None, :]
+    return theta[None, :] * jnp.where(current > length, scaled, jnp.float32(1.0))
 
 
 def rope_scaled_inv_frequencies(
@@ -302,7 +354,8 @@ def rope_scaled_inv_frequencies(
     original_length: int | None = None,
     alpha: float = 1.0,
     beta: float = 32.0,
-    k_positions: Array | None = None,
+    yarn_variant: str = "hf",
+    positions: Array | None = None,
 ) -> Array:
     """RoPE frequencies under a context-extension method, for `rope_angles`.
 
@@ -310,12 +363,13 @@ def rope_scaled_inv_frequencies(
     * ``"pi"``: Position Interpolation (Chen et al. 2023, arXiv 2306.15595), positions
       times ``1/s``, i.e. ``theta_i / s``;
     * ``"ntk"``: ``theta_i`` from the base `ntk_scaled_base`;
-    * ``"dynamic_ntk"``: `dynamic_ntk_inv_frequencies` (needs ``k_positions`` and
-      ``original_length``; returns ``[batch, d // 2]``);
-    * ``"yarn"``: `yarn_inv_frequencies` (needs ``original_length``); its attention factor
-      is `yarn_attention_factor`.
+    * ``"dynamic_ntk"``: `dynamic_ntk_inv_frequencies` (needs ``positions``, those of the
+      tokens computed now, and ``original_length``; ``scale`` is Hugging Face's ``factor``;
+      returns ``[batch, d // 2]``);
+    * ``"yarn"``: `yarn_inv_frequencies` (needs ``original_length``; ``yarn_variant``
+      "hf" or "paper"); its attention factor is `yarn_attention_factor`.
 
-    All equal plain RoPE exactly at ``scale = 1`` (dynamic NTK: when ``max key position + 1
+    All equal plain RoPE exactly at ``scale = 1`` (dynamic NTK: while ``max position + 1
     <= original_length``). Returns float32 ``[d // 2]`` (``[batch, d // 2]`` for dynamic NTK).
     """
     if scaling not in ROPE_SCALINGS:
@@ -339,11 +393,12 @@ def rope_scaled_inv_frequencies(
             base=base,
             alpha=alpha,
             beta=beta,
+            variant=yarn_variant,
         )
-    if k_positions is None:
-        raise ValueError("scaling='dynamic_ntk' needs k_positions (the current length)")
+    if positions is None:
+        raise ValueError("scaling='dynamic_ntk' needs positions (the current length)")
     return dynamic_ntk_inv_frequencies(
-        k_positions, rotary_dim, original_length=original_length, base=base
+        positions, rotary_dim, original_length=original_length, base=base, factor=scale
     )
 
 

@@ -50,6 +50,7 @@ def evaluate_length(
     train_length: int | None = None,
     positions_fn: PositionFn = arange_positions,
     progress: bool = False,
+    incremental: bool = False,
 ) -> dict[str, Any]:
     """Score ``model`` on windows of ``length`` tokens of a byte ``split``.
 
@@ -62,11 +63,13 @@ def evaluate_length(
       batch_size: windows per batch (the last batch is padded, so one compile per length).
       train_length: the training length, for ``bucket_loss``.
       positions_fn: positions of each batch (default ``0..L'-1``).
+      incremental: score token by token through the KV cache (each target sees exactly
+        its prefix; needed where the encoding reads the current length: dynamic NTK).
 
     Returns:
       `summarize` 's metrics plus ``eval_length``, ``protocol``, ``stride`` and ``windows``.
     """
-    evaluator = Evaluator(model)
+    evaluator = Evaluator(model, incremental=incremental)
     batches = split.eval_batches(
         length, batch_size, stride=stride, max_bytes=max_tokens + 1, pad_batch=True
     )

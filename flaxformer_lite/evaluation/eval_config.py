@@ -20,6 +20,10 @@ class EvalConfig:
     split: str = "validation"  # "validation" or "test"
     num_examples: int = 256  # task sequences scored per length
     rope_scalings: tuple[str, ...] = ()  # extra rows where RoPE scaling applies: "pi", ...
+    # > 0: every encoding is also evaluated with windowed causal attention (each query sees at
+    # most its last local_window keys; rows "+window"): xPos's blockwise-causal setting
+    # (Sun et al. 2022) and what a sliding window alone buys. 0: no such rows.
+    local_window: int = 0
 
     def validate(self) -> None:
         """Static checks; raises `ConfigError` naming ``config.eval.*``."""
@@ -42,5 +46,7 @@ class EvalConfig:
         for name in ("max_tokens", "batch_size", "num_examples"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
+        if self.local_window < 0:
+            bad("local_window", "must be >= 0 (0: no windowed rows)")
         if self.split not in SPLITS:
             bad("split", f"allowed: {list(SPLITS)}")

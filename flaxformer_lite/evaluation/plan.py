@@ -24,7 +24,10 @@ from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.model_config import ModelConfig, check_encodable
 
 BASE = "base"  # the variant name of the trained model evaluated as it is
+WINDOW = "window"  # the variant: windowed causal attention (config.eval.local_window keys)
 RANDOMIZED_SUFFIX = "+randomized"  # label suffix of a model trained on randomized positions
+# label suffix of an encoding whose table has rows past the training length (never trained)
+UNTRAINED_SUFFIX = "+untrained_rows"
 QUICK_EVAL_TOKENS = 16384  # validation during training scores at most this many tokens
 # Where each use of positions draws its randomized positions from (`PositionScheme` key parts).
 TRAIN_POSITIONS, QUICK_POSITIONS, CORPUS_POSITIONS, TASK_POSITIONS = 0, 1, 2, 3
@@ -69,6 +72,10 @@ class EvalCell:
       protocol: ``"nonoverlapping"``, ``"sliding"`` or ``"task"``.
       stride: the sliding-window stride (None for non-overlapping windows and tasks).
       sequence_length: tokens per evaluated sequence (the window, or the task's sequence).
+      incremental: score token by token through the KV cache, so that each target sees
+        exactly its prefix (the registry says when: dynamic NTK reads the current length).
+      na: why the model cannot be evaluated here (None: it can), e.g. a learned table with no
+        row past the training length; such a cell is reported as "n/a", never as a number.
     """
 
     label: EvalLabel
@@ -77,6 +84,8 @@ class EvalCell:
     protocol: str
     stride: int | None
     sequence_length: int
+    incremental: bool = False
+    na: str | None = None
 
     def encoding_options(self) -> dict[str, Any]:
         """The exact encoding settings of this cell, recorded in every results row."""
@@ -85,6 +94,8 @@ class EvalCell:
         out["randomized_positions"] = m.randomized_positions
         if m.randomized_positions:
             out["max_position"] = m.max_position
+        if m.attention_window is not None:
+            out["attention_window"] = m.attention_window
         return out
 
 
@@ -140,6 +151,8 @@ class EvalPlan:
             )
         task = data.open_task() if data.is_task else None
         lengths = tuple(data.train_length * m for m in eval.length_multiples)
+        train_seq = data.train_length if task is None else task.sequence_length(data.train_length)
+        capacity = None if model.randomized_positions else spec.capacity(model.positional_options)
         if task is not None:
             for length in (data.train_length, *lengths):
                 try:
@@ -150,15 +163,23 @@ class EvalPlan:
         variants = (
             () if model.randomized_positions else spec.evaluation_variants(eval.rope_scalings)
         )
+        if eval.local_window:
+            variants = (*variants, WINDOW)
         protocols = ("task",) if task is not None else eval.protocols
 
         def cell(variant: str, protocol: str, length: int) -> EvalCell:
             seq = length if task is None else task.sequence_length(length)
             cfg = attention_config(model, seq)
-            if variant != BASE:
+            if variant == WINDOW:
+                cfg = cfg.replace(attention_window=eval.local_window)
+            elif variant != BASE:
                 options = spec.variant_options(cfg.positional_options, variant, length)
                 cfg = cfg.replace(positional_options=options)
             suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
+            if capacity is not None and capacity > train_seq:
+                suffix += UNTRAINED_SUFFIX  # positions past L were never trained
+            if variant == WINDOW:
+                suffix += "+window"
             label = EvalLabel(
                 encoding=spec.label(cfg.positional_options) + suffix,
                 positional=model.positional,
@@ -166,7 +187,11 @@ class EvalPlan:
                 randomized=model.randomized_positions,
             )
             stride = sliding_stride(length, eval.stride_fraction) if protocol == "sliding" else None
-            return EvalCell(label, cfg, length, protocol, stride, seq)
+            incremental = spec.scores_incrementally(cfg.positional_options)
+            na = None
+            if capacity is not None and seq > capacity:
+                na = f"no position embedding past {capacity} (the table has {capacity} rows)"
+            return EvalCell(label, cfg, length, protocol, stride, seq, incremental, na)
 
         cells = tuple(cell(v, p, n) for v in (BASE, *variants) for p in protocols for n in lengths)
         plan = cls(
@@ -182,12 +207,12 @@ class EvalPlan:
             num_examples=eval.num_examples,
             seed=seed,
         )
-        plan._check_positions(model)
+        plan._check_positions(model, train_seq)
         return plan
 
-    def _check_positions(self, model: ModelConfig) -> None:
+    def _check_positions(self, model: ModelConfig, train_seq: int) -> None:
         longest = self.longest_sequence
-        check_encodable(model, longest, what="the longest evaluation sequence")
+        check_encodable(model, train_seq, what="the training sequence")
         if model.randomized_positions and model.max_position < longest:
             fail(
                 "config.model.max_position",

@@ -45,7 +45,18 @@ def evaluate_cell(
     positions_tag: int | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """The result of one cell: metrics plus the cell's label fields and encoding options."""
+    """The result of one cell: metrics plus the cell's label fields and encoding options
+    (for a cell the model cannot be evaluated at, ``na`` with the reason and no metrics)."""
+    scoring = "incremental" if cell.incremental else "parallel"
+    fields = cell.label.fields() | {"encoding_options": cell.encoding_options()}
+    fields["scoring"] = scoring
+    if cell.na is not None:
+        return fields | {
+            "eval_length": cell.length,
+            "protocol": cell.protocol,
+            "stride": cell.stride or cell.length,
+            "na": cell.na,
+        }
     m = rebuild_model(model, cell.model)
     if plan.kind == "task":
         tag = TASK_POSITIONS if positions_tag is None else positions_tag
@@ -57,6 +68,7 @@ def evaluate_cell(
             batch_size=plan.batch_size,
             seed=plan.seed,
             positions_fn=_positions_fn(plan, tag),
+            incremental=cell.incremental,
         )
     else:
         tag = CORPUS_POSITIONS if positions_tag is None else positions_tag
@@ -70,8 +82,9 @@ def evaluate_cell(
             train_length=plan.train_length,
             positions_fn=_positions_fn(plan, tag),
             progress=progress,
+            incremental=cell.incremental,
         )
-    return result | cell.label.fields() | {"encoding_options": cell.encoding_options()}
+    return result | fields
 
 
 def evaluate_plan(

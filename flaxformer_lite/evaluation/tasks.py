@@ -56,6 +56,7 @@ def evaluate_task_length(
     seed: int = 0,
     positions_fn: PositionFn = arange_positions,
     mode: str = "teacher_forced",
+    incremental: bool = False,
 ) -> dict[str, Any]:
     """Exact-match accuracy (every answer token right) of a synthetic task at one length.
 
@@ -65,11 +66,12 @@ def evaluate_task_length(
     answer is decoded greedily from the prompt alone (`generate_predictions`); the row then
     carries ``"mode": "generate"``. For one example the two agree on exact match (greedy
     decoding reproduces the answer iff every teacher-forced answer argmax is right); the
-    per-token ``accuracy`` differs after a first error.
+    per-token ``accuracy`` differs after a first error. ``incremental``: teacher-forced
+    scoring token by token through the KV cache (see `evaluation.step.Evaluator`).
     """
     if mode not in TASK_MODES:
         raise ValueError(f"mode={mode!r} is not known; allowed: {list(TASK_MODES)}")
-    evaluator = Evaluator(model) if mode == "teacher_forced" else None
+    evaluator = Evaluator(model, incremental=incremental) if mode == "teacher_forced" else None
     rng = np.random.default_rng([seed, length])
     exact, correct, count, done, index = 0.0, 0.0, 0.0, 0, 0
     while done < num_examples:

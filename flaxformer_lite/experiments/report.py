@@ -66,7 +66,7 @@ def _series(table: Table) -> dict[str, list[plots.Point]]:
         points = []
         for c in table.columns:
             cell = table.cell(e, c)
-            if cell is not None:
+            if cell is not None and cell.na is None:
                 points.append((c.eval_length, cell.mean, cell.half_width))
         out[e] = points
     return out

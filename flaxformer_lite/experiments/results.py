@@ -61,6 +61,8 @@ def _check_row(row: Any) -> str | None:
             v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in value
         )
         return None if ok else "'value' of loss_by_position must be a list of numbers/null"
+    if value is None and isinstance(row.get("na"), str):
+        return None  # a cell the model cannot be evaluated at, with its reason
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"'value' must be a number, got {json.dumps(value)[:40]}"
     if row["metric"] == "bucket_loss" and not isinstance(row.get("bucket"), str):

@@ -51,8 +51,12 @@ def rows_for_cell(
             "stride": r.get("stride"),
             "tokens": r.get("tokens"),
             "examples": r.get("examples"),
+            "scoring": r.get("scoring"),
         }
         metrics = TASK_METRICS if r["protocol"] == "task" else SCALAR_METRICS
+        if r.get("na") is not None:  # not evaluable here: one row per metric, saying why
+            rows += [head | {"metric": m, "value": None, "na": r["na"]} for m in metrics]
+            continue
         rows += [head | {"metric": m, "value": r[m]} for m in metrics]
         for bucket, value in r.get("bucket_loss", {}).items():
             rows.append(head | {"metric": "bucket_loss", "bucket": bucket, "value": value})

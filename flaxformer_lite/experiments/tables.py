@@ -24,6 +24,7 @@ from flaxformer_lite.experiments.stats import mean_ci
 CONFIDENCE = 0.95
 MISSING_MD = "—"
 MISSING_TEX = "---"
+NOT_APPLICABLE = "n/a"  # a cell the model cannot be evaluated at (row field "na" says why)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +91,14 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """Aggregate of one (encoding, column): mean, CI half width (None if n = 1), n, seeds."""
+    """Aggregate of one (encoding, column): mean, CI half width (None if n = 1), n, seeds;
+    or, when the model cannot be evaluated there, ``na`` (the reason) and no numbers."""
 
     mean: float
     half_width: float | None
     n: int
     seeds: tuple[Any, ...] = ()
+    na: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,11 +164,14 @@ class Table:
             text.append("Bold: best per column.")
         if any(self.cell(e, c) is None for e in self.encodings for c in self.columns):
             text.append(f"{MISSING_MD}: not measured.")
+        reasons = sorted({c.na for c in self.cells.values() if c.na})
+        if reasons:
+            text.append(f"{NOT_APPLICABLE}: {'; '.join(reasons)}.")
         return " ".join(text)
 
     def n_note(self) -> str:
         """The statistic and the number of samples, e.g. ``n=1: no interval``."""
-        ns = sorted({c.n for c in self.cells.values()})
+        ns = sorted({c.n for c in self.cells.values() if c.na is None}) or [0]
         if ns == [1]:
             return "One seed per cell (n=1: no interval)."
         n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]} per cell; see CSV"
@@ -195,7 +201,7 @@ class Table:
         shown = {}
         for e in self.encodings:
             c = self.cell(e, column)
-            if c is not None and math.isfinite(c.mean):
+            if c is not None and c.na is None and math.isfinite(c.mean):
                 shown[e] = float(format_number(c.mean, self.info.digits))
         if better is None or len(shown) < 2:
             return set()
@@ -203,7 +209,7 @@ class Table:
         return {e for e, v in shown.items() if v == target}
 
     def mixed_n(self) -> bool:
-        return len({c.n for c in self.cells.values()}) > 1
+        return len({c.n for c in self.cells.values() if c.na is None}) > 1
 
 
 def _sentence(text: str) -> str:
@@ -293,8 +299,14 @@ def table_names(keys: Iterable[tuple[str, tuple[Any, ...]]]) -> dict[tuple[str, 
 def _aggregate(groups: Mapping[tuple[str, Any], list[Mapping[str, Any]]]) -> dict:
     cells = {}
     for key, rs in groups.items():
-        mean, half, n = mean_ci([r["value"] for r in rs], confidence=CONFIDENCE)
-        cells[key] = Cell(mean, half, n, tuple(r.get("seed") for r in rs))
+        seeds = tuple(r.get("seed") for r in rs)
+        measured = [r for r in rs if r.get("na") is None]
+        if not measured:  # every seed says the model cannot be evaluated here
+            reason = next(str(r["na"]) for r in rs)
+            cells[key] = Cell(math.nan, None, 0, seeds, na=reason)
+            continue
+        mean, half, n = mean_ci([r["value"] for r in measured], confidence=CONFIDENCE)
+        cells[key] = Cell(mean, half, n, tuple(r.get("seed") for r in measured))
     return cells
 
 
@@ -375,6 +387,8 @@ def _unique_names(tables: list[Table]) -> list[Table]:
 def _cell_text(table: Table, cell: Cell | None, *, pm: str, missing: str, n1: str) -> str:
     if cell is None:
         return missing
+    if cell.na is not None:
+        return NOT_APPLICABLE
     digits = table.info.digits
     text = format_number(cell.mean, digits)
     if cell.half_width is not None:
@@ -472,6 +486,7 @@ CSV_FIELDS = (
     "mean",
     "ci_half_width",
     "n",
+    "note",
 )
 
 
@@ -483,7 +498,8 @@ def render_csv(table: Table) -> str:
     """One line per encoding x column: ``mean``, ``ci_half_width`` (empty for n=1), ``n``.
 
     Full-precision numbers, no ± strings; a cell that was not measured has ``n = 0`` and empty
-    ``mean``/``ci_half_width``.
+    ``mean``/``ci_half_width``; a cell the model cannot be evaluated at has ``n = 0``, empty
+    numbers and ``note`` = ``n/a: <reason>``.
     """
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -504,9 +520,10 @@ def render_csv(table: Table) -> str:
                     c.eval_length,
                     "" if multiple is None else f"{multiple:g}",
                     c.bucket or "",
-                    _csv_number(None if cell is None else cell.mean),
+                    _csv_number(None if cell is None or cell.na else cell.mean),
                     _csv_number(None if cell is None else cell.half_width),
                     0 if cell is None else cell.n,
+                    "" if cell is None or cell.na is None else f"{NOT_APPLICABLE}: {cell.na}",
                 ]
             )
     return buf.getvalue()

@@ -121,6 +121,7 @@ class MultiHeadAttention(nnx.Module):
         self.head_dim = cfg.head_dim
         self.implementation = cfg.attention_impl
         self.chunked_threshold = cfg.chunked_threshold
+        self.window = cfg.attention_window  # causal self-attention only
         d, hd = cfg.d_model, cfg.num_heads * cfg.head_dim
         self.query = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
         self.key = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
@@ -182,6 +183,7 @@ class MultiHeadAttention(nnx.Module):
             bias_fn=self._bias_fn(pe, causal),
             mask=mask,
             causal=causal,
+            window=self.window if causal else None,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
@@ -203,7 +205,8 @@ class MultiHeadAttention(nnx.Module):
         q, k, _ = self._qkv(x, kv, q_positions, kv_positions, pe)
         bias_fn = self._bias_fn(pe, causal)
         bias = None if bias_fn is None else bias_fn(q_positions, kv_positions)
-        return attention.attention_weights(q, k, mask=mask, bias=bias, causal=causal)
+        window = self.window if causal else None
+        return attention.attention_weights(q, k, mask=mask, bias=bias, causal=causal, window=window)
 
     # ------------------------------------------------------------------ cached decoding
 
@@ -252,7 +255,7 @@ class MultiHeadAttention(nnx.Module):
             q_positions=positions,
             k_positions=cache.positions,
             bias_fn=self._bias_fn(pe, True),
-            mask=kv_cache.self_attention_mask(positions, cache),
+            mask=kv_cache.self_attention_mask(positions, cache, window=self.window),
             causal=False,  # the causal mask is built from positions above, not from indices
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,

@@ -61,6 +61,8 @@ class ModelConfig:
     randomized_positions: bool = False  # train/evaluate on sorted random positions (Ruoss et al.)
     max_position: int = 2048  # randomized positions are drawn from [0, max_position)
     attention_impl: str = "xla"  # attention implementation, see core.attention.IMPLEMENTATIONS
+    # causal self-attention sees at most the last W keys (sliding window); None: all of them
+    attention_window: int | None = None
     chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
     # this many keys: "auto" in training and inference, and every evaluation length
     dtype: str = "float32"  # compute dtype of activations and matmuls
@@ -255,6 +257,8 @@ def _validate(cfg: ModelConfig) -> None:
             bad(name, f"allowed values: {list(allowed)}")
     if not isinstance(cfg.randomized_positions, bool):
         bad("randomized_positions", "must be a bool")
+    if cfg.attention_window is not None:
+        check_positive_int("ModelConfig.attention_window", cfg.attention_window, error=ConfigError)
     try:
         spec = registry.get_positional_encoding(cfg.positional)  # raises, listing the names
         options = cfg.positional_options

@@ -74,6 +74,11 @@ class Encoder(_Stack):
                 f"ModelConfig.positional={cfg.positional!r} is defined only for causal "
                 "attention and cannot be used in a bidirectional Encoder"
             )
+        if cfg.attention_window is not None:
+            raise ValueError(
+                f"ModelConfig.attention_window={cfg.attention_window}: a window applies to "
+                "causal self-attention only, not to a bidirectional Encoder"
+            )
         self._init_stack(cfg, embed, rngs)
         self.blocks = nnx.List(
             [EncoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_encoder_layers)]

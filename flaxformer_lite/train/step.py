@@ -22,6 +22,7 @@ import optax
 from flax import nnx
 
 from flaxformer_lite.evaluation.step import forward, split_model, token_losses
+from flaxformer_lite.nn import constraints
 
 Array = jax.Array
 TrainState = dict[str, Any]
@@ -60,7 +61,8 @@ def make_train_step(
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, (accuracy, rest)), grads = grad_fn(state["params"], state["rest"], batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
+        # parameters with a box (KERPLE's r1, r2) are projected back into it
+        params = constraints.project(optax.apply_updates(state["params"], updates))
         metrics = {
             "loss": loss,
             "accuracy": accuracy,

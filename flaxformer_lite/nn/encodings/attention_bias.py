@@ -119,11 +119,14 @@ class KerpleBias(PositionalEncoding):
     * ``"log"``:   ``-r1_h * log(1 + r2_h * |i - j|)``   (r1 init U(0, 2), r2 init U(0, 1));
     * ``"power"``: ``-r1_h * |i - j|^r2_h``              (r1 init U(0, 1), r2 init U(0, 2));
 
-    as the reference initialises them, then clamped into the box. The values used are
-    clamped to ``r1 >= 0.01``, ``r2 >= 0.01`` and, for power, ``r2 <= 2`` (the kernel is
-    conditionally positive definite only for ``0 < r2 <= 2``), with a straight-through
-    gradient (see `_clamp`). Parameters ``[heads]``, logical axis ``("heads",)``. The same
-    ``|i - j|`` form serves causal and bidirectional attention.
+    as the reference initialises them, then clamped into the box ``r1 >= 0.01``, ``r2 >=
+    0.01`` and, for power, ``r2 <= 2`` (the kernel is conditionally positive definite only for
+    ``0 < r2 <= 2``). The parameters carry the box as ``bounds`` metadata and the training
+    step projects them back into it after every update (`flaxformer_lite.nn.constraints`), as
+    the reference clamps them in place before each forward pass, so a stored parameter never
+    drifts outside. The forward pass clamps too (straight-through, `_clamp`), which only
+    matters for parameters set by hand. Parameters ``[heads]``, logical axis ``("heads",)``.
+    The same ``|i - j|`` form serves causal and bidirectional attention.
     """
 
     hook = "bias"
@@ -139,8 +142,9 @@ class KerpleBias(PositionalEncoding):
         shape, dtype = (dims.num_heads,), jnp.dtype(dims.param_dtype)
         r1 = jax.random.uniform(rngs.params(), shape, dtype) * r1_scale
         r2 = jax.random.uniform(rngs.params(), shape, dtype) * r2_scale
-        self.r1 = nnx.Param(jnp.clip(r1, KERPLE_EPS, None), logical_axes=("heads",))
-        self.r2 = nnx.Param(jnp.clip(r2, KERPLE_EPS, r2_max), logical_axes=("heads",))
+        r1_box, r2_box = (KERPLE_EPS, None), (KERPLE_EPS, r2_max)
+        self.r1 = nnx.Param(jnp.clip(r1, *r1_box), logical_axes=("heads",), bounds=r1_box)
+        self.r2 = nnx.Param(jnp.clip(r2, *r2_box), logical_axes=("heads",), bounds=r2_box)
 
     def coefficients(self) -> tuple[Array, Array]:
         """The clamped ``(r1, r2)`` actually used, float32 ``[heads]`` each."""

@@ -54,6 +54,10 @@ class EncodingSpec:
         names them); empty when RoPE scaling does not apply.
       label_suffix: ``label_suffix(options)``, appended to the name in results rows for a
         variant the options select (``"+pi"`` for RoPE with ``scaling="pi"``).
+      incremental: ``incremental(options)``: True when a target's output depends on the
+        length of the sequence so far (dynamic NTK scaling), so that scoring a whole window
+        in one pass would give every target the scale of the window's length; evaluation
+        then scores such a model token by token through its KV cache.
       legacy_fields: old flat ``ModelConfig`` field -> option name, so configs written
         before options existed (``rope_base=...``) still load.
       summary: one line for listings and docs.
@@ -69,6 +73,7 @@ class EncodingSpec:
     eval_variant: Callable[[Any, str, int], Any] | None = None
     eval_variants: tuple[str, ...] = ()
     label_suffix: Callable[[Any], str] | None = None
+    incremental: Callable[[Any], bool] | None = None
     legacy_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
     summary: str = ""
 
@@ -149,6 +154,11 @@ class EncodingSpec:
         """The encoding's name in results rows, e.g. ``"rope"`` or ``"rope+pi"``."""
         suffix = "" if self.label_suffix is None else self.label_suffix(options)
         return self.name + suffix
+
+    def scores_incrementally(self, options: EncodingOptions) -> bool:
+        """Whether a model with these options must be scored token by token (see
+        ``incremental``)."""
+        return self.incremental is not None and bool(self.incremental(options))
 
     def settings(self, options: EncodingOptions) -> dict[str, Any]:
         """The exact variant as a plain dict: ``{"positional": name, **options}``."""

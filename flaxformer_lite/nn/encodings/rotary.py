@@ -49,10 +49,11 @@ class RopeOptions(EncodingOptions):
     layout: str = "half"  # pairing: "half" (i, i+d/2) or "interleaved" (2i, 2i+1)
     fraction: float = 1.0  # partial rotary: rotate the even dim count nearest f*head_dim
     scaling: str = "none"  # context extension: "none", "pi", "ntk", "dynamic_ntk", "yarn"
-    scale: float = 1.0  # s = L'/L >= 1 for pi / ntk / yarn; 1 for none and dynamic_ntk
+    scale: float = 1.0  # s = L'/L >= 1 (pi, ntk, yarn); dynamic_ntk: HF's factor; none: 1
     original_length: int | None = None  # training length L (yarn, dynamic_ntk, eval scaling)
-    yarn_alpha: float = 1.0  # YaRN ramp: pairs turning < alpha times over L are interpolated
-    yarn_beta: float = 32.0  # YaRN ramp: pairs turning > beta times over L are kept
+    yarn_alpha: float = 1.0  # YaRN beta_slow: pairs turning < this over L are interpolated
+    yarn_beta: float = 32.0  # YaRN beta_fast: pairs turning > this over L are kept
+    yarn_variant: str = "hf"  # "hf": the authors' code / HF transformers; "paper": Eq. 17-22
 
     def check(self, dims: ModelDims, path: str) -> None:
         if not is_number(self.base) or not self.base > 1.0:
@@ -63,12 +64,11 @@ class RopeOptions(EncodingOptions):
             fail(f"{path}.scaling", scaling, f"allowed: {list(rotary.ROPE_SCALINGS)}")
         if not is_number(s) or not 1.0 <= s < math.inf:
             fail(f"{path}.scale", s, "must be a finite number >= 1")
-        if scaling in ("none", "dynamic_ntk") and s != 1.0:
+        if scaling == "none" and s != 1.0:
+            fail(f"{path}.scale", s, "must be 1.0 with scaling='none'")
+        if self.yarn_variant not in rotary.YARN_VARIANTS:
             fail(
-                f"{path}.scale",
-                s,
-                f"must be 1.0 with scaling={scaling!r} (dynamic_ntk derives its scale from the "
-                "current length)",
+                f"{path}.yarn_variant", self.yarn_variant, f"allowed: {list(rotary.YARN_VARIANTS)}"
             )
         if length is not None and (not is_int(length) or length <= 0):
             fail(f"{path}.original_length", length, "must be a positive int or None")
@@ -91,9 +91,12 @@ class RotaryEncoding(PositionalEncoding):
 
     Honours partial rotary (``fraction``: only the first `core.rotary.rotary_dim_for`
     dimensions rotate) and context extension (``scaling``: PI, NTK, dynamic NTK, YaRN; see
-    `core.rotary.rope_scaled_inv_frequencies`). YaRN also multiplies q and k (all head
-    dimensions) by ``sqrt(1/t) = 0.1 ln(s) + 1``. RoPE has no parameters, so a trained model
-    is evaluated under a scaling by rebuilding it from
+    `core.rotary.rope_scaled_inv_frequencies`). YaRN also multiplies q and k by ``sqrt(1/t) =
+    0.1 ln(s) + 1``: the rotated dimensions only as Hugging Face does (``yarn_variant="hf"``),
+    every dimension as the paper's logit temperature (``"paper"``). Dynamic NTK takes its
+    scale from the queries' positions (the current length), so cached decoding equals a full
+    forward pass over the tokens so far at every step. RoPE has no parameters, so a trained
+    model is evaluated under a scaling by rebuilding it from
     `flaxformer_lite.nn.model_config.rope_scaling_variant` with the same state.
     """
 
@@ -109,8 +112,11 @@ class RotaryEncoding(PositionalEncoding):
         self.original_length = options.original_length
         self.yarn_alpha = options.yarn_alpha
         self.yarn_beta = options.yarn_beta
+        self.yarn_variant = options.yarn_variant
         yarn = options.scaling == "yarn"
         self.attention_factor = rotary.yarn_attention_factor(options.scale) if yarn else 1.0
+        # HF scales cos and sin (the rotated dims); the paper's temperature, the whole logit
+        self.factor_dims = self.rotary_dim if self.yarn_variant == "hf" else dims.head_dim
 
     def rotate(
         self, q: Array, k: Array, q_positions: Array, k_positions: Array
@@ -123,7 +129,8 @@ class RotaryEncoding(PositionalEncoding):
             original_length=self.original_length,
             alpha=self.yarn_alpha,
             beta=self.yarn_beta,
-            k_positions=k_positions,
+            yarn_variant=self.yarn_variant,
+            positions=q_positions,  # dynamic NTK: the current length is the queries'
         )
         for x, pos in ((q, q_positions), (k, k_positions)):
             if as_batched_positions(pos).shape[1] != x.shape[1]:
@@ -131,10 +138,14 @@ class RotaryEncoding(PositionalEncoding):
         q = rotary.apply_rotary(q, rotary.rope_angles(q_positions, inv_freq), layout=self.layout)
         k = rotary.apply_rotary(k, rotary.rope_angles(k_positions, inv_freq), layout=self.layout)
         if self.attention_factor != 1.0:
-            factor = jnp.float32(self.attention_factor)
-            q = (q.astype(jnp.float32) * factor).astype(q.dtype)
-            k = (k.astype(jnp.float32) * factor).astype(k.dtype)
+            q, k = (self._scale(x) for x in (q, k))
         return q, k
+
+    def _scale(self, x: Array) -> Array:
+        """``x`` with its first ``factor_dims`` dimensions times the YaRN attention factor."""
+        n = self.factor_dims
+        scaled = x[..., :n].astype(jnp.float32) * jnp.float32(self.attention_factor)
+        return jnp.concatenate([scaled.astype(x.dtype), x[..., n:]], axis=-1)
 
 
 def rope_at_length(options: RopeOptions, scaling: str, eval_length: int) -> RopeOptions:
@@ -216,6 +227,14 @@ class XPosEncoding(PositionalEncoding):
         return q, k
 
 
+def _rope_label(options: RopeOptions) -> str:
+    """``"+pi"``, ``"+yarn"``, ... (``"+yarn_paper"`` for the paper's YaRN); none: ``""``."""
+    if options.scaling == "none":
+        return ""
+    paper = options.scaling == "yarn" and options.yarn_variant == "paper"
+    return f"+{options.scaling}" + ("_paper" if paper else "")
+
+
 _ROTATION_LEGACY = {"rope_base": "base", "rope_layout": "layout", "rope_fraction": "fraction"}
 
 register(
@@ -226,7 +245,8 @@ register(
         options=RopeOptions,
         eval_variant=rope_at_length,
         eval_variants=rotary.ROPE_SCALINGS,
-        label_suffix=lambda o: "" if o.scaling == "none" else f"+{o.scaling}",
+        label_suffix=_rope_label,
+        incremental=lambda options: options.scaling == "dynamic_ntk",
         legacy_fields=_ROTATION_LEGACY
         | {
             "rope_scaling": "scaling",

@@ -1,0 +1,228 @@
+"""RoPE context extension as its reference implementations ship it (issue 14).
+
+YaRN's default is the authors' code / Hugging Face transformers' ``_compute_yarn_parameters``
+(ramp linear in the pair index between the truncated correction dimensions; the attention
+factor on the rotated dimensions only). `hf_yarn` below is a numpy transcription of that
+function, written from its definition, in float32 as torch computes it; dynamic NTK follows
+``_compute_dynamic_ntk_parameters`` the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import tiny_model_config
+
+import flaxformer_lite as fl
+from flaxformer_lite.core import rotary
+
+
+def hf_yarn(head_dim, fraction, base, factor, original, beta_fast=32.0, beta_slow=1.0):
+    """``(inv_freq float32 [dim // 2], attention_factor)`` as Hugging Face computes them."""
+    dim = int(head_dim * fraction)
+
+    def correction_dim(n):
+        return (dim * math.log(original / (n * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    pos_freqs = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (np.float32(factor) * pos_freqs)
+    keep = 1 - ramp  # HF's inv_freq_extrapolation_factor
+    inv_freq = interpolation * (1 - keep) + extrapolation * keep
+    attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv_freq.astype(np.float32), attention
+
+
+def hf_dynamic_ntk(head_dim, base, factor, original, seq_len):
+    dim = head_dim
+    seq_len = seq_len if seq_len > original else original
+    base = base * ((factor * seq_len / original) - (factor - 1)) ** (dim / (dim - 2))
+    return (1.0 / base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)).astype(
+        np.float32
+    )
+
+
+YARN_CASES = [  # head_dim, fraction, base, s, L
+    (16, 1.0, 10000.0, 16.0, 64),
+    (64, 1.0, 10000.0, 4.0, 512),
+    (64, 0.5, 10000.0, 8.0, 256),
+    (128, 1.0, 500000.0, 32.0, 4096),
+    (32, 0.25, 10000.0, 2.0, 128),
+]
+
+
+@pytest.mark.parametrize(("head_dim", "fraction", "base", "s", "big_l"), YARN_CASES)
+def test_yarn_frequencies_equal_hugging_face(head_dim, fraction, base, s, big_l):
+    want, factor = hf_yarn(head_dim, fraction, base, s, big_l)
+    rotary_dim = rotary.rotary_dim_for(head_dim, fraction)
+    assert rotary_dim == int(head_dim * fraction)
+    got = rotary.yarn_inv_frequencies(rotary_dim, scale=s, original_length=big_l, base=base)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6)
+    assert rotary.yarn_attention_factor(s) == pytest.approx(factor, rel=1e-12)
+
+
+def test_yarn_kept_fraction_at_head_dim_16_and_length_64():
+    """The issue's worked case: the share of each pair's frequency that is kept (1) rather
+    than interpolated (0): HF [1, 0.67, 0.33, 0, ...], the paper's ramp [0.30, 0.07, 0, ...]."""
+    theta = 1e4 ** (-2.0 * np.arange(8) / 16)
+    for variant, kept in (
+        ("hf", [1.0, 2 / 3, 1 / 3, 0, 0, 0, 0, 0]),
+        ("paper", [0.30, 0.07, 0, 0, 0, 0, 0, 0]),
+    ):
+        got = rotary.yarn_inv_frequencies(16, scale=16.0, original_length=64, variant=variant)
+        share = (np.asarray(got, np.float64) - theta / 16) / (theta - theta / 16)
+        np.testing.assert_allclose(share, kept, atol=0.01, err_msg=variant)
+
+
+def _rotated_logits(cfg, q, k, positions):
+    pe = cfg.encoding.build(cfg, rngs=nnx.Rngs(0))
+    qr, kr = pe.rotate(q, k, positions, positions)
+    return np.einsum("bqhd,bkhd->bhqk", np.asarray(qr, np.float64), np.asarray(kr, np.float64))
+
+
+def _hf_logits(q, k, positions, inv_freq, attention, rotary_dim):
+    """HF: cos and sin times the attention factor, rotate-half on the rotated dims only."""
+    q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    angles = np.asarray(positions, np.float64)[0][:, None] * np.asarray(inv_freq, np.float64)
+    emb = np.concatenate([angles, angles], -1)[None, :, None, :]
+    cos, sin = np.cos(emb) * attention, np.sin(emb) * attention
+
+    def rope(x):
+        rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+        half = rotary_dim // 2
+        rotate_half = np.concatenate([-rot[..., half:], rot[..., :half]], -1)
+        return np.concatenate([rot * cos + rotate_half * sin, rest], -1)
+
+    return np.einsum("bqhd,bkhd->bhqk", rope(q), rope(k))
+
+
+@pytest.mark.parametrize(("head_dim", "fraction", "base", "s", "big_l"), YARN_CASES[:3])
+def test_yarn_logits_equal_hugging_face(head_dim, fraction, base, s, big_l):
+    cfg = tiny_model_config(
+        "rope",
+        options={
+            "fraction": fraction,
+            "base": base,
+            "scaling": "yarn",
+            "scale": s,
+            "original_length": big_l,
+        },
+        d_model=head_dim * 2,
+        num_heads=2,
+    )
+    q = jax.random.normal(jax.random.key(0), (1, 12, 2, head_dim))
+    k = jax.random.normal(jax.random.key(1), (1, 12, 2, head_dim))
+    positions = jnp.arange(0, 12 * 37, 37)[None]  # far apart: every pair turns
+    inv_freq, attention = hf_yarn(head_dim, fraction, base, s, big_l)
+    want = _hf_logits(q, k, positions, inv_freq, attention, int(head_dim * fraction))
+    np.testing.assert_allclose(_rotated_logits(cfg, q, k, positions), want, rtol=2e-4, atol=2e-4)
+
+
+def test_paper_yarn_scales_every_dimension_and_has_its_own_label():
+    options = {"fraction": 0.5, "scaling": "yarn", "scale": 4.0, "original_length": 16}
+    hf = tiny_model_config("rope", options=options)
+    paper = tiny_model_config("rope", options=options | {"yarn_variant": "paper"})
+    assert fl.encoding_row_name(hf) == "rope+yarn"
+    assert fl.encoding_row_name(paper) == "rope+yarn_paper"
+    x = jnp.ones((1, 3, 2, 8))
+    pos = jnp.zeros((1, 3), jnp.int32)  # no rotation: only the factor acts
+    factor = rotary.yarn_attention_factor(4.0)
+    for cfg, scaled_dims in ((hf, 4), (paper, 8)):
+        q, _ = cfg.encoding.build(cfg, rngs=nnx.Rngs(0)).rotate(x, x, pos, pos)
+        want = np.where(np.arange(8) < scaled_dims, factor, 1.0)
+        np.testing.assert_allclose(np.asarray(q)[0, 0, 0], want, rtol=1e-6)
+
+
+def test_yarn_variant_is_validated():
+    with pytest.raises(ValueError, match=r"positional_options\.yarn_variant='eq17'"):
+        tiny_model_config("rope", options={"yarn_variant": "eq17"})
+
+
+@pytest.mark.parametrize(("factor", "seq_len"), [(1.0, 8), (1.0, 40), (2.0, 40), (4.0, 200)])
+def test_dynamic_ntk_equals_hugging_face(factor, seq_len):
+    positions = jnp.arange(seq_len)[None]
+    got = rotary.dynamic_ntk_inv_frequencies(
+        positions, 16, original_length=16, base=10000.0, factor=factor
+    )
+    want = hf_dynamic_ntk(16, 10000.0, factor, 16, seq_len)
+    np.testing.assert_allclose(np.asarray(got)[0], want, rtol=2e-6)
+
+
+def test_dynamic_ntk_scale_comes_from_the_queries_not_the_keys():
+    """A cache holds planned slots past the current token: the scale is the queries'."""
+    cfg = tiny_model_config("rope", options={"scaling": "dynamic_ntk", "original_length": 4})
+    pe = cfg.encoding.build(cfg, rngs=nnx.Rngs(0))
+    q = jax.random.normal(jax.random.key(0), (1, 1, 2, 8))
+    k = jax.random.normal(jax.random.key(1), (1, 20, 2, 8))
+    q_pos, k_pos = jnp.array([[3]]), jnp.arange(20)[None]  # current length 4 = L: plain RoPE
+    got_q, got_k = pe.rotate(q, k, q_pos, k_pos)
+    plain = tiny_model_config("rope")
+    want_q, want_k = plain.encoding.build(plain, rngs=nnx.Rngs(0)).rotate(q, k, q_pos, k_pos)
+    np.testing.assert_array_equal(np.asarray(got_q), np.asarray(want_q))
+    np.testing.assert_array_equal(np.asarray(got_k), np.asarray(want_k))
+
+
+def _batch(seed, b, t, vocab=32):
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(0, vocab, (b, t + 1)).astype(np.int32)
+    return {
+        "inputs": seq[:, :-1],
+        "targets": seq[:, 1:],
+        "loss_mask": np.ones((b, t), np.float32),
+        "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+    }
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "learned", "xpos"])
+def test_incremental_scoring_equals_one_pass_for_length_independent_encodings(name):
+    from flaxformer_lite.evaluation.step import Evaluator
+
+    model = fl.DecoderOnlyLM(tiny_model_config(name), rngs=nnx.Rngs(2))
+    batch = _batch(0, 2, 12)
+    one_pass, incremental = Evaluator(model)(batch), Evaluator(model, incremental=True)(batch)
+    for key in ("loss_sum", "correct_sum", "count"):
+        np.testing.assert_allclose(incremental[key], one_pass[key], rtol=2e-5, atol=2e-5)
+
+
+def test_dynamic_ntk_is_scored_with_each_targets_own_prefix():
+    """Incremental scoring of a dynamic-NTK window equals scoring every prefix in its own
+    forward pass (a target at offset o sees o + 1 tokens: scale (o + 1) / L), and differs
+    from one pass over the window (every target at the window's scale: static NTK)."""
+    from flaxformer_lite.evaluation.step import Evaluator, rebuild_model, token_losses
+
+    cfg = tiny_model_config("rope", options={"scaling": "dynamic_ntk", "original_length": 4})
+    model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(2))
+    batch = _batch(1, 2, 12)
+    got = Evaluator(model, incremental=True)(batch)["loss_sum"]
+    want = []
+    for o in range(12):
+        logits = model(jnp.asarray(batch["inputs"][:, : o + 1]), batch["positions"][:, : o + 1])
+        ce, _ = token_losses(logits[:, -1:], jnp.asarray(batch["targets"][:, o : o + 1]))
+        want.append(float(ce.sum()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # up to L the targets see plain RoPE (s = 1) ...
+    plain = rebuild_model(model, cfg.replace(positional_options={"original_length": 4}))
+    np.testing.assert_allclose(got[:4], Evaluator(plain)(batch)["loss_sum"][:4], rtol=1e-5)
+    # ... while one pass gives every target the window's scale 12 / 4 (static NTK)
+    one_pass = Evaluator(model)(batch)["loss_sum"]
+    assert not np.allclose(got, one_pass, atol=1e-4)
+
+
+def test_the_study_scores_dynamic_ntk_incrementally():
+    from experiments import extrapolation_lm
+    from flaxformer_lite.train.run_config import RunConfig
+
+    c = extrapolation_lm.get_config("tiny")
+    c.model.positional = "rope"
+    c.eval.rope_scalings = ("pi", "dynamic_ntk")
+    cells = RunConfig.from_config(c).eval_plan().cells
+    assert {cell.label.variant for cell in cells if cell.incremental} == {"dynamic_ntk"}
