@@ -54,6 +54,7 @@ ROPE_SCALINGS = {
     "ntk": dict(scaling="ntk", scale=2.0),
     "dynamic_ntk": dict(scaling="dynamic_ntk"),
     "yarn": dict(scaling="yarn", scale=2.0),
+    "yarn_paper": dict(scaling="yarn", scale=2.0, yarn_variant="paper"),
 }
 CASES = [(name, "") for name in positional_encoding_names()] + [
     ("rope", scaling) for scaling in ROPE_SCALINGS
