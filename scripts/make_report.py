@@ -3,10 +3,12 @@
     python scripts/make_report.py runs/quick
     python scripts/make_report.py runs/cpu runs/tpu --out=reports/merged
 
-Rows of several run dirs (their ``results.jsonl``) are merged: exact duplicates are dropped,
-distinct measurements kept. A corrupted line is reported with its file and line number and
-skipped. The report goes into ``--out`` (default: the first RUN_DIR); the script prints the
-path of REPORT.md and the Markdown bits-per-byte table(s).
+Rows of several run dirs (their ``results.jsonl``, and the per-block sums beside them in
+``blocks.jsonl``) are merged: exact duplicates are dropped, distinct measurements kept. A
+corrupted line is reported with its file and line number and skipped. The report goes into
+``--out`` (default: the first RUN_DIR); the script prints the path of REPORT.md and the
+Markdown bits-per-byte table(s). ``--reference`` / ``--all_pairs`` choose the comparisons of
+``tables/paired_differences.{md,tex,csv}``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from flaxformer_lite.experiments import report, results
 
 _OUT = flags.DEFINE_string("out", None, "report directory (default: the first RUN_DIR)")
 _TITLE = flags.DEFINE_string("title", None, "the report's heading (default: studies and presets)")
+_REFERENCE = flags.DEFINE_string(
+    "reference", "alibi", "paired differences: each encoding against this one"
+)
+_ALL_PAIRS = flags.DEFINE_bool("all_pairs", False, "paired differences: every pair of encodings")
 
 
 def main(argv: list[str]) -> None:
@@ -40,9 +46,18 @@ def main(argv: list[str]) -> None:
         )
         sys.exit(1)
     out = _OUT.value or run_dirs[0]
-    path = report.write_report(rows, out, problems=problems, title=_TITLE.value)
+    blocks = results.load_blocks(run_dirs)
+    path = report.write_report(
+        rows,
+        out,
+        problems=problems,
+        title=_TITLE.value,
+        blocks=blocks,
+        reference=_REFERENCE.value,
+        all_pairs=_ALL_PAIRS.value,
+    )
     print(f"report: {path}")
-    tables = report.build_tables(rows)
+    tables = report.build_tables(rows, blocks)
     shown = [t for t in tables if t.metric == "bits_per_byte"] or tables[:1]
     for table in shown:
         print()

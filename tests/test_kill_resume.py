@@ -11,6 +11,7 @@ backs the end-to-end checks of a corrupted checkpoint and a corrupted results li
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -36,6 +37,9 @@ STUDY_ARGS = (
     "--config.train.checkpoint_every=4",
     "--config.eval.length_multiples=(1,2)",
     "--config.eval.max_tokens=512",  # 4 + 2 evaluation batches per cell
+    "--config.eval.protocols=('nonoverlapping','context')",
+    "--config.eval.context_multiples=(1,2)",  # c = 16, 32: 8 target blocks of 8 bytes
+    "--config.eval.context_targets=64",
     "--progress=false",
 )
 KILLED = -signal.SIGKILL
@@ -51,12 +55,13 @@ def run_study(workdir: Path, fault: str | None = None) -> subprocess.CompletedPr
 
 
 def values(workdir: Path) -> dict:
-    """``{(encoding, seed, length, metric, bucket): value}`` of a study's results.jsonl;
+    """``{(encoding, seed, protocol, length, metric, bucket): value}`` of a study's results;
     fails on a torn, invalid or duplicated line."""
     rows, problems = results.read_rows_file(workdir / "results.jsonl")
     assert problems == [], problems
     keys = [
-        (r["encoding"], r["seed"], r["eval_length"], r["metric"], r.get("bucket")) for r in rows
+        (r["encoding"], r["seed"], r["protocol"], r["eval_length"], r["metric"], r.get("bucket"))
+        for r in rows
     ]
     assert len(keys) == len(set(keys)), "duplicate rows"
     return {k: r["value"] for k, r in zip(keys, rows, strict=True)}
@@ -131,6 +136,40 @@ def test_kill_at_every_point_then_rerun_gives_the_same_results(clean, tmp_path):
     proc = run_study(study)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (study / "results.jsonl").read_bytes() == before
+
+
+def test_rows_and_blocks_of_both_protocols(clean):
+    """Every row says what it scored (split, number of targets); every evaluated cell has its
+    per-block sums in blocks.jsonl, matching its rows; the report has the context table."""
+    rows, _ = results.read_rows_file(clean / "results.jsonl")
+    scalar = [r for r in rows if r["metric"] == "bits_per_byte"]
+    assert {r["split"] for r in scalar} == {"validation"}
+    assert {(r["protocol"], r["num_scored_tokens"]) for r in scalar} == {
+        ("nonoverlapping", 512),
+        ("context", 64),
+    }
+    context = [r for r in scalar if r["protocol"] == "context"]
+    assert sorted({r["eval_length"] for r in context}) == [16, 32]
+    assert {r["context_block"] for r in context} == {8}
+    blocks = results.load_blocks(clean)
+    assert len(blocks) == len(scalar)  # one record per evaluated cell
+    for r in scalar:
+        (b,) = [
+            b
+            for b in blocks
+            if (b["run"], b["protocol"], b["eval_length"])
+            == (r["run"], r["protocol"], r["eval_length"])
+        ]
+        assert sum(b["blocks"]["count"]) == r["num_scored_tokens"]
+        mean = sum(b["blocks"]["loss"]) / sum(b["blocks"]["count"])
+        assert mean / math.log(2) == pytest.approx(r["value"], rel=1e-6)
+    assert "bits_per_byte_context.md" in tables(clean)
+    # 512 and 64 targets make one data block per cell: too few to pair, and the report says so
+    assert "paired_differences.md" not in tables(clean)
+    assert (
+        "### Paired differences\n\nNone: a paired comparison needs"
+        in (clean / "REPORT.md").read_text()
+    )
 
 
 def test_corrupted_newest_checkpoint_falls_back_with_a_warning(clean, tmp_path):

@@ -123,12 +123,12 @@ def test_markdown_table_two_seeds():
     assert table.name == "bits_per_byte_nonoverlapping"
     assert report.render_markdown(table) == (
         f"**Bits per byte — nonoverlapping.** {CAPTION} Mean ± 95% CI across seeds "
-        "(Student t, n=2). Bold: best per column.\n"
+        "(Student t, n=2). Nothing is marked: no per-block data to test differences with.\n"
         "\n"
         "| encoding | 1× (64) | 2× (128) |\n"
         "|:--|--:|--:|\n"
-        "| rope | **2.100 ± 1.271** | 3.200 ± 2.541 |\n"
-        "| alibi | 2.500 ± 0.000 | **2.700 ± 1.271** |\n"
+        "| rope | 2.100 ± 1.271 | 3.200 ± 2.541 |\n"
+        "| alibi | 2.500 ± 0.000 | 2.700 ± 1.271 |\n"
     )
 
 
@@ -142,14 +142,14 @@ def test_latex_table_two_seeds():
         "\\begin{table}[htbp]\n"
         "\\centering\n"
         f"\\caption{{{tex_caption} Mean $\\pm$ 95\\% CI across seeds (Student t, n=2). "
-        "Bold: best per column.}\n"
+        "Nothing is marked: no per-block data to test differences with.}\n"
         "\\label{tab:bits_per_byte_nonoverlapping}\n"
         "\\begin{tabular}{lrr}\n"
         "\\toprule\n"
         "Encoding & $1\\times$ (64) & $2\\times$ (128) \\\\\n"
         "\\midrule\n"
-        "rope & \\textbf{2.100 $\\pm$ 1.271} & 3.200 $\\pm$ 2.541 \\\\\n"
-        "alibi & 2.500 $\\pm$ 0.000 & \\textbf{2.700 $\\pm$ 1.271} \\\\\n"
+        "rope & 2.100 $\\pm$ 1.271 & 3.200 $\\pm$ 2.541 \\\\\n"
+        "alibi & 2.500 $\\pm$ 0.000 & 2.700 $\\pm$ 1.271 \\\\\n"
         "\\bottomrule\n"
         "\\end{tabular}\n"
         "\\end{table}\n"
@@ -197,24 +197,41 @@ ONE_SEED = [_row("rope", 0, 64, 2.0), _row("rope", 0, 128, 3.0), _row("alibi", 0
 
 def test_tables_one_seed_and_a_missing_cell():
     (table,) = report.build_tables(ONE_SEED)
-    note = "One seed per cell (n=1: no interval). Bold: best per column."
+    note = (
+        "One seed per cell (n=1: no interval). "
+        "Nothing is marked: no per-block data to test differences with."
+    )
     assert report.render_markdown(table) == (
         f"**Bits per byte — nonoverlapping.** {CAPTION} {note} —: not measured.\n"
         "\n"
         "| encoding | 1× (64) | 2× (128) |\n"
         "|:--|--:|--:|\n"
-        "| rope | **2.000** | 3.000 |\n"
+        "| rope | 2.000 | 3.000 |\n"
         "| alibi | 2.500 | — |\n"
     )
     tex = report.render_latex(table)
     assert f"{note} ---: not measured.}}\n" in tex
-    assert "rope & \\textbf{2.000} & 3.000 \\\\\nalibi & 2.500 & --- \\\\\n" in tex
+    assert "rope & 2.000 & 3.000 \\\\\nalibi & 2.500 & --- \\\\\n" in tex
     head = ["bits_per_byte_nonoverlapping", "s", "bits_per_byte", "nonoverlapping", "", "64"]
     assert _parse_csv(report.render_csv(table))[1:] == [
-        [*head, "rope", "64", "1", "", "2.0", "", "1", ""],
-        [*head, "rope", "128", "2", "", "3.0", "", "1", ""],
-        [*head, "alibi", "64", "1", "", "2.5", "", "1", ""],
-        [*head, "alibi", "128", "2", "", "", "", "0", ""],  # not measured: n = 0, no numbers
+        [*head, "rope", "64", "1", "", "2.0", "", "", "", "", "", "1", ""],
+        [*head, "rope", "128", "2", "", "3.0", "", "", "", "", "", "1", ""],
+        [*head, "alibi", "64", "1", "", "2.5", "", "", "", "", "", "1", ""],
+        [
+            *head,
+            "alibi",
+            "128",
+            "2",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "0",
+            "",
+        ],  # not measured: n = 0, no numbers
     ]
 
 
@@ -222,7 +239,7 @@ def test_mixed_n_marks_single_seed_cells():
     (table,) = report.build_tables([*ONE_SEED, _row("rope", 1, 64, 2.2)])
     md = report.render_markdown(table)
     assert "n=1–2 per cell; see CSV). Cells marked (n=1) have no interval." in md
-    assert "| rope | **2.100 ± 1.271** | 3.000 (n=1) |\n| alibi | 2.500 (n=1) | — |\n" in md
+    assert "| rope | 2.100 ± 1.271 | 3.000 (n=1) |\n| alibi | 2.500 (n=1) | — |\n" in md
 
 
 def test_higher_is_better_for_exact_match_and_tasks_get_own_tables():
@@ -235,8 +252,8 @@ def test_higher_is_better_for_exact_match_and_tasks_get_own_tables():
     tables = report.build_tables(rows)
     assert [t.name for t in tables] == ["exact_match_copy", "exact_match_reverse"]
     md = report.render_markdown(tables[0])
-    assert "| rope | **0.900 ± 0.000** | 0.100 ± 0.000 |" in md  # higher is better
-    assert "| alibi | 0.800 ± 0.000 | — |" in md  # a lone cell is not "best"
+    assert "| rope | 0.900 ± 0.000 | 0.100 ± 0.000 |" in md  # no blocks: nothing marked
+    assert "| alibi | 0.800 ± 0.000 | — |" in md
 
 
 def test_bucket_table_uses_longest_length_and_sorts_buckets():
@@ -254,8 +271,8 @@ def test_bucket_table_uses_longest_length_and_sorts_buckets():
     assert table.eval_length == 256
     assert [c.label() for c in table.columns] == ["[0,64)", "[64,128)", "[128,256)"]
     md = report.render_markdown(table)
-    assert "| rope | **1.000** | **1.500** | 3.000 |" in md
-    assert "| alibi | **1.000** | **1.500** | **2.000** |" in md
+    assert "| rope | 1.000 | 1.500 | 3.000 |" in md  # buckets have no blocks: no marks
+    assert "| alibi | 1.000 | 1.500 | 2.000 |" in md
     assert "Encoding & {[}0,64) & {[}64,128) & {[}128,256) \\\\" in report.render_latex(table)
 
 
@@ -522,7 +539,7 @@ def test_make_report_script(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert f"report: {out / 'REPORT.md'}" in done.stdout
-    assert "| rope | **2.000** | 3.000 |" in done.stdout
+    assert "| rope | 2.000 | 3.000 |" in done.stdout
     assert "results.jsonl:4: skipped: not valid JSON" in done.stderr
     assert (out / "tables" / "bits_per_byte_nonoverlapping.tex").exists()
 
@@ -537,7 +554,7 @@ def test_make_report_script(tmp_path):
 
 def test_not_applicable_cells_read_n_a_never_a_number(tmp_path):
     """A learned table has no row past L: its cells there are "n/a" with the reason, in
-    Markdown, LaTeX and CSV, and take no part in "best"."""
+    Markdown, LaTeX and CSV (their part in the marks: test_stats_paired)."""
     na = "no position embedding past 64 (the table has 64 rows)"
     rows = (
         [_row("learned", s, 64, 2.0 + s / 10) for s in range(2)]
@@ -549,7 +566,7 @@ def test_not_applicable_cells_read_n_a_never_a_number(tmp_path):
     assert problems == [] and len(loaded) == len(rows)  # a None value with a reason is valid
     (table,) = report.build_tables(loaded)
     md = report.render_markdown(table)
-    assert "| learned | **2.050 ± 0.635** | n/a |" in md  # one number at 2x: nothing to mark
+    assert "| learned | 2.050 ± 0.635 | n/a |" in md
     assert "| alibi | 2.550 ± 0.635 | 2.550 ± 0.635 |" in md
     assert f"n/a: {na}." in md
     assert " & n/a \\\\" in report.render_latex(table)

@@ -16,7 +16,7 @@ from flaxformer_lite.train.run_config import ConfigError, RunConfig
 def test_sweep_lists_every_encoding_and_seed():
     c = extrapolation_lm.get_config("cpu")
     sweep = sweeps.expand_sweep(c)
-    assert len(sweep) == 5 * 3
+    assert len(sweep) == 5 * 5
     assert sweep[0] == {
         "name": "sinusoidal-seed0",
         "overrides": {"model.positional": "sinusoidal", "seed": 0},
@@ -69,6 +69,8 @@ def test_select_cells_by_encoding_or_name():
         "alibi-seed0",
         "alibi-seed1",
         "alibi-seed2",
+        "alibi-seed3",
+        "alibi-seed4",
     ]
     with pytest.raises(ConfigError, match=r"--only=.*\['xpos'\] not in this sweep"):
         sweeps.select_cells(sweep, ["xpos"])
@@ -139,7 +141,7 @@ def test_rows_for_cell_carry_the_plan_labels():
 def test_encoding_hyperparameters_are_sized_to_the_training_length():
     """T5 max_distance L / 4 (T5: 128 with inputs of 512), FIRE's threshold L / 4, xPos's
     scale base L / 2 (torchscale: 512 at 1024), the learned table L rows."""
-    for preset, length in (("quick", 64), ("tiny", 16), ("paper", 512)):
+    for preset, length in (("quick", 64), ("tiny", 16), ("wikitext103_bytes", 512)):
         c = extrapolation_lm.get_config(preset)
         o = c.model.positional_options
         assert c.data.train_length == length
@@ -150,5 +152,22 @@ def test_encoding_hyperparameters_are_sized_to_the_training_length():
         assert o.learned.max_length == length
         assert o.rope.original_length == length
         assert c.model.max_position == length * max(c.eval.length_multiples)
-    assert extrapolation_lm.get_config("paper").model.positional_options.t5.num_buckets == 32
+    assert (
+        extrapolation_lm.get_config("wikitext103_bytes").model.positional_options.t5.num_buckets
+        == 32
+    )
     assert extrapolation_lm.get_config("all").eval.local_window == 64
+
+
+def test_presets_of_the_citeable_study():
+    """The cpu preset: 5 seeds, both protocols, the whole split; quick: 1 seed, whole split;
+    only the smoke preset caps the evaluation; the old "paper" name says what it became."""
+    cpu = extrapolation_lm.get_config("cpu")
+    assert tuple(cpu.sweep.seeds) == (0, 1, 2, 3, 4)
+    assert tuple(cpu.eval.protocols) == ("nonoverlapping", "context")
+    assert cpu.eval.max_tokens == 0 and cpu.eval.split == "validation"
+    quick = extrapolation_lm.get_config("quick")
+    assert tuple(quick.sweep.seeds) == (0,) and quick.eval.max_tokens == 0
+    assert extrapolation_lm.get_config("tiny").eval.max_tokens > 0
+    with pytest.raises(ValueError, match="'paper' was renamed 'wikitext103_bytes'"):
+        extrapolation_lm.get_config("paper")

@@ -181,6 +181,34 @@ class ByteSplit:
                 }
             yield batch
 
+    def context_starts(self, *, max_context: int, block: int, blocks: int) -> np.ndarray:
+        """First target positions of the context protocol's target blocks
+        (`windows.context_block_starts`): the same for every context length."""
+        return windows.context_block_starts(
+            self.num_bytes, max_context=max_context, block=block, blocks=blocks
+        )
+
+    def context_batches(
+        self, starts: np.ndarray, context: int, block: int, batch_size: int
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Context-protocol windows (`windows.context_window_arrays`) in batches of
+        ``batch_size`` (the last one padded with all-zero rows, loss_mask 0)."""
+        check_positive_int("context", context)
+        check_positive_int("block", block)
+        batch_size = check_positive_int("batch_size", batch_size)
+        starts = np.asarray(starts, np.int64)
+        for first in range(0, starts.shape[0], batch_size):
+            batch = windows.context_window_arrays(
+                self.data, starts[first : first + batch_size], context, block
+            )
+            short = batch_size - batch["inputs"].shape[0]
+            if short:
+                batch = {
+                    k: np.concatenate([v, np.zeros((short, v.shape[1]), v.dtype)])
+                    for k, v in batch.items()
+                }
+            yield batch
+
     def eval_windows(
         self,
         length: int,

@@ -28,6 +28,8 @@ import math
 
 import numpy as np
 
+from flaxformer_lite.base.checks import check_positive_int
+
 PAD = 0
 """Byte used to fill the part of the last evaluation window that runs past the end of a split
 (always with loss_mask 0)."""
@@ -96,4 +98,54 @@ def window_arrays(
         "inputs": np.ascontiguousarray(window[:, :-1]),
         "targets": np.ascontiguousarray(window[:, 1:]),
         "loss_mask": mask.astype(np.float32),
+    }
+
+
+def context_block_starts(
+    num_bytes: int, *, max_context: int, block: int, blocks: int
+) -> np.ndarray:
+    """First target positions of ``blocks`` blocks of ``block`` targets, evenly spaced over
+    a split of ``num_bytes`` bytes, each with at least ``max_context`` bytes before it.
+
+    Block ``k`` starts at ``lo + floor(k * (hi - lo) / blocks)`` with ``lo = max_context`` and
+    ``hi = num_bytes - block``, so the blocks cover the whole split (every file longer than
+    the spacing contributes) and, the spacing being at least ``block``, never overlap.
+    Deterministic: the same targets for every context length, encoding and seed. Raises a
+    ValueError when the split is too small for that many blocks.
+    """
+    for name, value in (("max_context", max_context), ("block", block), ("blocks", blocks)):
+        check_positive_int(name, value)
+    lo, hi = max_context, num_bytes - block
+    if hi - lo < blocks * block:
+        raise ValueError(
+            f"a split of {num_bytes} bytes holds at most {max(0, (hi - lo) // block)} "
+            f"non-overlapping blocks of {block} targets with {max_context} bytes of context "
+            f"before each; {blocks} were asked for (fewer targets or a shorter context)"
+        )
+    return lo + (np.arange(blocks, dtype=np.int64) * (hi - lo)) // blocks
+
+
+def context_window_arrays(
+    data: np.ndarray, starts: np.ndarray, context: int, block: int
+) -> dict[str, np.ndarray]:
+    """Context-protocol windows: for each block start ``p0`` (int ``[b]``), the inputs
+    ``data[p0 - context : p0 + block - 1]`` and the targets one byte later, so the ``block``
+    scored targets are bytes ``p0 .. p0 + block - 1``, the first with exactly ``context``
+    bytes before it and target ``k`` with ``context + k``.
+
+    Returns ``inputs``, ``targets`` int32 ``[b, context + block - 1]`` and ``loss_mask``
+    float32 (1 on the last ``block`` columns).
+    """
+    starts = np.asarray(starts, np.int64)
+    length = context + block - 1
+    idx = (starts - context)[:, None] + np.arange(length + 1)
+    if starts.size and (idx.min() < 0 or idx.max() >= data.shape[0]):
+        raise ValueError(f"context windows of {context} + {block} bytes run outside the split")
+    window = np.asarray(data[idx], dtype=np.int32)
+    mask = np.zeros((starts.shape[0], length), np.float32)
+    mask[:, context - 1 :] = 1.0
+    return {
+        "inputs": np.ascontiguousarray(window[:, :-1]),
+        "targets": np.ascontiguousarray(window[:, 1:]),
+        "loss_mask": mask,
     }

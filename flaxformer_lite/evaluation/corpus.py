@@ -24,6 +24,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from flaxformer_lite.core import attention
+from flaxformer_lite.evaluation.blocks import DEFAULT_BLOCK_TOKENS, BlockSums
 from flaxformer_lite.evaluation.eval_config import PROTOCOLS
 from flaxformer_lite.evaluation.metrics import summarize
 from flaxformer_lite.evaluation.step import Evaluator, rebuild_model
@@ -45,12 +46,13 @@ def evaluate_length(
     length: int,
     *,
     stride: int | None = None,
-    max_tokens: int = 65536,
+    max_tokens: int | None = None,
     batch_size: int = 8,
     train_length: int | None = None,
     positions_fn: PositionFn = arange_positions,
     progress: bool = False,
     incremental: bool = False,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
 ) -> dict[str, Any]:
     """Score ``model`` on windows of ``length`` tokens of a byte ``split``.
 
@@ -59,7 +61,8 @@ def evaluate_length(
       split: a `flaxformer_lite.data` split (``eval_batches``).
       length: window length L'.
       stride: None for non-overlapping windows, else the sliding-window stride S (1..L').
-      max_tokens: score the first ``max_tokens`` targets of the split.
+      max_tokens: score the first ``max_tokens`` targets of the split; None (or 0): every
+        target of the split (bytes ``1 .. n-1``).
       batch_size: windows per batch (the last batch is padded, so one compile per length).
       train_length: the training length, for ``bucket_loss``.
       positions_fn: positions of each batch (default ``0..L'-1``).
@@ -67,28 +70,43 @@ def evaluate_length(
         its prefix; needed where the encoding reads the current length: dynamic NTK).
 
     Returns:
-      `summarize` 's metrics plus ``eval_length``, ``protocol``, ``stride`` and ``windows``.
+      `summarize` 's metrics plus ``eval_length``, ``protocol``, ``stride``, ``windows``,
+      ``num_scored_tokens`` and ``blocks`` (per-block sums over target bytes ``p`` of the
+      split, block ``p // block_tokens``; `flaxformer_lite.evaluation.blocks`).
     """
     evaluator = Evaluator(model, incremental=incremental)
+    max_bytes = max_tokens + 1 if max_tokens else None
+    step = length if stride is None else stride
     batches = split.eval_batches(
-        length, batch_size, stride=stride, max_bytes=max_tokens + 1, pad_batch=True
+        length, batch_size, stride=stride, max_bytes=max_bytes, pad_batch=True
     )
-    total = split.num_eval_windows(length, stride=stride, max_bytes=max_tokens + 1)
+    total = split.num_eval_windows(length, stride=stride, max_bytes=max_bytes)
     sums = {k: np.zeros(length, np.float64) for k in ("loss_sum", "correct_sum", "count")}
+    blocks = BlockSums(block_tokens, "target bytes")
     bar = tqdm(total=total, desc=f"eval L'={length}", unit="win", disable=not progress, leave=False)
     for index, batch in enumerate(batches):
         batch = dict(batch, positions=positions_fn(index, batch_size, length))
         out = evaluator(batch)
         for k in sums:
             sums[k] += out[k]
+        # window w starts at byte w * step; its column j predicts byte w * step + j + 1
+        windows = index * batch_size + np.arange(batch_size)
+        target = windows[:, None] * step + np.arange(length)[None, :] + 1
+        ids = target // block_tokens
+        mask = batch["loss_mask"] > 0
+        blocks.add("loss", ids[mask], out["token_loss"][mask])
+        blocks.add("correct", ids[mask], out["token_correct"][mask])
+        blocks.add("count", ids[mask], np.ones(int(mask.sum())))
         bar.update(min(batch_size, total - index * batch_size))
     bar.close()
     result = summarize(**sums, train_length=train_length)
     result.update(
         eval_length=length,
         protocol="nonoverlapping" if stride in (None, length) else "sliding",
-        stride=length if stride is None else stride,
+        stride=step,
         windows=total,
+        num_scored_tokens=result["tokens"],
+        blocks=blocks.to_dict(),
     )
     return result
 
@@ -110,8 +128,8 @@ def evaluate_lengths(
     study evaluates its whole `flaxformer_lite.evaluation.plan.EvalPlan` instead
     (`flaxformer_lite.evaluation.run.evaluate_plan`).
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol={protocol!r}; allowed: {list(PROTOCOLS)}")
+    if protocol not in PROTOCOLS[:2]:  # the context protocol: evaluation.context
+        raise ValueError(f"protocol={protocol!r}; allowed: {list(PROTOCOLS[:2])}")
     results = []
     for length in lengths:
         m = rebuild_model(model, attention_config(model.cfg, length))

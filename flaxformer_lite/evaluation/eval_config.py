@@ -6,16 +6,21 @@ import dataclasses
 
 from flaxformer_lite.base.checks import fail
 
-PROTOCOLS = ("nonoverlapping", "sliding")
+PROTOCOLS = ("nonoverlapping", "sliding", "context")
 SPLITS = ("validation", "test")
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)  # eval lengths = L x these
-    protocols: tuple[str, ...] = ("nonoverlapping",)  # "nonoverlapping" and/or "sliding"
-    stride_fraction: float = 0.5  # sliding window stride S = eval_length * this (>= 1 token)
-    max_tokens: int = 65536  # score this many tokens of the split at every length
+    # "nonoverlapping", "sliding" (windows advance by stride_fraction x length) and/or
+    # "context" (the same targets at every context length: evaluation.context)
+    protocols: tuple[str, ...] = ("nonoverlapping",)
+    stride_fraction: float = 0.5  # sliding window stride = eval_length * this (>= 1 token)
+    context_multiples: tuple[float, ...] = (0.5, 1, 2, 4, 8, 16)  # context c = L x these
+    context_block: int = 0  # S scored targets per context window; 0: L / 2
+    context_targets: int = 65536  # targets of the context protocol (blocks of S bytes)
+    max_tokens: int = 0  # 0: every target of the split; N: only the first N (smoke presets)
     batch_size: int = 8  # windows per evaluation batch
     split: str = "validation"  # "validation" or "test"
     num_examples: int = 256  # task sequences scored per length
@@ -24,6 +29,10 @@ class EvalConfig:
     # most its last local_window keys; rows "+window"): xPos's blockwise-causal setting
     # (Sun et al. 2022) and what a sliding window alone buys. 0: no such rows.
     local_window: int = 0
+    # the report's paired-differences table: every encoding against this one (its row label),
+    # or every pair with paired_all
+    paired_reference: str = "alibi"
+    paired_all: bool = False
 
     def validate(self) -> None:
         """Static checks; raises `ConfigError` naming ``config.eval.*``."""
@@ -43,9 +52,18 @@ class EvalConfig:
             bad("protocols", f"each must be one of {list(PROTOCOLS)}")
         if not 0 < self.stride_fraction <= 1:
             bad("stride_fraction", "must be in (0, 1]")
-        for name in ("max_tokens", "batch_size", "num_examples"):
+        if "context" in self.protocols:
+            if not self.context_multiples or any(m <= 0 for m in self.context_multiples):
+                bad("context_multiples", "must list context lengths as positive multiples of L")
+            if self.context_block < 0:
+                bad("context_block", "must be >= 0 (0: L / 2)")
+            if self.context_targets <= 0:
+                bad("context_targets", "must be > 0")
+        for name in ("batch_size", "num_examples"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
+        if self.max_tokens < 0:
+            bad("max_tokens", "must be >= 0 (0: the whole split)")
         if self.local_window < 0:
             bad("local_window", "must be >= 0 (0: no windowed rows)")
         if self.split not in SPLITS:

@@ -31,6 +31,7 @@ UNTRAINED_SUFFIX = "+untrained_rows"
 QUICK_EVAL_TOKENS = 16384  # validation during training scores at most this many tokens
 # Where each use of positions draws its randomized positions from (`PositionScheme` key parts).
 TRAIN_POSITIONS, QUICK_POSITIONS, CORPUS_POSITIONS, TASK_POSITIONS = 0, 1, 2, 3
+CONTEXT_POSITIONS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,8 @@ class EvalPlan:
         length (the same first targets at every length), windows per batch.
       task, num_examples, seed: task evaluation: the task, examples per length, and the
         seed of their generator.
+      context_block, context_targets: the context protocol's scored block S and number of
+        targets (the cells' lengths are its context lengths).
     """
 
     cells: tuple[EvalCell, ...]
@@ -126,6 +129,8 @@ class EvalPlan:
     task: str
     num_examples: int
     seed: int
+    context_block: int = 0
+    context_targets: int = 0
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -167,8 +172,16 @@ class EvalPlan:
             variants = (*variants, WINDOW)
         protocols = ("task",) if task is not None else eval.protocols
 
+        block = eval.context_block or max(1, data.train_length // 2)
+        contexts = tuple(
+            dict.fromkeys(max(1, round(data.train_length * m)) for m in eval.context_multiples)
+        )
+
         def cell(variant: str, protocol: str, length: int) -> EvalCell:
-            seq = length if task is None else task.sequence_length(length)
+            if task is not None:
+                seq = task.sequence_length(length)
+            else:
+                seq = length + block - 1 if protocol == "context" else length
             cfg = attention_config(model, seq)
             if variant == WINDOW:
                 cfg = cfg.replace(attention_window=eval.local_window)
@@ -193,7 +206,12 @@ class EvalPlan:
                 na = f"no position embedding past {capacity} (the table has {capacity} rows)"
             return EvalCell(label, cfg, length, protocol, stride, seq, incremental, na)
 
-        cells = tuple(cell(v, p, n) for v in (BASE, *variants) for p in protocols for n in lengths)
+        def lengths_of(protocol: str) -> tuple[int, ...]:
+            return contexts if protocol == "context" else lengths
+
+        cells = tuple(
+            cell(v, p, n) for v in (BASE, *variants) for p in protocols for n in lengths_of(p)
+        )
         plan = cls(
             cells=cells,
             quick=cell(BASE, protocols[0] if task is not None else PROTOCOLS[0], data.train_length),
@@ -206,6 +224,8 @@ class EvalPlan:
             task=data.task if task is not None else "",
             num_examples=eval.num_examples,
             seed=seed,
+            context_block=block if "context" in protocols else 0,
+            context_targets=eval.context_targets if "context" in protocols else 0,
         )
         plan._check_positions(model, train_seq)
         return plan
@@ -227,8 +247,22 @@ class EvalPlan:
             return
         try:
             dataset.split(self.split).require(self.longest_sequence, what="an evaluation window")
+            if self.context_block:
+                self.context_starts(dataset.split(self.split))
         except ValueError as e:
-            raise ConfigError(f"config.data: {e}") from None
+            raise ConfigError(f"config.data / config.eval.context_targets: {e}") from None
+
+    @property
+    def max_context(self) -> int:
+        return max((c.length for c in self.cells if c.protocol == "context"), default=0)
+
+    def context_starts(self, split: Any) -> Any:
+        """The context protocol's target blocks in ``split`` (the same for every context)."""
+        return split.context_starts(
+            max_context=self.max_context,
+            block=self.context_block,
+            blocks=max(1, self.context_targets // self.context_block),
+        )
 
 
 def _variants_of(name: str) -> tuple[str, ...]:

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
+from flaxformer_lite.evaluation.context import evaluate_context
 from flaxformer_lite.evaluation.corpus import evaluate_length
 from flaxformer_lite.evaluation.plan import (
+    CONTEXT_POSITIONS,
     CORPUS_POSITIONS,
     QUICK_EVAL_TOKENS,
     QUICK_POSITIONS,
@@ -70,6 +72,19 @@ def evaluate_cell(
             positions_fn=_positions_fn(plan, tag),
             incremental=cell.incremental,
         )
+    elif cell.protocol == "context":
+        split = dataset.split(plan.split)
+        result = evaluate_context(
+            m,
+            split,
+            cell.length,
+            starts=plan.context_starts(split),
+            block=plan.context_block,
+            batch_size=plan.batch_size,
+            positions_fn=_positions_fn(plan, CONTEXT_POSITIONS),
+            incremental=cell.incremental,
+            progress=progress,
+        )
     else:
         tag = CORPUS_POSITIONS if positions_tag is None else positions_tag
         result = evaluate_length(
@@ -101,7 +116,7 @@ def quick_evaluate(model: nnx.Module, plan: EvalPlan, dataset: Any) -> dict[str,
         plan,
         plan.quick,
         dataset,
-        max_tokens=min(plan.max_tokens, QUICK_EVAL_TOKENS),
+        max_tokens=min(plan.max_tokens or QUICK_EVAL_TOKENS, QUICK_EVAL_TOKENS),
         positions_tag=QUICK_POSITIONS if plan.kind == "corpus" else TASK_POSITIONS,
     )
     keys = (

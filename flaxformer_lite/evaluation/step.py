@@ -60,7 +60,9 @@ def make_eval_step(graphdef: nnx.GraphDef):
     """``eval_step(params, rest, batch) -> sums``: per-position sums over the batch.
 
     Returns ``loss_sum``, ``correct_sum`` and ``count`` (float32 ``[length]``: summed over the
-    batch, only counted targets) and ``predictions`` (int32 ``[batch, length]``, argmax).
+    batch, only counted targets), ``predictions`` (int32 ``[batch, length]``, argmax) and the
+    per-target ``token_loss`` / ``token_correct`` (float32 ``[batch, length]``, 0 where not
+    counted) from which the per-block sums are made.
     """
 
     def eval_step(params, rest, batch):
@@ -78,6 +80,8 @@ def _sums(logits: Array, batch: dict[str, Array]) -> dict[str, Array]:
         "correct_sum": (correct * mask).sum(axis=0),
         "count": mask.sum(axis=0),
         "predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        "token_loss": ce * mask,  # [batch, length]: for per-block sums (evaluation.blocks)
+        "token_correct": correct * mask,
     }
 
 

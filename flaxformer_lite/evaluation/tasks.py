@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
+from flaxformer_lite.evaluation.blocks import DEFAULT_BLOCK_EXAMPLES, BlockSums
 from flaxformer_lite.evaluation.corpus import PositionFn, arange_positions
 from flaxformer_lite.evaluation.step import Evaluator
 from flaxformer_lite.nn.generate import generate
@@ -57,6 +58,7 @@ def evaluate_task_length(
     positions_fn: PositionFn = arange_positions,
     mode: str = "teacher_forced",
     incremental: bool = False,
+    block_examples: int = DEFAULT_BLOCK_EXAMPLES,
 ) -> dict[str, Any]:
     """Exact-match accuracy (every answer token right) of a synthetic task at one length.
 
@@ -74,6 +76,7 @@ def evaluate_task_length(
     evaluator = Evaluator(model, incremental=incremental) if mode == "teacher_forced" else None
     rng = np.random.default_rng([seed, length])
     exact, correct, count, done, index = 0.0, 0.0, 0.0, 0, 0
+    blocks = BlockSums(block_examples, "examples")
     while done < num_examples:
         batch = task.sample(rng, batch_size, length)
         n = min(batch_size, num_examples - done)
@@ -83,10 +86,17 @@ def evaluate_task_length(
             predictions = generate_predictions(model, task, batch, length)
         else:
             predictions = evaluator(batch)["predictions"]
-        exact += float(np.asarray(task.exact_match(predictions, batch))[:n].sum())
+        hits = np.asarray(task.exact_match(predictions, batch), np.float64)[:n]
         mask = batch["loss_mask"][:n]
-        correct += float(((predictions[:n] == batch["targets"][:n]) * mask).sum())
+        right = ((predictions[:n] == batch["targets"][:n]) * mask).sum(axis=1)
+        exact += float(hits.sum())
+        correct += float(right.sum())
         count += float(mask.sum())
+        ids = (done + np.arange(n)) // block_examples
+        blocks.add("exact", ids, hits)
+        blocks.add("examples", ids, np.ones(n))
+        blocks.add("correct", ids, right)
+        blocks.add("count", ids, mask.sum(axis=1))
         done += n
         index += 1
     row = {
@@ -95,6 +105,8 @@ def evaluate_task_length(
         "exact_match": exact / num_examples,
         "accuracy": correct / max(count, 1.0),
         "examples": num_examples,
+        "num_scored_tokens": int(count),
+        "blocks": blocks.to_dict(),
     }
     return row if mode == "teacher_forced" else row | {"mode": mode}
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaxformer_lite.experiments import plots, results
+from flaxformer_lite.experiments import paired, plots, results
 from flaxformer_lite.experiments.tables import (
     CONFIDENCE,
     CSV_FIELDS,
@@ -372,6 +372,7 @@ def render_report(
     *,
     problems: Sequence[Any] = (),
     title: str | None = None,
+    pairs: Sequence[Any] = (),
 ) -> str:
     """The text of ``REPORT.md`` (links are relative to the report's directory)."""
     lines = [
@@ -408,6 +409,18 @@ def render_report(
             f"[Markdown](tables/{t.name}.md)",
             "",
         ]
+    if not pairs and any(t.metric in paired.PAIRED_METRICS for t in tables):
+        lines += ["### Paired differences", "", paired.NONE_NOTE, ""]
+    if pairs:
+        lines += [
+            "### Paired differences",
+            "",
+            paired.render_markdown(pairs).rstrip("\n"),
+            "",
+            "[LaTeX](tables/paired_differences.tex) · [CSV](tables/paired_differences.csv) · "
+            "[Markdown](tables/paired_differences.md)",
+            "",
+        ]
     if other:
         lines += [
             "Other tables: "
@@ -436,6 +449,9 @@ def write_report(
     *,
     problems: Sequence[Any] = (),
     title: str | None = None,
+    blocks: Sequence[Mapping[str, Any]] = (),
+    reference: str = paired.DEFAULT_REFERENCE,
+    all_pairs: bool = False,
 ) -> Path:
     """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``.
 
@@ -444,6 +460,9 @@ def write_report(
       out_dir: the report directory (created if needed).
       problems: skipped results lines (`results.Problem` or strings), stated in the report.
       title: the report's heading (default: the studies and presets of the rows).
+      blocks: the per-block records beside the rows (`results.load_blocks`): bootstrap
+        intervals, significance marks and ``tables/paired_differences.{md,tex,csv}``.
+      reference, all_pairs: the paired-differences table's reference encoding, or all pairs.
 
     Returns:
       The path of ``REPORT.md``. The same rows give byte-identical tables and ``REPORT.md``.
@@ -456,7 +475,7 @@ def write_report(
         raise ValueError("write_report needs at least one results row; got none")
     out_dir = Path(out_dir)
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
-    tables = build_tables(rows)
+    tables = build_tables(rows, blocks)
     for t in tables:
         for suffix, text in (
             (".md", render_markdown(t)),
@@ -464,9 +483,18 @@ def write_report(
             (".csv", render_csv(t)),
         ):
             _write_text(out_dir / "tables" / f"{t.name}{suffix}", text)
+    pairs = paired.build_paired_tables(tables, reference=reference, all_pairs=all_pairs)
+    if pairs:
+        for suffix, render in (
+            (".md", paired.render_markdown),
+            (".tex", paired.render_latex),
+            (".csv", paired.render_csv),
+        ):
+            _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
     figures = _make_plots(rows, tables, out_dir)
     report = out_dir / "REPORT.md"
-    _write_text(report, render_report(rows, tables, figures, problems=list(problems), title=title))
+    text = render_report(rows, tables, figures, problems=list(problems), title=title, pairs=pairs)
+    _write_text(report, text)
     return report
 
 
@@ -477,10 +505,15 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_study_report(workdir: str | Path) -> Path | None:
-    """The report of a study directory from its ``results.jsonl`` (skipped lines are stated
-    in it); None when no cell has finished yet."""
+def write_study_report(
+    workdir: str | Path, *, reference: str = paired.DEFAULT_REFERENCE, all_pairs: bool = False
+) -> Path | None:
+    """The report of a study directory from its ``results.jsonl`` and ``blocks.jsonl``
+    (skipped lines are stated in it); None when no cell has finished yet."""
     rows, problems = results.load_rows([workdir], return_problems=True)
     if not rows:
         return None
-    return write_report(rows, workdir, problems=problems)
+    blocks = results.load_blocks([workdir])
+    return write_report(
+        rows, workdir, problems=problems, blocks=blocks, reference=reference, all_pairs=all_pairs
+    )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 RESULTS_FILE = "results.jsonl"
+BLOCKS_FILE = "blocks.jsonl"  # per-block sums beside the rows (experiments.rows.blocks_for_cell)
 REQUIRED_FIELDS = ("encoding", "metric", "value", "eval_length")
 
 
@@ -181,3 +182,24 @@ def load_rows(paths, *, return_problems=False, warn=True):
     if return_problems:
         return rows, problems
     return rows
+
+
+def load_blocks(paths: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The per-block records (``blocks.jsonl``) beside the results files of ``paths`` (run
+    dirs or results files); a path without one contributes nothing, an unreadable line is
+    skipped (its cells then fall back to intervals without block data)."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    out: list[dict[str, Any]] = []
+    for p in paths:
+        file = results_file(p).parent / BLOCKS_FILE
+        if not file.is_file():
+            continue
+        for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("blocks"), dict):
+                out.append(record)
+    return out

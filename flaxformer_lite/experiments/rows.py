@@ -46,12 +46,15 @@ def rows_for_cell(
         head = common | {k: r[k] for k in LABEL_FIELDS}
         head |= {
             "eval_length": r["eval_length"],
-            "eval_multiple": r["eval_length"] // run.data.train_length,
+            "eval_multiple": _multiple(r["eval_length"], run.data.train_length),
             "protocol": r["protocol"],
             "stride": r.get("stride"),
             "tokens": r.get("tokens"),
+            "num_scored_tokens": r.get("num_scored_tokens"),
+            "split": None if r["protocol"] == "task" else run.eval.split,
             "examples": r.get("examples"),
             "scoring": r.get("scoring"),
+            "context_block": r.get("context_block"),
         }
         metrics = TASK_METRICS if r["protocol"] == "task" else SCALAR_METRICS
         if r.get("na") is not None:  # not evaluable here: one row per metric, saying why
@@ -63,3 +66,36 @@ def rows_for_cell(
         if "loss_by_position" in r:
             rows.append(head | {"metric": "loss_by_position", "value": r["loss_by_position"]})
     return rows
+
+
+def blocks_for_cell(run: RunConfig, name: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-block sums of one finished cell (one line per evaluated cell, beside its rows in
+    ``blocks.jsonl``), keyed like its rows so statistics can pair them across encodings."""
+    out = []
+    for r in summary["eval"]:
+        if "blocks" not in r:
+            continue
+        out.append(
+            {
+                "study": run.study,
+                "preset": run.preset,
+                "run": name,
+                "seed": run.seed,
+                "train_length": run.data.train_length,
+                "task": run.data.task or None,
+                "config_hash": summary["config_hash"],
+                "encoding": r["encoding"],
+                "positional": r["positional"],
+                "variant": r["variant"],
+                "protocol": r["protocol"],
+                "eval_length": r["eval_length"],
+                "blocks": r["blocks"],
+            }
+        )
+    return out
+
+
+def _multiple(length: int, train_length: int) -> int | float:
+    """``length / train_length``, an int when whole (the context protocol has L / 2)."""
+    m = length / train_length
+    return int(m) if m.is_integer() else m

@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.experiments.report import write_study_report
-from flaxformer_lite.experiments.rows import rows_for_cell
+from flaxformer_lite.experiments.results import BLOCKS_FILE, RESULTS_FILE
+from flaxformer_lite.experiments.rows import blocks_for_cell, rows_for_cell
 from flaxformer_lite.experiments.sweeps import (
     apply_overrides,
     check_overrides,
@@ -71,23 +72,28 @@ class Study:
         atomic_write_text(self.workdir / "study.json", text)
 
     def merge_results(self) -> Path:
-        """Rebuild ``results.jsonl`` from every finished cell, in sweep order (atomic)."""
-        lines = []
-        for cell in self.sweep:
-            path = self.cell_dir(cell["name"]) / "rows.jsonl"
-            if path.exists():
-                lines.append(path.read_text())
-        out = self.workdir / "results.jsonl"
-        atomic_write_text(out, "".join(lines))
-        return out
+        """Rebuild ``results.jsonl`` and ``blocks.jsonl`` from every finished cell, in sweep
+        order (atomic); returns the path of ``results.jsonl``."""
+        for name in (BLOCKS_FILE, RESULTS_FILE):
+            lines = []
+            for cell in self.sweep:
+                done = self.cell_dir(cell["name"]) / "rows.jsonl"
+                path = self.cell_dir(cell["name"]) / (name if name == BLOCKS_FILE else "rows.jsonl")
+                if done.exists() and path.exists():
+                    lines.append(path.read_text())
+            atomic_write_text(self.workdir / name, "".join(lines))
+        return self.workdir / RESULTS_FILE
 
     def run_cell(self, cell: dict) -> None:
         config = apply_overrides(self.config, cell["overrides"])
         run = RunConfig.from_config(config)
         summary = train_and_evaluate(run, self.cell_dir(cell["name"]))
+        blocks = blocks_for_cell(run, cell["name"], summary)
+        text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
+        atomic_write_text(self.cell_dir(cell["name"]) / BLOCKS_FILE, text)
         rows = rows_for_cell(run, cell["name"], summary, self.command)
         text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
-        atomic_write_text(self.cell_dir(cell["name"]) / "rows.jsonl", text)
+        atomic_write_text(self.cell_dir(cell["name"]) / "rows.jsonl", text)  # last: done
 
 
 def run_study(
@@ -167,7 +173,12 @@ def run_study(
     results = study.merge_results()
     report_path = None
     if report is True:
-        report_path = write_study_report(study.workdir)
+        evals = config.get("eval", {}) if hasattr(config, "get") else {}
+        report_path = write_study_report(
+            study.workdir,
+            reference=evals.get("paired_reference", "alibi"),
+            all_pairs=bool(evals.get("paired_all", False)),
+        )
     elif report:
         report(study.workdir)
     return {

@@ -1,4 +1,5 @@
-"""Confidence intervals across seeds: Student-t quantiles without scipy.
+"""Statistics of results: Student-t intervals across seeds, and the hierarchical bootstrap,
+paired differences and Holm correction over seeds and evaluation blocks.
 
 ``t_quantile(p, df)`` inverts the Student-t CDF by bisection. The CDF is written with the
 regularized incomplete beta function (Abramowitz & Stegun 26.7.1):
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+
+import numpy as np
 
 _EPS = 1e-15
 _TINY = 1e-300
@@ -121,3 +124,137 @@ def mean_ci(
         return mean, None, 1
     var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
     return mean, t_quantile((1.0 + confidence) / 2.0, n - 1) * math.sqrt(var) / math.sqrt(n), n
+
+
+# ----------------------------------------------------------- seeds x blocks: bootstrap, pairs
+
+BOOTSTRAP_REPLICATES = 2000
+BOOTSTRAP_SEED = 20261130  # fixed: the same rows always give the same intervals
+
+
+def seed_means(values: np.ndarray, counts: np.ndarray, transform=None) -> np.ndarray:
+    """Per-seed ratio ``sum_b values[s, b] / sum_b counts[s, b]`` (then ``transform``, e.g.
+    ``np.exp`` for perplexity from a loss), ``[seeds]``."""
+    ratio = values.sum(axis=1) / counts.sum(axis=1)
+    return ratio if transform is None else transform(ratio)
+
+
+def _resample(n_seeds: int, n_blocks: int, replicates: int, seed: int):
+    """Hierarchical indices: seeds with replacement, then, for every drawn seed, blocks with
+    replacement: ``([R, S] seed ids, [R, S, B] block ids)``."""
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, n_seeds, size=(replicates, n_seeds))
+    blocks = rng.integers(0, n_blocks, size=(replicates, n_seeds, n_blocks))
+    return seeds, blocks
+
+
+def _replicate_means(values, counts, seeds, blocks, transform=None) -> np.ndarray:
+    """The statistic (mean over drawn seeds of each seed's ratio over its drawn blocks) for
+    every replicate, ``[R]``."""
+    v = values[seeds[..., None], blocks]  # [R, S, B]
+    c = counts[seeds[..., None], blocks]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        ratio = v.sum(axis=2) / c.sum(axis=2)
+        return (ratio if transform is None else transform(ratio)).mean(axis=1)
+
+
+def bootstrap_interval(
+    values: np.ndarray,
+    counts: np.ndarray,
+    *,
+    confidence: float = 0.95,
+    replicates: int = BOOTSTRAP_REPLICATES,
+    seed: int = BOOTSTRAP_SEED,
+    transform=None,
+) -> tuple[float, float, float]:
+    """``(mean, low, high)`` of the mean over seeds of each seed's ratio of sums, with a
+    percentile interval from a hierarchical bootstrap over seeds, then blocks.
+
+    Args:
+      values: ``[seeds, blocks]`` per-block sums (e.g. loss in bits); counts: ``[seeds,
+        blocks]`` per-block weights (scored targets). The blocks are the same data for every
+        seed (so the interval covers both training noise and the finite evaluation set).
+      transform: applied to each seed's ratio before the mean over seeds (``np.exp``:
+        perplexity from a loss in nats).
+    """
+    values, counts = np.asarray(values, np.float64), np.asarray(counts, np.float64)
+    _check_grid(values, counts)
+    mean = float(seed_means(values, counts, transform).mean())
+    seeds, blocks = _resample(*values.shape, replicates, seed)
+    reps = _replicate_means(values, counts, seeds, blocks, transform)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.nanquantile(reps, [alpha, 1.0 - alpha])
+    return mean, float(low), float(high)
+
+
+def paired_difference(
+    values_a: np.ndarray,
+    counts_a: np.ndarray,
+    values_b: np.ndarray,
+    counts_b: np.ndarray,
+    *,
+    confidence: float = 0.95,
+    replicates: int = BOOTSTRAP_REPLICATES,
+    seed: int = BOOTSTRAP_SEED,
+    transform=None,
+) -> dict[str, float]:
+    """Paired difference ``a - b`` of the seed-mean ratios, over the same seeds and blocks.
+
+    Both inputs are ``[seeds, blocks]`` with matching rows (the same seeds: same data order)
+    and columns (the same evaluation blocks). The bootstrap draws seeds, then blocks, and
+    applies the *same* draws to ``a`` and ``b``, so what varies with the data cancels.
+    Returns ``{"delta", "low", "high", "p"}``: the observed difference, its percentile
+    interval, and a two-sided p-value ``min(1, 2 min(P*(delta* <= 0), P*(delta* >= 0)))``
+    (each with the ``(1 + k) / (R + 1)`` correction; identical inputs give ``p = 1``).
+    """
+    arrays = [np.asarray(x, np.float64) for x in (values_a, counts_a, values_b, counts_b)]
+    _check_grid(arrays[0], arrays[1])
+    _check_grid(arrays[2], arrays[3])
+    if arrays[0].shape != arrays[2].shape:
+        raise ValueError(
+            f"paired inputs need the same [seeds, blocks]; got {arrays[0].shape} and "
+            f"{arrays[2].shape}"
+        )
+    va, ca, vb, cb = arrays
+    delta = float((seed_means(va, ca, transform) - seed_means(vb, cb, transform)).mean())
+    seeds, blocks = _resample(*va.shape, replicates, seed)
+    reps = _replicate_means(va, ca, seeds, blocks, transform) - _replicate_means(
+        vb, cb, seeds, blocks, transform
+    )
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.nanquantile(reps, [alpha, 1.0 - alpha])
+    below = (1 + np.sum(reps <= 0.0)) / (replicates + 1)
+    above = (1 + np.sum(reps >= 0.0)) / (replicates + 1)
+    return {
+        "delta": delta,
+        "low": float(low),
+        "high": float(high),
+        "p": float(min(1.0, 2.0 * min(below, above))),
+    }
+
+
+def holm(p_values: Iterable[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (Holm 1979), in the input order.
+
+    Sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``; reject
+    where the adjusted value is below alpha. Controls the family-wise error rate.
+    """
+    ps = [float(p) for p in p_values]
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def _check_grid(values: np.ndarray, counts: np.ndarray) -> None:
+    if values.ndim != 2 or values.shape != counts.shape or 0 in values.shape:
+        raise ValueError(
+            f"need [seeds, blocks] values and counts of one shape; got {values.shape} and "
+            f"{counts.shape}"
+        )
+    if (counts.sum(axis=1) <= 0).any():
+        raise ValueError("every seed needs a positive total count")

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from flaxformer_lite.experiments import significance, stats
 from flaxformer_lite.experiments.stats import mean_ci
 
 CONFIDENCE = 0.95
@@ -91,14 +92,18 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """Aggregate of one (encoding, column): mean, CI half width (None if n = 1), n, seeds;
-    or, when the model cannot be evaluated there, ``na`` (the reason) and no numbers."""
+    """Aggregate of one (encoding, column): mean, CI half width (None: no interval), n seeds;
+    ``low``/``high`` the interval's ends; or, when the model cannot be evaluated there,
+    ``na`` (the reason) and no numbers. ``grid``: the per-block data (None without)."""
 
     mean: float
     half_width: float | None
     n: int
     seeds: tuple[Any, ...] = ()
     na: str | None = None
+    low: float | None = None
+    high: float | None = None
+    grid: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +121,11 @@ class Table:
     columns: tuple[Column, ...]
     cells: Mapping[tuple[str, Any], Cell]
     strides: tuple[int, ...] = ()
+    # column key -> ("best", {encoding}) | ("tie", {encodings}) from paired tests
+    marks: Mapping[Any, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
+    method: str = "t"  # "bootstrap" (seeds x blocks) or "t" (Student t over seeds)
+    blocks: tuple[int, int, str] | None = None  # (number, size, unit) of the data blocks
+    context_block: int | None = None  # the context protocol's scored block S
 
     @property
     def info(self) -> MetricInfo:
@@ -154,14 +164,19 @@ class Table:
             if self.train_length:
                 length += f" ({self.eval_length / self.train_length:g}× L)"
             setting.append(f"{length}; columns are window offsets [lo, hi)")
+        elif self.protocol == "context" and self.train_length:
+            s_text = f"{self.context_block}" if self.context_block else "S"
+            setting.append(
+                f"columns: context length c as a multiple of L; the same target bytes in every "
+                f"column, each with c to c + {s_text} - 1 bytes before it"
+            )
         elif self.train_length:
             unit = "task length" if self.task else "tokens"
             setting.append(f"columns: evaluation length as a multiple of L ({unit})")
         if setting:
             text.append(_sentence("; ".join(setting)))
         text.append(self.n_note())
-        if self.best_marked():
-            text.append("Bold: best per column.")
+        text.append(self.marks_note())
         if any(self.cell(e, c) is None for e in self.encodings for c in self.columns):
             text.append(f"{MISSING_MD}: not measured.")
         reasons = sorted({c.na for c in self.cells.values() if c.na})
@@ -172,9 +187,17 @@ class Table:
     def n_note(self) -> str:
         """The statistic and the number of samples, e.g. ``n=1: no interval``."""
         ns = sorted({c.n for c in self.cells.values() if c.na is None}) or [0]
+        n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]} per cell; see CSV"
+        if self.method == "bootstrap" and self.blocks:
+            count, size, unit = self.blocks
+            return (
+                f"Mean over seeds ± half the {CONFIDENCE:.0%} interval of a hierarchical "
+                f"bootstrap over seeds, then {count} blocks of {size} {unit} of the evaluation "
+                f"data ({stats.BOOTSTRAP_REPLICATES} replicates; seeds per cell: {n}; ends in "
+                "the CSV)."
+            )
         if ns == [1]:
             return "One seed per cell (n=1: no interval)."
-        n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]} per cell; see CSV"
         note = f"Mean ± {CONFIDENCE:.0%} CI across seeds (Student t, n={n})."
         if ns[0] == 1:
             note += " Cells marked (n=1) have no interval."
@@ -189,24 +212,27 @@ class Table:
     def cell(self, encoding: str, column: Column) -> Cell | None:
         return self.cells.get((encoding, column.key))
 
-    def best_marked(self) -> bool:
-        return any(self.best(c) for c in self.columns)
+    def marks_note(self) -> str:
+        """What bold and italic mean in this table (or why nothing is marked)."""
+        if self.info.better is None or len(self.encodings) < 2:
+            return ""
+        test = (
+            f"paired bootstrap over seeds and data blocks, Holm-corrected within the column, "
+            f"alpha = {significance.ALPHA}"
+        )
+        if self.marks:
+            return (
+                f"Bold: best and significantly better than every other row ({test}); italic: "
+                "tied for best (not significantly different from the best)."
+            )
+        if self.method == "bootstrap":
+            return f"Nothing is marked: no column has a significant best or tie ({test})."
+        return "Nothing is marked: no per-block data to test differences with."
 
-    def best(self, column: Column) -> set[str]:
-        """Encodings with the best mean of ``column`` as displayed (ties all best).
-
-        Empty when the metric has no direction or fewer than two encodings have a finite mean.
-        """
-        better = self.info.better
-        shown = {}
-        for e in self.encodings:
-            c = self.cell(e, column)
-            if c is not None and c.na is None and math.isfinite(c.mean):
-                shown[e] = float(format_number(c.mean, self.info.digits))
-        if better is None or len(shown) < 2:
-            return set()
-        target = min(shown.values()) if better == "lower" else max(shown.values())
-        return {e for e, v in shown.items() if v == target}
+    def mark(self, encoding: str, column: Column) -> str | None:
+        """``"best"``, ``"tie"`` or None for one cell."""
+        kind, members = self.marks.get(column.key, (None, frozenset()))
+        return kind if encoding in members else None
 
     def mixed_n(self) -> bool:
         return len({c.n for c in self.cells.values() if c.na is None}) > 1
@@ -296,7 +322,11 @@ def table_names(keys: Iterable[tuple[str, tuple[Any, ...]]]) -> dict[tuple[str, 
     return names
 
 
-def _aggregate(groups: Mapping[tuple[str, Any], list[Mapping[str, Any]]]) -> dict:
+def _aggregate(
+    groups: Mapping[tuple[str, Any], list[Mapping[str, Any]]],
+    index: significance.BlockIndex,
+    metric: str,
+) -> dict:
     cells = {}
     for key, rs in groups.items():
         seeds = tuple(r.get("seed") for r in rs)
@@ -306,14 +336,42 @@ def _aggregate(groups: Mapping[tuple[str, Any], list[Mapping[str, Any]]]) -> dic
             cells[key] = Cell(math.nan, None, 0, seeds, na=reason)
             continue
         mean, half, n = mean_ci([r["value"] for r in measured], confidence=CONFIDENCE)
-        cells[key] = Cell(mean, half, n, tuple(r.get("seed") for r in measured))
+        grid = index.grid(measured, metric) if index else None
+        low = high = None
+        if grid is not None:
+            _, low, high = significance.interval(grid, CONFIDENCE)
+            half = (high - low) / 2
+        cells[key] = Cell(
+            mean, half, n, tuple(r.get("seed") for r in measured), low=low, high=high, grid=grid
+        )
     return cells
 
 
-def build_tables(rows: Sequence[Mapping[str, Any]]) -> list[Table]:
+def _marks(table: Table) -> dict[Any, tuple[str, frozenset[str]]]:
+    marks = {}
+    for column in table.columns:
+        cells = {e: table.cell(e, column) for e in table.encodings}
+        cells = {e: c for e, c in cells.items() if c is not None and c.na is None}
+        grids = {e: c.grid for e, c in cells.items() if c.grid is not None}
+        means = {e: c.mean for e, c in cells.items() if math.isfinite(c.mean)}
+        mark = significance.column_marks(grids, means, table.info.better or "")
+        if mark is not None:
+            marks[column.key] = mark
+    return marks
+
+
+def build_tables(
+    rows: Sequence[Mapping[str, Any]], blocks: Iterable[Mapping[str, Any]] = ()
+) -> list[Table]:
     """Group scalar rows into tables (see the module docstring); ``loss_by_position`` is plotted,
     not tabulated. Tables are ordered by study, then metric (bits/byte, exact match, accuracy,
-    buckets, loss, perplexity, others by name), then first appearance."""
+    buckets, loss, perplexity, others by name), then first appearance.
+
+    ``blocks``: the per-block records beside the rows (``blocks.jsonl``); with them, cells carry
+    hierarchical-bootstrap intervals and each column marks a significant best or a tie
+    (`flaxformer_lite.experiments.significance`); without them, Student-t intervals over seeds
+    and no marks."""
+    block_index = significance.BlockIndex(blocks)
     scalar = [r for r in rows if r["metric"] != "loss_by_position"]
     order = encoding_order(rows)
     studies = list(dict.fromkeys(r.get("study") for r in rows))
@@ -339,6 +397,11 @@ def build_tables(rows: Sequence[Mapping[str, Any]]) -> list[Table]:
             by_cell = group_by(rs, lambda r: (r["encoding"], r["eval_length"]))
         present = {r["encoding"] for r in rs}
         strides = sorted({r["stride"] for r in rs if isinstance(r.get("stride"), int)})
+        cells = _aggregate(by_cell, block_index, metric)
+        grids = [c.grid for c in cells.values() if c.grid is not None]
+        measured = [c for c in cells.values() if c.na is None]
+        bootstrap = bool(measured) and all(c.grid is not None for c in measured)
+        context_blocks = {r.get("context_block") for r in rs} - {None}
         table = Table(
             name=names[(metric, key)],
             metric=metric,
@@ -349,9 +412,16 @@ def build_tables(rows: Sequence[Mapping[str, Any]]) -> list[Table]:
             eval_length=eval_length,
             encodings=tuple(e for e in order if e in present),
             columns=columns,
-            cells=_aggregate(by_cell),
+            cells=cells,
             strides=tuple(strides),
+            method="bootstrap" if bootstrap else "t",
+            blocks=(grids[0].values.shape[1], grids[0].block_size, grids[0].unit)
+            if bootstrap
+            else None,
+            context_block=next(iter(context_blocks)) if len(context_blocks) == 1 else None,
         )
+        if bootstrap:
+            table = dataclasses.replace(table, marks=_marks(table))
         sort_key = (
             studies.index(key[0]),
             _METRIC_ORDER.get(metric, len(_METRIC_ORDER)),
@@ -399,8 +469,8 @@ def _cell_text(table: Table, cell: Cell | None, *, pm: str, missing: str, n1: st
 
 
 def render_markdown(table: Table) -> str:
-    """GitHub-flavoured Markdown: caption paragraph, then the table (best per column bold)."""
-    best = {c.key: table.best(c) for c in table.columns}
+    """GitHub-flavoured Markdown: caption paragraph, then the table (a significant best bold,
+    a tie for best italic)."""
     lines = [f"**{table.title()}.** {table.caption()}", ""]
     lines.append("| encoding | " + " | ".join(c.label() for c in table.columns) + " |")
     lines.append("|:--|" + "--:|" * len(table.columns))
@@ -408,7 +478,8 @@ def render_markdown(table: Table) -> str:
         cells = []
         for c in table.columns:
             text = _cell_text(table, table.cell(e, c), pm="±", missing=MISSING_MD, n1="(n=1)")
-            cells.append(f"**{text}**" if e in best[c.key] else text)
+            mark = table.mark(e, c)
+            cells.append(f"**{text}**" if mark == "best" else f"*{text}*" if mark else text)
         lines.append(f"| {md_escape(e)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -448,7 +519,6 @@ def render_latex(table: Table) -> str:
 
     Needs ``\\usepackage{booktabs}``; the label is ``tab:<table name>``.
     """
-    best = {c.key: table.best(c) for c in table.columns}
     lines = [
         f"% {table.name}: generated by flaxformer_lite.experiments.report from results rows.",
         "% Requires \\usepackage{booktabs}.",
@@ -466,7 +536,10 @@ def render_latex(table: Table) -> str:
         for c in table.columns:
             cell = table.cell(e, c)
             text = _cell_text(table, cell, pm="$\\pm$", missing=MISSING_TEX, n1="($n{=}1$)")
-            cells.append(f"\\textbf{{{text}}}" if e in best[c.key] else text)
+            mark = table.mark(e, c)
+            if mark:
+                text = f"\\textbf{{{text}}}" if mark == "best" else f"\\textit{{{text}}}"
+            cells.append(text)
         lines.append(f"{latex_escape(e)} & " + " & ".join(cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
     return "\n".join(lines) + "\n"
@@ -485,6 +558,10 @@ CSV_FIELDS = (
     "bucket",
     "mean",
     "ci_half_width",
+    "ci_low",
+    "ci_high",
+    "interval",
+    "mark",
     "n",
     "note",
 )
@@ -522,6 +599,10 @@ def render_csv(table: Table) -> str:
                     c.bucket or "",
                     _csv_number(None if cell is None or cell.na else cell.mean),
                     _csv_number(None if cell is None else cell.half_width),
+                    _csv_number(None if cell is None else cell.low),
+                    _csv_number(None if cell is None else cell.high),
+                    "" if cell is None or cell.half_width is None else table.method,
+                    table.mark(e, c) or "",
                     0 if cell is None else cell.n,
                     "" if cell is None or cell.na is None else f"{NOT_APPLICABLE}: {cell.na}",
                 ]

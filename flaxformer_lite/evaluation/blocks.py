@@ -1,0 +1,46 @@
+"""Per-block sums of an evaluation, kept so that every statistic can be recomputed from data.
+
+The targets of an evaluation set are grouped into fixed blocks (corpus: ``size`` consecutive
+target bytes of the split, e.g. 1024; the context protocol: groups of its target blocks;
+tasks: groups of examples). Every cell records, per block, the summed loss (nats), the
+number of correct argmax predictions, the number of scored targets and, for tasks, of exact
+matches and examples. Blocks are the same for every encoding and seed of a study, so
+comparisons can be paired over seeds *and* data (`flaxformer_lite.experiments.stats`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BLOCK_TOKENS = 1024  # target bytes per statistics block (corpus protocols)
+DEFAULT_BLOCK_EXAMPLES = 8  # examples per statistics block (tasks)
+FIELDS = ("loss", "correct", "count", "exact", "examples")
+
+
+class BlockSums:
+    """Sums per block, grown as blocks appear; `to_dict` gives plain lists for JSON."""
+
+    def __init__(self, size: int, unit: str):
+        self.size, self.unit = int(size), unit
+        self.sums = {f: np.zeros(0, np.float64) for f in FIELDS}
+
+    def _grow(self, n: int) -> None:
+        for f, a in self.sums.items():
+            if a.shape[0] < n:
+                self.sums[f] = np.concatenate([a, np.zeros(n - a.shape[0], np.float64)])
+
+    def add(self, field: str, block_ids: np.ndarray, values: np.ndarray) -> None:
+        """Add ``values`` (any shape) into the blocks ``block_ids`` (same shape, int >= 0)."""
+        block_ids = np.asarray(block_ids, np.int64).reshape(-1)
+        values = np.asarray(values, np.float64).reshape(-1)
+        if block_ids.size:
+            self._grow(int(block_ids.max()) + 1)
+            np.add.at(self.sums[field], block_ids, values)
+
+    def to_dict(self) -> dict[str, Any]:
+        used = [f for f in FIELDS if self.sums[f].any()] or ["count"]
+        return {"size": self.size, "unit": self.unit} | {
+            f: [float(v) for v in self.sums[f]] for f in used
+        }

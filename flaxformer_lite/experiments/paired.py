@@ -1,0 +1,256 @@
+"""The paired-differences table: each encoding against a reference, with a test for each cell.
+
+For every (study, protocol, task, training length) group and every column, each encoding's
+bits per byte (exact match for tasks) minus the reference encoding's, paired over the same
+seeds and the same evaluation blocks (`significance.compare`): the difference, its 95 %
+hierarchical-bootstrap interval and a p-value, Holm-corrected over every comparison of the
+group (a family per protocol). ``all_pairs=True`` compares every pair instead.
+
+For the context protocol a second table per group asks "does this encoding use more
+context?": each encoding at context c minus the same encoding at c = L, on the same targets,
+seeds and blocks (negative: more context helped). Both are written as
+``tables/paired_differences.{md,tex,csv}`` by the report.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from flaxformer_lite.experiments import significance, stats
+from flaxformer_lite.experiments.tables import Column, Table, latex_escape, md_escape
+
+DEFAULT_REFERENCE = "alibi"
+PAIRED_METRICS = ("bits_per_byte", "exact_match")
+CSV_FIELDS = (
+    "study",
+    "protocol",
+    "task",
+    "train_length",
+    "metric",
+    "encoding",
+    "reference",
+    "reference_length",
+    "eval_length",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "p",
+    "p_holm",
+    "significant",
+    "seeds",
+    "blocks",
+)
+
+
+NONE_NOTE = (
+    "None: a paired comparison needs per-block data (blocks.jsonl) with at least "
+    f"{significance.MIN_BLOCKS} blocks per cell -- an evaluation capped to a few thousand "
+    "targets has fewer -- and the reference encoding among the rows (or all pairs)."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedTable:
+    """The comparisons of one group: ``pairs`` keyed by (encoding, reference, column key).
+
+    ``reference_length``: None when each row compares two encodings at the same column; the
+    context length L all columns are compared with for a context-gain table (``reference``
+    is then the row's own encoding)."""
+
+    title: str
+    metric: str
+    study: Any
+    protocol: Any
+    task: Any
+    train_length: Any
+    columns: tuple[Column, ...]
+    pairs: tuple[significance.Pair, ...]
+    reference_length: int | None = None
+
+    def rows(self) -> list[tuple[str, str]]:
+        return list(dict.fromkeys((p.encoding, p.reference) for p in self.pairs))
+
+    def row_label(self, encoding: str, reference: str, *, tex: bool = False) -> str:
+        escape = latex_escape if tex else md_escape
+        minus = " $-$ " if tex else " − "
+        if self.reference_length is None:
+            return f"{escape(encoding)}{minus}{escape(reference)}"
+        return f"{escape(encoding)} (c){minus}{escape(encoding)} ({self.reference_length})"
+
+    def get(self, encoding: str, reference: str, column: Column) -> significance.Pair | None:
+        for p in self.pairs:
+            if (p.encoding, p.reference, p.eval_length) == (encoding, reference, column.key):
+                return p
+        return None
+
+
+def build_paired_tables(
+    tables: Sequence[Table], *, reference: str = DEFAULT_REFERENCE, all_pairs: bool = False
+) -> list[PairedTable]:
+    """One `PairedTable` per bits-per-byte / exact-match table (`tables.build_tables` with
+    per-block data) -- a group without the reference encoding (and ``all_pairs=False``) is
+    skipped -- and, for each context-protocol table with a c = L column, its context-gain
+    table (each encoding at c minus itself at c = L)."""
+    out = []
+    for table in tables:
+        if table.metric not in PAIRED_METRICS or table.method != "bootstrap":
+            continue
+        encodings = list(table.encodings)
+        if all_pairs:
+            pairs = [(a, b) for i, a in enumerate(encodings) for b in encodings[i + 1 :]]
+        elif reference in encodings:
+            pairs = [(e, reference) for e in encodings if e != reference]
+        else:
+            pairs = []
+        what = table.info.title[:1].lower() + table.info.title[1:]
+        title = table.title().replace(table.info.title, f"Paired differences in {what}")
+        if pairs:
+            found = [
+                (a, b, column, table.cell(a, column), table.cell(b, column))
+                for a, b in pairs
+                for column in table.columns
+            ]
+            out.append(_paired_table(table, title, table.columns, found, None))
+        base = next((c for c in table.columns if c.key == table.train_length), None)
+        if table.protocol == "context" and base is not None:
+            columns = tuple(c for c in table.columns if c is not base)
+            found = [
+                (e, e, column, table.cell(e, column), table.cell(e, base))
+                for e in encodings
+                for column in columns
+            ]
+            gain = table.title().replace(table.info.title, f"Context gain in {what} (c − L)")
+            out.append(_paired_table(table, gain, columns, found, base.eval_length))
+    return [t for t in out if t.pairs]
+
+
+def _paired_table(table, title, columns, found, reference_length) -> PairedTable:
+    """The tested comparisons of ``found`` (a, b, column, cell a, cell b), Holm over all."""
+    tested = []
+    for a, b, column, ca, cb in found:
+        if ca is None or cb is None or ca.grid is None or cb.grid is None:
+            continue
+        r = significance.compare(ca.grid, cb.grid)
+        if r is not None:
+            seeds = len([s for s in ca.grid.seeds if s in cb.grid.seeds])
+            tested.append((a, b, column, r, seeds, ca.grid.values.shape[1]))
+    adjusted = stats.holm([f[3]["p"] for f in tested])
+    made = tuple(
+        significance.Pair(a, b, col.key, r["delta"], r["low"], r["high"], r["p"], adj, s, nb)
+        for (a, b, col, r, s, nb), adj in zip(tested, adjusted, strict=True)
+    )
+    return PairedTable(
+        title,
+        table.metric,
+        table.study,
+        table.protocol,
+        table.task,
+        table.train_length,
+        tuple(columns),
+        made,
+        reference_length,
+    )
+
+
+def _cell(pair: significance.Pair | None, digits: int = 3, *, tex: bool = False) -> str:
+    if pair is None:
+        return "---" if tex else "—"
+    star = "*" if pair.p_holm < significance.ALPHA else ""
+    text = (
+        f"{pair.delta:+.{digits}f} [{pair.low:+.{digits}f}, {pair.high:+.{digits}f}] "
+        f"p={pair.p_holm:.3g}{star}"
+    )
+    return latex_escape(text) if tex else text
+
+
+def caption(t: PairedTable) -> str:
+    n = sorted({p.seeds for p in t.pairs})
+    blocks = sorted({p.blocks for p in t.pairs})
+    what = "bits/byte" if t.metric == "bits_per_byte" else "exact match"
+    better = "negative is better" if t.metric == "bits_per_byte" else "positive is better"
+    if t.reference_length is None:
+        head = f"Row minus reference, in {what} ({better}), paired over the same seeds"
+    else:
+        head = (
+            f"Each encoding at context length c minus the same encoding at c = "
+            f"{t.reference_length} (L), in {what}, on the same target bytes: negative means the "
+            f"extra context helped, zero that it was ignored, positive that it hurt. Paired over "
+            "the same seeds"
+        )
+    return (
+        f"{head} ({', '.join(map(str, n))}) and the same {', '.join(map(str, blocks))} "
+        "evaluation blocks: the difference of the means, its 95% hierarchical-bootstrap interval "
+        f"(seeds, then blocks; {stats.BOOTSTRAP_REPLICATES} replicates) and the two-sided "
+        f"bootstrap p-value, Holm-corrected over the {len(t.pairs)} comparisons of this table; "
+        f"* p < {significance.ALPHA}."
+    )
+
+
+def render_markdown(tables: Sequence[PairedTable]) -> str:
+    out = []
+    for t in tables:
+        out += [f"**{t.title}.** {caption(t)}", ""]
+        head = "row − reference" if t.reference_length is None else "encoding (c) − (L)"
+        out.append(f"| {head} | " + " | ".join(c.label() for c in t.columns) + " |")
+        out.append("|:--|" + "--:|" * len(t.columns))
+        for a, b in t.rows():
+            cells = [_cell(t.get(a, b, c)) for c in t.columns]
+            out.append(f"| {t.row_label(a, b)} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) if out else f"Paired differences: {NONE_NOTE}\n"
+
+
+def render_latex(tables: Sequence[PairedTable]) -> str:
+    lines = ["% paired differences: generated by flaxformer_lite.experiments.report"]
+    for t in tables:
+        lines += [
+            "\\begin{table}[htbp]",
+            "\\centering",
+            f"\\caption{{{latex_escape(t.title)}. {latex_escape(caption(t))}}}",
+            "\\begin{tabular}{l" + "r" * len(t.columns) + "}",
+            "\\toprule",
+            ("Row $-$ reference" if t.reference_length is None else "Encoding (c) $-$ (L)")
+            + " & "
+            + " & ".join(c.latex_label() for c in t.columns)
+            + " \\\\",
+            "\\midrule",
+        ]
+        for a, b in t.rows():
+            cells = [_cell(t.get(a, b, c), tex=True) for c in t.columns]
+            lines.append(f"{t.row_label(a, b, tex=True)} & " + " & ".join(cells) + " \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(tables: Sequence[PairedTable]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for t in tables:
+        for p in t.pairs:
+            writer.writerow(
+                [
+                    t.study or "",
+                    t.protocol or "",
+                    t.task or "",
+                    t.train_length or "",
+                    t.metric,
+                    p.encoding,
+                    p.reference,
+                    t.reference_length or "",
+                    p.eval_length,
+                    repr(p.delta),
+                    repr(p.low),
+                    repr(p.high),
+                    repr(p.p),
+                    repr(p.p_holm),
+                    int(p.p_holm < significance.ALPHA),
+                    p.seeds,
+                    p.blocks,
+                ]
+            )
+    return buf.getvalue()

@@ -1,0 +1,117 @@
+"""The context-controlled protocol and the per-block sums (issue 13).
+
+* the same target bytes are scored at every context length c, target k of a block with
+  exactly c + k bytes before it -- checked against a naive loop that runs the model once per
+  target on exactly that many preceding bytes;
+* the per-block sums of an evaluation add up to its totals, block by block, and the whole
+  split is scored when no cap is given.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import tiny_model_config
+
+from flaxformer_lite.data.corpus import ByteSplit
+from flaxformer_lite.data.windows import context_block_starts, context_window_arrays
+from flaxformer_lite.evaluation.context import evaluate_context
+from flaxformer_lite.evaluation.corpus import evaluate_length
+from flaxformer_lite.nn.models import DecoderOnlyLM
+
+VOCAB = 32  # the tiny model's vocabulary: random "bytes" below it
+
+
+@pytest.fixture(scope="module")
+def split() -> ByteSplit:
+    data = np.random.default_rng(0).integers(0, VOCAB, 700).astype(np.uint8)
+    return ByteSplit(data, name="validation", corpus="random", num_files=1)
+
+
+@pytest.fixture(scope="module", params=["rope", "alibi"])
+def model(request) -> DecoderOnlyLM:
+    cfg = tiny_model_config(request.param, num_encoder_layers=0)
+    return DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+
+
+def test_block_starts_are_fixed_spaced_and_leave_room_for_the_context():
+    starts = context_block_starts(1000, max_context=64, block=8, blocks=20)
+    assert starts[0] == 64 and starts[-1] + 8 <= 1000
+    assert np.all(np.diff(starts) >= 8)  # blocks never overlap
+    np.testing.assert_array_equal(starts, 64 + np.arange(20) * (1000 - 8 - 64) // 20)
+    with pytest.raises(ValueError, match="holds at most 116 non-overlapping blocks of 8"):
+        context_block_starts(1000, max_context=64, block=8, blocks=117)
+    with pytest.raises(ValueError, match="blocks"):
+        context_block_starts(1000, max_context=64, block=8, blocks=0)
+
+
+@pytest.mark.parametrize("context", [1, 5, 40])
+def test_windows_score_the_same_targets_with_c_plus_k_bytes_before(context):
+    data = np.arange(300) % 251
+    starts = np.array([40, 97, 200])
+    block = 6
+    w = context_window_arrays(data, starts, context, block)
+    assert w["inputs"].shape == (3, context + block - 1)
+    mask = w["loss_mask"] > 0
+    assert mask.sum(axis=1).tolist() == [block] * 3
+    # the scored targets are bytes starts[i] + k, whatever the context length
+    np.testing.assert_array_equal(
+        w["targets"][mask].reshape(3, block), data[starts[:, None] + np.arange(block)]
+    )
+    # target k sits at column context - 1 + k: its inputs 0..column are the c + k bytes before it
+    for i, p0 in enumerate(starts):
+        for k in range(block):
+            col = context - 1 + k
+            np.testing.assert_array_equal(w["inputs"][i, : col + 1], data[p0 - context : p0 + k])
+    with pytest.raises(ValueError, match="outside the split"):
+        context_window_arrays(data, np.array([3]), 10, block)
+
+
+def _naive_losses(model, data, starts, context, block) -> np.ndarray:
+    """``[blocks, block]`` nats: one model call per target on exactly its c + k preceding bytes."""
+    out = np.zeros((len(starts), block))
+    for i, p0 in enumerate(starts):
+        for k in range(block):
+            inputs = data[p0 - context : p0 + k].astype(np.int32)[None]
+            logits = np.asarray(model(inputs, np.arange(inputs.shape[1])[None]), np.float64)
+            last = logits[0, -1] - logits[0, -1].max()
+            out[i, k] = np.log(np.exp(last).sum()) - last[data[p0 + k]]
+    return out
+
+
+def test_context_protocol_matches_a_naive_loop(model, split):
+    block, max_context = 4, 48
+    starts = split.context_starts(max_context=max_context, block=block, blocks=8)
+    for context in (6, max_context):
+        r = evaluate_context(model, split, context, starts=starts, block=block, batch_size=4)
+        naive = _naive_losses(model, split.data, starts, context, block)
+        assert r["num_scored_tokens"] == r["tokens"] == 8 * block
+        assert r["protocol"] == "context" and r["eval_length"] == context
+        np.testing.assert_allclose(r["loss"], naive.mean(), rtol=2e-5)
+        # loss_by_position[k]: the targets with exactly context + k bytes of context
+        np.testing.assert_allclose(r["loss_by_position"], naive.mean(axis=0), rtol=2e-5)
+        # per-block sums: statistics block j holds target blocks j * per .. (j + 1) * per - 1
+        per = r["blocks"]["size"] // block
+        sums = naive.sum(axis=1)
+        expected = [sums[j : j + per].sum() for j in range(0, len(starts), per)]
+        np.testing.assert_allclose(r["blocks"]["loss"], expected, rtol=2e-5)
+
+
+def test_block_sums_add_up_and_the_whole_split_is_scored(split):
+    model = DecoderOnlyLM(tiny_model_config("alibi", num_encoder_layers=0), rngs=nnx.Rngs(1))
+    n = split.num_bytes
+    for stride in (None, 5):
+        r = evaluate_length(model, split, 32, stride=stride, block_tokens=100)
+        b = r["blocks"]
+        assert r["num_scored_tokens"] == r["tokens"] == n - 1  # targets 1 .. n-1, each once
+        # block j holds target bytes 100 j .. 100 j + 99; byte 0 is never a target
+        assert b["count"] == [99.0] + [100.0] * 5 + [float(n - 600)]
+        np.testing.assert_allclose(sum(b["loss"]), r["loss"] * r["tokens"], rtol=1e-6)
+        np.testing.assert_allclose(sum(b["correct"]), r["accuracy"] * r["tokens"], rtol=1e-6)
+    capped = evaluate_length(model, split, 32, max_tokens=250, block_tokens=100)
+    assert capped["num_scored_tokens"] == 250 and capped["blocks"]["count"] == [99, 100, 51]
+    # the same bytes in the same blocks at another length: the first targets' losses differ
+    # (less context) but the blocks and their counts are the same, so comparisons can pair them
+    longer = evaluate_length(model, split, 64, block_tokens=100)
+    assert longer["blocks"]["count"] == r["blocks"]["count"]
