@@ -114,6 +114,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             length_multiples=(1, 2, 4, 8, 16),  # evaluation lengths = L x these
             protocols=("nonoverlapping",),  # and/or "sliding", "context" (evaluation.context)
             stride_fraction=0.5,  # sliding stride = eval length x this (down to 1 byte)
+            sliding_stride=0,  # > 0: this stride in bytes at every length (1: stride 1)
             context_multiples=(0.5, 1, 2, 4, 8, 16),  # context protocol: c = L x these
             context_block=0,  # context protocol: S targets scored per window; 0: L / 2
             context_targets=65536,  # context protocol: the same targets at every c

@@ -164,6 +164,10 @@ def test_rows_and_blocks_of_both_protocols(clean):
         mean = sum(b["blocks"]["loss"]) / sum(b["blocks"]["count"])
         assert mean / math.log(2) == pytest.approx(r["value"], rel=1e-6)
     assert "bits_per_byte_context.md" in tables(clean)
+    plotted = {p.name for p in (clean / "plots").glob("*.png")}
+    assert "bits_per_byte_context_vs_length.png" in plotted
+    assert "loss_by_position_context.png" not in plotted  # per target of S, not per offset
+    assert "Bits per byte vs context length" in (clean / "REPORT.md").read_text()
     # 512 and 64 targets make one data block per cell: too few to pair, and the report says so
     assert "paired_differences.md" not in tables(clean)
     assert (

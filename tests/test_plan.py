@@ -91,3 +91,17 @@ def test_dynamic_ntk_cells_are_scored_incrementally():
         "dynamic_ntk": True,
         "ntk": False,
     }
+
+
+def test_sliding_stride_one_and_the_context_cells():
+    plan = _plan(eval__protocols=("sliding", "context"), eval__sliding_stride=1)
+    assert {c.stride for c in plan.cells if c.protocol == "sliding"} == {1}
+    context = [c for c in plan.cells if c.protocol == "context"]
+    # c = L x (0.5, 1, 2, 4, 8, 16) with L = 16; windows of c + S - 1 with S = L / 2 = 8
+    assert [c.length for c in context] == [8, 16, 32, 64, 128, 256]
+    assert [c.sequence_length for c in context] == [15, 23, 39, 71, 135, 263]
+    assert plan.context_block == 8 and plan.max_context == 256
+    with pytest.raises(ConfigError, match=r"config\.eval\.sliding_stride=17.*at most the shortest"):
+        _plan(eval__protocols=("sliding",), eval__sliding_stride=17)
+    with pytest.raises(ConfigError, match=r"config\.eval\.sliding_stride=-1"):
+        _plan(eval__sliding_stride=-1)

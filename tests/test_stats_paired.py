@@ -181,3 +181,20 @@ def test_context_gain_table_compares_each_encoding_with_itself_at_l():
     assert "rope (c) $-$ rope (64) &" in tex
     csv = paired.render_csv(built).splitlines()
     assert len(csv) == 1 + 3 + 2 * 2  # rope - alibi at 3 columns; 2 encodings x 2 columns vs L
+
+
+def test_change_with_length_for_the_window_protocols():
+    """Non-overlapping windows score the same bytes at every length, so each encoding is also
+    compared with itself at L: L' minus L."""
+    rows, blocks = [], []
+    for length, change in ((64, 0.0), (128, 0.3)):
+        r, b = _rows_and_blocks({"alibi": 0.0, "rope": change}, length=length)
+        rows += r
+        blocks += b
+    _versus, change = paired.build_paired_tables(tables.build_tables(rows, blocks))
+    assert change.symbol == "L'" and change.reference_length == 64
+    rope = change.get("rope", "rope", change.columns[0])
+    assert rope.delta == pytest.approx(0.3 / math.log(2)) and rope.p_holm < 0.05
+    md = paired.render_markdown([change])
+    assert "**Change with length in bits per byte (L' − L) — nonoverlapping.**" in md
+    assert "| rope (L') − rope (64) | +0.433 [" in md and "early token curse" in md

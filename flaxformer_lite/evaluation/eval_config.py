@@ -17,6 +17,10 @@ class EvalConfig:
     # "context" (the same targets at every context length: evaluation.context)
     protocols: tuple[str, ...] = ("nonoverlapping",)
     stride_fraction: float = 0.5  # sliding window stride = eval_length * this (>= 1 token)
+    # > 0: the sliding stride in tokens at every length instead (1: every target with a full
+    # window of context, the ALiBi paper's stride-1 analysis; costs eval_length x the
+    # non-overlapping protocol)
+    sliding_stride: int = 0
     context_multiples: tuple[float, ...] = (0.5, 1, 2, 4, 8, 16)  # context c = L x these
     context_block: int = 0  # S scored targets per context window; 0: L / 2
     context_targets: int = 65536  # targets of the context protocol (blocks of S bytes)
@@ -52,6 +56,8 @@ class EvalConfig:
             bad("protocols", f"each must be one of {list(PROTOCOLS)}")
         if not 0 < self.stride_fraction <= 1:
             bad("stride_fraction", "must be in (0, 1]")
+        if self.sliding_stride < 0:
+            bad("sliding_stride", "must be >= 0 (0: stride_fraction x the evaluation length)")
         if "context" in self.protocols:
             if not self.context_multiples or any(m <= 0 for m in self.context_multiples):
                 bad("context_multiples", "must list context lengths as positive multiples of L")

@@ -171,6 +171,13 @@ class EvalPlan:
         if eval.local_window:
             variants = (*variants, WINDOW)
         protocols = ("task",) if task is not None else eval.protocols
+        if "sliding" in protocols and eval.sliding_stride > min(lengths):
+            fail(
+                "config.eval.sliding_stride",
+                eval.sliding_stride,
+                f"must be at most the shortest evaluation length {min(lengths)} (0: "
+                "stride_fraction x the length)",
+            )
 
         block = eval.context_block or max(1, data.train_length // 2)
         contexts = tuple(
@@ -199,7 +206,9 @@ class EvalPlan:
                 variant=variant,
                 randomized=model.randomized_positions,
             )
-            stride = sliding_stride(length, eval.stride_fraction) if protocol == "sliding" else None
+            stride = None
+            if protocol == "sliding":
+                stride = eval.sliding_stride or sliding_stride(length, eval.stride_fraction)
             incremental = spec.scores_incrementally(cfg.positional_options)
             na = None
             if capacity is not None and seq > capacity:

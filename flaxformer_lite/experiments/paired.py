@@ -6,10 +6,10 @@ seeds and the same evaluation blocks (`significance.compare`): the difference, i
 hierarchical-bootstrap interval and a p-value, Holm-corrected over every comparison of the
 group (a family per protocol). ``all_pairs=True`` compares every pair instead.
 
-For the context protocol a second table per group asks "does this encoding use more
-context?": each encoding at context c minus the same encoding at c = L, on the same targets,
-seeds and blocks (negative: more context helped). Both are written as
-``tables/paired_differences.{md,tex,csv}`` by the report.
+A second table per group compares each encoding with itself at L, on the same targets, seeds
+and blocks: for the context protocol, "does this encoding use more context?" (c minus L,
+negative: the extra context helped); for the window protocols, "does it hold up?" (L' minus
+L). All are written as ``tables/paired_differences.{md,tex,csv}`` by the report.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from flaxformer_lite.experiments import significance, stats
 from flaxformer_lite.experiments.tables import Column, Table, latex_escape, md_escape
 
 DEFAULT_REFERENCE = "alibi"
+# protocols whose columns score the same bytes at every length: each encoding vs itself at L
+CHANGE_PROTOCOLS = ("nonoverlapping", "sliding", "context")
 PAIRED_METRICS = ("bits_per_byte", "exact_match")
 CSV_FIELDS = (
     "study",
@@ -57,9 +59,9 @@ NONE_NOTE = (
 class PairedTable:
     """The comparisons of one group: ``pairs`` keyed by (encoding, reference, column key).
 
-    ``reference_length``: None when each row compares two encodings at the same column; the
-    context length L all columns are compared with for a context-gain table (``reference``
-    is then the row's own encoding)."""
+    ``reference_length``: None when each row compares two encodings at the same column; L,
+    which every column is compared with, for a change-with-length table (``reference`` is
+    then the row's own encoding and ``symbol`` names the column's length: ``c`` or ``L'``)."""
 
     title: str
     metric: str
@@ -70,6 +72,7 @@ class PairedTable:
     columns: tuple[Column, ...]
     pairs: tuple[significance.Pair, ...]
     reference_length: int | None = None
+    symbol: str = "c"  # the compared length: context c, or evaluation length L'
 
     def rows(self) -> list[tuple[str, str]]:
         return list(dict.fromkeys((p.encoding, p.reference) for p in self.pairs))
@@ -79,7 +82,9 @@ class PairedTable:
         minus = " $-$ " if tex else " − "
         if self.reference_length is None:
             return f"{escape(encoding)}{minus}{escape(reference)}"
-        return f"{escape(encoding)} (c){minus}{escape(encoding)} ({self.reference_length})"
+        return (
+            f"{escape(encoding)} ({self.symbol}){minus}{escape(encoding)} ({self.reference_length})"
+        )
 
     def get(self, encoding: str, reference: str, column: Column) -> significance.Pair | None:
         for p in self.pairs:
@@ -93,8 +98,8 @@ def build_paired_tables(
 ) -> list[PairedTable]:
     """One `PairedTable` per bits-per-byte / exact-match table (`tables.build_tables` with
     per-block data) -- a group without the reference encoding (and ``all_pairs=False``) is
-    skipped -- and, for each context-protocol table with a c = L column, its context-gain
-    table (each encoding at c minus itself at c = L)."""
+    skipped -- and, for each table of a `CHANGE_PROTOCOLS` protocol with a column at L, its
+    change-with-length table (each encoding at c or L' minus itself at L)."""
     out = []
     for table in tables:
         if table.metric not in PAIRED_METRICS or table.method != "bootstrap":
@@ -116,19 +121,21 @@ def build_paired_tables(
             ]
             out.append(_paired_table(table, title, table.columns, found, None))
         base = next((c for c in table.columns if c.key == table.train_length), None)
-        if table.protocol == "context" and base is not None:
+        if table.protocol in CHANGE_PROTOCOLS and base is not None:
             columns = tuple(c for c in table.columns if c is not base)
             found = [
                 (e, e, column, table.cell(e, column), table.cell(e, base))
                 for e in encodings
                 for column in columns
             ]
-            gain = table.title().replace(table.info.title, f"Context gain in {what} (c − L)")
-            out.append(_paired_table(table, gain, columns, found, base.eval_length))
+            symbol = "c" if table.protocol == "context" else "L'"
+            name = "Context gain" if symbol == "c" else "Change with length"
+            change = table.title().replace(table.info.title, f"{name} in {what} ({symbol} − L)")
+            out.append(_paired_table(table, change, columns, found, base.eval_length, symbol))
     return [t for t in out if t.pairs]
 
 
-def _paired_table(table, title, columns, found, reference_length) -> PairedTable:
+def _paired_table(table, title, columns, found, reference_length, symbol="c") -> PairedTable:
     """The tested comparisons of ``found`` (a, b, column, cell a, cell b), Holm over all."""
     tested = []
     for a, b, column, ca, cb in found:
@@ -153,6 +160,7 @@ def _paired_table(table, title, columns, found, reference_length) -> PairedTable
         tuple(columns),
         made,
         reference_length,
+        symbol,
     )
 
 
@@ -174,6 +182,15 @@ def caption(t: PairedTable) -> str:
     better = "negative is better" if t.metric == "bits_per_byte" else "positive is better"
     if t.reference_length is None:
         head = f"Row minus reference, in {what} ({better}), paired over the same seeds"
+    elif t.symbol != "c":
+        head = (
+            f"Each encoding at evaluation length L' minus the same encoding at L = "
+            f"{t.reference_length}, in {what}, on the same target bytes (every length scores "
+            "the same bytes): positive means the longer windows hurt, negative that they "
+            "helped. With these windows a byte's position and its context grow together, so a "
+            "gain can come from the first bytes of each window having more context (the early "
+            "token curse). Paired over the same seeds"
+        )
     else:
         head = (
             f"Each encoding at context length c minus the same encoding at c = "
@@ -185,7 +202,9 @@ def caption(t: PairedTable) -> str:
         f"{head} ({', '.join(map(str, n))}) and the same {', '.join(map(str, blocks))} "
         "evaluation blocks: the difference of the means, its 95% hierarchical-bootstrap interval "
         f"(seeds, then blocks; {stats.BOOTSTRAP_REPLICATES} replicates) and the two-sided "
-        f"bootstrap p-value, Holm-corrected over the {len(t.pairs)} comparisons of this table; "
+        f"bootstrap p-value, Holm-corrected over the {len(t.pairs)} comparisons of this table "
+        f"(the smallest p {stats.BOOTSTRAP_REPLICATES} replicates can give is "
+        f"{2 / (stats.BOOTSTRAP_REPLICATES + 1):.4f} before correction); "
         f"* p < {significance.ALPHA}."
     )
 
@@ -194,7 +213,7 @@ def render_markdown(tables: Sequence[PairedTable]) -> str:
     out = []
     for t in tables:
         out += [f"**{t.title}.** {caption(t)}", ""]
-        head = "row − reference" if t.reference_length is None else "encoding (c) − (L)"
+        head = "row − reference" if t.reference_length is None else f"encoding ({t.symbol}) − (L)"
         out.append(f"| {head} | " + " | ".join(c.label() for c in t.columns) + " |")
         out.append("|:--|" + "--:|" * len(t.columns))
         for a, b in t.rows():
@@ -213,7 +232,11 @@ def render_latex(tables: Sequence[PairedTable]) -> str:
             f"\\caption{{{latex_escape(t.title)}. {latex_escape(caption(t))}}}",
             "\\begin{tabular}{l" + "r" * len(t.columns) + "}",
             "\\toprule",
-            ("Row $-$ reference" if t.reference_length is None else "Encoding (c) $-$ (L)")
+            (
+                "Row $-$ reference"
+                if t.reference_length is None
+                else f"Encoding ({t.symbol}) $-$ (L)"
+            )
             + " & "
             + " & ".join(c.latex_label() for c in t.columns)
             + " \\\\",

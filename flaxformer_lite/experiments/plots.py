@@ -107,8 +107,10 @@ def plot_vs_length(
     ylabel: str,
     title: str,
     styles: Mapping[str, Mapping[str, Any]] | None = None,
+    xlabel: str = "evaluation length (tokens)",
 ) -> list[Path]:
-    """A metric vs evaluation length, one line per encoding, 95% CI bands where ``n > 1``.
+    """A metric vs evaluation length, one line per encoding, bands from each point's half
+    width (the table's interval) where there is one.
 
     log2-scaled x axis (ticks at the evaluated lengths, labelled with their multiple of L) and a
     vertical dashed line at ``train_length``. Saves ``stem.png`` and ``stem.pdf``.
@@ -117,7 +119,7 @@ def plot_vs_length(
     ax = fig.add_subplot()
     _draw_series(ax, series, styles)
     _length_axis(ax, [p[0] for pts in series.values() for p in pts], train_length)
-    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

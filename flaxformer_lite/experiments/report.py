@@ -73,6 +73,11 @@ def _series(table: Table) -> dict[str, list[plots.Point]]:
 
 
 def _band_note(tables: Sequence[Table]) -> str:
+    if all(t.method == "bootstrap" for t in tables):
+        return (
+            f"Bands: the {CONFIDENCE:.0%} hierarchical-bootstrap interval (seeds, then blocks of "
+            "the evaluation data)."
+        )
     if all(c.n == 1 for t in tables for c in t.cells.values()):
         return "One seed (n=1): no CI bands."
     return f"Bands: {CONFIDENCE:.0%} CI across seeds (Student t) where n > 1."
@@ -89,7 +94,9 @@ def _make_plots(
             continue
         stem = f"plots/{t.name}_vs_length"
         where = "".join(f" — {p}" for p in (t.study if len(studies) > 1 else None, t.protocol) if p)
-        title = f"{t.info.title} vs evaluation length{where}"
+        context = t.protocol == "context"
+        axis = "context length" if context else "evaluation length"
+        title = f"{t.info.title} vs {axis}{where}"
         plots.plot_vs_length(
             _series(t),
             out_dir / stem,
@@ -97,10 +104,14 @@ def _make_plots(
             ylabel=f"{t.info.title.lower()} ({t.info.unit})",
             title=title,
             styles=styles,
+            xlabel="context length c (bytes before each block of scored targets)"
+            if context
+            else "evaluation length (tokens)",
         )
+        same = " The same target bytes at every context length." if context else ""
         caption = (
-            f"{t.info.title} vs evaluation length (log2 axis) per encoding; dashed line: "
-            f"training length. {_band_note([t])}"
+            f"{t.info.title} vs {axis} (log2 axis) per encoding; dashed line: training length."
+            f"{same} {_band_note([t])}"
         )
         figures.append(PlotInfo(stem, title, caption))
 
@@ -133,7 +144,11 @@ def _position_plots(
     styles: Mapping[str, Any],
     tables: Sequence[Table],
 ) -> list[PlotInfo]:
-    curves_rows = [r for r in rows if r["metric"] == "loss_by_position"]
+    # The context protocol's curves are per target of its short scored block (context c + k),
+    # not per window offset: its table and plot against c say what they would.
+    curves_rows = [
+        r for r in rows if r["metric"] == "loss_by_position" and r.get("protocol") != "context"
+    ]
     groups = group_by(curves_rows, group_key)
     many_studies = len({r.get("study") for r in rows}) > 1
     names = table_names(("loss_by_position", key) for key in groups)
