@@ -13,10 +13,12 @@ Markdown bits-per-byte table(s). ``--reference`` / ``--all_pairs`` choose the co
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags
 
+from flaxformer_lite.base.io import write_error
 from flaxformer_lite.experiments import report, results
 
 _OUT = flags.DEFINE_string("out", None, "report directory (default: the first RUN_DIR)")
@@ -31,10 +33,19 @@ def main(argv: list[str]) -> None:
     run_dirs = argv[1:]
     if not run_dirs:
         raise app.UsageError("usage: make_report.py RUN_DIR [RUN_DIR ...] [--out=DIR]")
+    for run_dir in run_dirs:
+        problem = _not_a_run_dir(run_dir)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(2)
     try:
         rows, problems = results.load_rows(run_dirs, return_problems=True, warn=False)
-    except FileNotFoundError as e:
+        blocks = results.load_blocks(run_dirs)
+    except (FileNotFoundError, results.DuplicateRowsError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # unreadable
+        print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         sys.exit(2)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
@@ -46,22 +57,36 @@ def main(argv: list[str]) -> None:
         )
         sys.exit(1)
     out = _OUT.value or run_dirs[0]
-    blocks = results.load_blocks(run_dirs)
-    path = report.write_report(
-        rows,
-        out,
-        problems=problems,
-        title=_TITLE.value,
-        blocks=blocks,
-        reference=_REFERENCE.value,
-        all_pairs=_ALL_PAIRS.value,
-    )
+    try:
+        path = report.write_report(
+            rows,
+            out,
+            problems=problems,
+            title=_TITLE.value,
+            blocks=blocks,
+            reference=_REFERENCE.value,
+            all_pairs=_ALL_PAIRS.value,
+        )
+    except OSError as e:  # a read-only or full --out, a file where a directory should be
+        error = write_error(e, e.filename or out)
+        print(f"error: {error}; the report goes into --out={out}", file=sys.stderr)
+        sys.exit(1)
     print(f"report: {path}")
     tables = report.build_tables(rows, blocks)
     shown = [t for t in tables if t.metric == "bits_per_byte"] or tables[:1]
     for table in shown:
         print()
         print(report.render_markdown(table), end="")
+
+
+def _not_a_run_dir(path: str) -> str | None:
+    """Why ``path`` cannot be read as a run dir or results file (None: try it)."""
+    if not os.path.exists(path):
+        return f"{path}: no such run dir or results file"
+    file = results.results_file(path)
+    if file.is_dir():
+        return f"{file}: is a directory, not a results file (JSON lines of rows)"
+    return None
 
 
 if __name__ == "__main__":

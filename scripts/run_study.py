@@ -4,8 +4,12 @@
     python scripts/run_study.py --config=experiments/extrapolation_lm.py:cpu --workdir=runs/cpu \
         --only=alibi,rope
 
-Rerunning the same command skips finished cells and resumes an interrupted one. A failed
-cell is reported at the end and the exit status is non-zero. The work is
+Rerunning the same command skips finished cells and resumes an interrupted one; a cell
+whose run differs in what changes its numbers (config, corpus content, versions) is refused
+unless --restart_changed, and a workdir holds one study. A failed
+cell is reported at the end and the exit status is non-zero. A second process on the same
+workdir, a failed write of the study's state (disk full) and SIGINT/SIGTERM each end with one
+line on stderr (`cli.one_line_failures`; status 2, 1, 130/143). The work is
 `flaxformer_lite.experiments.runner.run_study`; this script parses flags and prints.
 """
 
@@ -17,7 +21,6 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.experiments import cli
 from flaxformer_lite.experiments.runner import run_study
 
@@ -27,6 +30,12 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "the study directory")
 _ONLY = flags.DEFINE_list("only", [], "run only these encodings or cell names, e.g. alibi,rope")
 _PROGRESS = flags.DEFINE_bool("progress", True, "show progress bars")
+_RESTART = flags.DEFINE_bool(
+    "restart_changed",
+    False,
+    "cells holding a run of another identity (config, corpus content, versions) start afresh "
+    "in place (only eval.* changed: evaluated again) instead of being refused",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -37,7 +46,7 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     with config.unlocked():
         config.train.progress = config.train.progress and _PROGRESS.value
-    try:
+    with cli.one_line_failures():
         outcome = run_study(
             config,
             _WORKDIR.value,
@@ -45,9 +54,8 @@ def main(argv: list[str]) -> None:
             command=shlex.join(["python", "scripts/run_study.py", *sys.argv[1:]]),
             overrides=cli.config_overrides(sys.argv),
             progress=_PROGRESS.value,
+            restart_changed=_RESTART.value,
         )
-    except ConfigError as e:
-        cli.fail(str(e))
     if outcome["report"] is not None:
         study = outcome["report"].parent
         print(f"report: {outcome['report']}")

@@ -77,6 +77,29 @@ def a_file(path: Path) -> None:
 # (id, extra arguments, the error line (regex), setup(dir) -> workdir or None for dir/"w")
 COMMON = [
     ("lr", ["--config.optim.learning_rate=-1"], r"config\.optim\.learning_rate=-1\.0: must be > 0"),
+    # up-front checks of values that used to fail only after the workdir was written
+    (
+        "lr_inf",
+        ["--config.optim.learning_rate=inf"],
+        r"config\.optim\.learning_rate=inf: must be > 0 and finite",
+    ),
+    (
+        "lr_nan",
+        ["--config.optim.learning_rate=nan"],
+        r"config\.optim\.learning_rate=nan: must be > 0 and finite",
+    ),
+    (
+        "max_tokens_short",
+        ["--config.eval.max_tokens=32"],
+        r"config\.eval\.max_tokens=32: must be 0 \(every target of the split\) or >= the longest "
+        r"evaluation window \(64 tokens, protocol 'nonoverlapping'\)",
+    ),
+    (
+        "memory",
+        ["--config.data.batch_size=10000000"],
+        r"config\.data\.batch_size=10000000: one training step needs ≈ [\d.]+ TiB \(activations "
+        r".*\), [\d.]+ [KMGT]iB available \(.*\); lower config\.data\.batch_size",
+    ),
     ("batch0", ["--config.data.batch_size=0"], r"config\.data\.batch_size=0: must be > 0"),
     (
         "eval_shorter",
@@ -121,8 +144,8 @@ COMMON = [
         r"config\.data: .*no such file or directory: /nonexistent/x\.txt",
     ),
     (
-        "too_long",
-        ["--config.data.train_length=100000000"],
+        "too_long",  # (max_tokens=0: the tiny preset's cap would be refused first)
+        ["--config.data.train_length=100000000", "--config.eval.max_tokens=0"],
         r"a training window of length=100000000 needs at least",
     ),
     ("vocab", ["--config.model.vocab_size=100"], r"vocab_size=100: byte corpora need >= 256"),
@@ -167,6 +190,12 @@ COMMON = [
 ]
 WORKDIR_CASES = [
     ("not_writable", a_file, r"workdir='.*/file/w': '.*/file' is not a directory; must be a"),
+    (
+        "backslash",
+        None,
+        r"workdir='.*/w\\\\x': contains a backslash, which checkpoint paths cannot hold \(orbax "
+        r"would write the arrays outside the workdir\)",
+    ),
 ]
 TRAIN_CASES = [
     *COMMON,
@@ -176,6 +205,7 @@ TRAIN_CASES = [
         r"workdir='.*' holds a run of a different config \(differs in "
         r"optim\.learning_rate: 0\.0001 -> 0\.003\); use another --workdir",
     ),
+    ("seed", ["--config.seed=-1"], r"config\.seed=-1: must be an int in \[0, 4294967294\]"),
 ]
 STUDY_ONLY = {  # run_study: the sweep sets the encoding, so these cases select it with --only
     "encoding": (
@@ -201,6 +231,16 @@ STUDY_CASES = [
     ),
     ("swept_seed", ["--config.seed=1"], r"--config\.seed=1: set for every cell by the study's"),
     ("only", ["--only=xpos"], r"--only=xpos: \['xpos'\] not in this sweep; known: \["),
+    (
+        "seeds",
+        ["--config.sweep.seeds=(-1,)"],
+        r"config\.sweep\.seeds=\(-1,\): each seed must be an int in \[0, 4294967294\]",
+    ),
+    (
+        "cell_outside",  # would be created as STUDY/runs/../../x-seed0
+        ["--config.sweep.encodings=('../../x',)"],
+        r"sweep cell name='\.\./\.\./x-seed0': must be a plain directory name under STUDY/runs/",
+    ),
 ]
 
 
@@ -209,6 +249,8 @@ def _setup(script: str, case_id: str, base: Path) -> Path:
     if case_id == "not_writable":
         a_file(base / "file")
         return base / "file" / "w"
+    if case_id == "backslash":
+        return base / "w\\x"
     if case_id == "different_config":
         workdir = base / "w"
         if script == "train":

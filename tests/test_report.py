@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flaxformer_lite.experiments import plots, report, results, stats
+from flaxformer_lite.experiments import paired, plots, report, results, significance, stats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -319,6 +320,62 @@ def test_latex_escape():
     assert report.latex_escape("a_b 50% ± & #1 ~") == (r"a\_b 50\% $\pm$ \& \#1 \textasciitilde{}")
 
 
+# A run name / label as the red team wrote them: a newline, emphasis, code, HTML, a cell
+# separator, a link, math. Unescaped they broke the Markdown tables or rendered as markup.
+EVIL = "a*b*\n`x` <b>bold</b> | _y_ [l](http://e) $m$ &amp;"
+EVIL_MD = "a\\*b\\* \\`x\\` &lt;b&gt;bold&lt;/b&gt; \\| \\_y\\_ \\[l\\](http://e) \\$m\\$ &amp;amp;"
+
+
+def _cells(line: str) -> int:
+    """Cells of a Markdown table line: its unescaped pipes minus one."""
+    return len(re.findall(r"(?<!\\)\|", line)) - 1
+
+
+def _tables_ok(text: str) -> None:
+    """Every Markdown table in ``text`` keeps its shape: each line has its header's cells."""
+    header = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        header = _cells(line) if header is None else header
+        assert _cells(line) == header, line
+
+
+def test_markdown_escapes_markup_and_newlines_in_labels_and_names(tmp_path):
+    assert report.md_escape(EVIL) == EVIL_MD
+    rows = [
+        _row(enc, seed, n, 2.0 + seed + n / 64, run=f"{enc}-seed{seed}", study="s\n*t*")
+        for enc in (EVIL, "rope")
+        for seed in (0, 1)
+        for n in (64, 128)
+    ]
+    (table,) = report.build_tables(rows)
+    md = report.render_markdown(table)
+    assert f"| {EVIL_MD} | 3.500 ± 6.353 | 4.500 ± 6.353 |\n" in md
+    assert "<b>" not in md and "*t*" not in md and "s \\*t\\*" in md
+    assert len(md.splitlines()) == 6  # caption, blank, header, rule, two rows
+    _tables_ok(md)
+    text = report.write_report(rows, tmp_path).read_text()
+    assert "<b>" not in text and EVIL not in text
+    assert f"| Encodings (2) | {EVIL_MD}, rope |" in text  # the setup table
+    assert f"| {EVIL_MD}-seed0 | 0 | {EVIL_MD} |" in text  # the runs table
+    _tables_ok(text)
+    assert report.latex_escape(EVIL) in report.render_latex(table)  # as LaTeX already was
+
+
+def test_paired_markdown_escapes_labels():
+    column = report.build_tables(TWO_SEEDS)[0].columns[0]
+    pair = significance.Pair(EVIL, "rope", column.key, -0.1, -0.2, 0.0, 0.01, 0.02, 2, 16)
+    table = paired.PairedTable(
+        "T", "bits_per_byte", "s", "nonoverlapping", None, 64, (column,), (pair,)
+    )
+    md = paired.render_markdown([table])
+    assert f"| {EVIL_MD} − rope | -0.100 [-0.200, +0.000] p=0.02* |" in md
+    assert "<b>" not in md
+    _tables_ok(md)
+
+
 # ----------------------------------------------------------------------------- loading rows
 
 
@@ -331,16 +388,51 @@ def _write_jsonl(path: Path, rows, *, extra_lines=()) -> Path:
 
 def test_merge_two_run_dirs_drops_duplicates_keeps_distinct(tmp_path):
     a = _write_jsonl(tmp_path / "a", TWO_SEEDS[:3])
-    rerun = dict(TWO_SEEDS[0], backend="gpu")  # same cell, another measurement
-    b = _write_jsonl(tmp_path / "b", [TWO_SEEDS[1], rerun, TWO_SEEDS[3]])
+    b = _write_jsonl(tmp_path / "b", [TWO_SEEDS[1], *TWO_SEEDS[3:]])
     rows = results.load_rows([a, b])
-    assert rows == [*TWO_SEEDS[:3], rerun, TWO_SEEDS[3]]
-    assert results.load_rows([b, a]) == [TWO_SEEDS[1], rerun, TWO_SEEDS[3], *TWO_SEEDS[0:3:2]]
+    assert rows == [*TWO_SEEDS[:3], *TWO_SEEDS[3:]]
+    assert results.load_rows([b, a]) == [TWO_SEEDS[1], *TWO_SEEDS[3:], *TWO_SEEDS[0:3:2]]
     # the same file twice is harmless; a single results.jsonl path works too
     assert results.load_rows([a, a / "results.jsonl"]) == TWO_SEEDS[:3]
     (table,) = report.build_tables(rows)
-    assert table.cell("rope", table.columns[0]).n == 2  # both measurements count
-    assert "Some cells hold several measurements of one seed (merged runs)." in table.caption()
+    assert table.cell("rope", table.columns[0]).n == 2
+
+
+def test_two_rows_of_one_seed_are_an_error_naming_the_key_and_files(tmp_path):
+    """Red-team case: a duplicate row of one seed (same run, seed, length, protocol, metric,
+    label) was averaged as two seeds ("5.914 ± 6.353"). Now an error naming the key and both
+    places, whether the rows are in one file or come from two run dirs."""
+    a = _write_jsonl(tmp_path / "a", TWO_SEEDS[:3])
+    rerun = dict(TWO_SEEDS[0], value=9.9, backend="gpu")  # same measurement, other contents
+    b = _write_jsonl(tmp_path / "b", [TWO_SEEDS[1], rerun])
+    with pytest.raises(results.DuplicateRowsError) as error:
+        results.load_rows([a, b])
+    message = str(error.value)
+    assert "run='rope-seed0' seed=0 encoding='rope' eval_length=64" in message
+    assert "protocol='nonoverlapping' metric='bits_per_byte'" in message
+    assert f"{a / 'results.jsonl'}:1 and {b / 'results.jsonl'}:2" in message
+    assert "not averaged" in message and "\n" not in message
+    one = _write_jsonl(tmp_path / "one", [*TWO_SEEDS, dict(TWO_SEEDS[4], value=7.0)])
+    with pytest.raises(results.DuplicateRowsError, match=r"results\.jsonl:5 and .*:9"):
+        results.load_rows(one)
+    # other buckets, lengths, metrics, seeds or runs are different measurements
+    distinct = [
+        dict(TWO_SEEDS[0], metric="bucket_loss", bucket="[0,64)"),
+        dict(TWO_SEEDS[0], metric="bucket_loss", bucket="[64,128)"),
+        dict(TWO_SEEDS[0], run="rope-other"),
+    ]
+    assert len(results.load_rows(_write_jsonl(tmp_path / "ok", [*TWO_SEEDS, *distinct]))) == 11
+    # make_report: one line, non-zero exit, nothing written
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_report.py", str(a), str(b)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: duplicate results rows for") and "rope-seed0" in lines[0]
+    assert not (a / "REPORT.md").exists()
 
 
 def test_corrupted_line_is_reported_with_line_number_and_skipped(tmp_path):

@@ -52,6 +52,38 @@ def test_sweep_errors_name_the_field():
         sweeps.expand_sweep(d)
 
 
+@pytest.mark.parametrize("seeds", [(-1,), (0, -3), (1.5,), (True,), (2**40,)])
+def test_a_bad_seed_is_refused_naming_sweep_seeds(seeds):
+    """Red-team case: sweep.seeds=(-1,) was accepted and failed after writing the workdir,
+    in an error that named no field."""
+    c = extrapolation_lm.get_config("tiny").to_dict()
+    c["sweep"]["seeds"] = seeds
+    with pytest.raises(ConfigError, match=r"^config\.sweep\.seeds=.*: each seed must be an int in"):
+        sweeps.expand_sweep(c)
+    c = extrapolation_lm.get_config("tiny").to_dict()
+    c["seed"] = seeds[-1]
+    with pytest.raises(ConfigError, match=r"^config\.(seed=.*: must be an int in|seed=.*must be)"):
+        RunConfig.from_config(c)
+
+
+@pytest.mark.parametrize(
+    "name", ["../../x", "..", "a/b", "a\\b", "/abs", ".hidden", "-x", "", "a b", "x..y", "é", None]
+)
+def test_a_cell_name_outside_runs_is_refused(name):
+    """Red-team case: a sweep cell named ../../x was created outside the study directory."""
+    sweep = [{"name": "rope-seed0", "overrides": {}}, {"name": name, "overrides": {}}]
+    with pytest.raises(ConfigError, match=r"^sweep cell name=.*: must be a plain directory name"):
+        sweeps.check_cell_names(sweep)
+
+
+def test_cell_names_are_unique_and_every_preset_s_names_are_accepted():
+    with pytest.raises(ConfigError, match=r"sweep cell name='a': is given twice"):
+        sweeps.check_cell_names([{"name": "a"}, {"name": "a"}])
+    for module in (extrapolation_lm, extrapolation_tasks):
+        for preset in ("tiny", "quick", "cpu", "all"):
+            sweeps.check_cell_names(sweeps.expand_sweep(module.get_config(preset)))
+
+
 def test_apply_overrides_and_errors():
     c = extrapolation_lm.get_config("tiny")
     d = sweeps.apply_overrides(c, {"model.positional": "rope", "seed": 3})

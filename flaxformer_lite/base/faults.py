@@ -1,7 +1,10 @@
 """Test-only fault injection: kill the process at an exact point to test resuming.
 
 ``FLAXFORMER_LITE_FAULT=<point>:<n>`` makes the process SIGKILL itself the ``n``-th time
-(counted from 1, per process) it passes ``<point>``. Points:
+(counted from 1, per process) it passes ``<point>``; ``<point>:<n>:<action>`` does
+``<action>`` instead: a signal name (``SIGINT``, ``SIGTERM``: sent to this process, as a user
+or a scheduler would) or an errno name (``ENOSPC``, ``EIO``: raised there as an `OSError`, as
+a full or failing disk would). Points:
 
 - ``train_step``: a training step has been dispatched, before its metrics are logged;
 - ``checkpoint_save``: orbax has written a checkpoint step into its temporary directory, before
@@ -17,6 +20,7 @@ preemptible VM is reclaimed.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -24,19 +28,35 @@ ENV = "FLAXFORMER_LITE_FAULT"
 _counts: dict[str, int] = {}
 
 
+def _parse(spec: str) -> tuple[str, int, str]:
+    """``(point, n, action)`` of ``<point>:<n>[:<action>]``."""
+    rest, _, last = spec.rpartition(":")
+    action = "SIGKILL"
+    if not last.isdigit():
+        rest, _, last = rest.rpartition(":")
+        action = spec.rpartition(":")[2]
+    return rest, int(last), action
+
+
 def armed(point: str) -> bool:
-    """Whether the environment asks for a kill at ``point``."""
-    return os.environ.get(ENV, "").rpartition(":")[0] == point
+    """Whether the environment asks for a fault at ``point``."""
+    spec = os.environ.get(ENV, "")
+    return bool(spec) and _parse(spec)[0] == point
 
 
 def hit(point: str) -> None:
-    """Count a pass through ``point``; SIGKILL this process on the n-th pass if asked to."""
+    """Count a pass through ``point``; on the n-th pass do the fault asked for (SIGKILL)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
-    name, _, n = spec.rpartition(":")
+    name, n, action = _parse(spec)
     if name != point:
         return
     _counts[point] = _counts.get(point, 0) + 1
-    if _counts[point] == int(n):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _counts[point] != n:
+        return
+    if action.startswith("SIG"):
+        os.kill(os.getpid(), getattr(signal, action))
+    else:
+        code = getattr(errno, action)
+        raise OSError(code, os.strerror(code))

@@ -1,25 +1,116 @@
-"""Files that are never torn: atomic replacement of whole files, tolerant JSON-lines reading."""
+"""Files that are never torn: atomic replacement of whole files, tolerant JSON-lines reading,
+and `StateWriteError`, the one error for "the run's state could not be written".
+
+A run's state (configs, metrics, checkpoints, rows, results) is written by code that knows the
+file; an OS error there (disk full, quota, file-size limit, read-only or failing disk) becomes a
+`StateWriteError` naming that file, e.g. ``cannot write runs/rope-seed0/rows.jsonl: [Errno 28]
+No space left on device``. The study runner stops on it (the next cell would fail the same
+way) and the scripts print it as one line with `StateWriteError.hint`.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from flaxformer_lite.base import faults
+from flaxformer_lite.base import faults, interrupt
+
+# OS errors that say the machine cannot hold more state, not that one run went wrong.
+ENVIRONMENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
+)
+_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+_TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")
+
+
+class StateWriteError(OSError):
+    """Writing a run's state failed: ``str()`` names the file and the OS's reason."""
+
+    def __init__(self, code: int | None, reason: str, path: str | Path):
+        super().__init__(code, reason, str(path))
+
+    def __str__(self) -> str:
+        code = f"[Errno {self.errno}] " if self.errno is not None else ""
+        return f"cannot write {self.filename}: {code}{self.strerror}"
+
+    @property
+    def hint(self) -> str:
+        """What to do: free space, make the directory writable, or fix the cause; then rerun."""
+        if self.errno in _SPACE:
+            return "free space and rerun the same command to resume"
+        if self.errno in _WRITABLE:
+            return "make it writable and rerun the same command to resume"
+        return "fix the cause and rerun the same command to resume"
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def write_error(error: BaseException, path: str | Path) -> StateWriteError:
+    """``error`` (raised while writing ``path``) as a `StateWriteError` naming ``path``:
+    the first OS error in its chain, or an errno in a TensorStore/orbax message."""
+    for e in _chain(error):
+        if isinstance(e, StateWriteError):
+            return e
+        if isinstance(e, OSError) and (e.errno is not None or e.strerror):
+            wrapped = StateWriteError(e.errno, e.strerror or str(e), path)
+            break
+    else:
+        match = _TENSORSTORE_ERRNO.search(str(error))
+        if match:
+            code = int(match.group(1))
+            wrapped = StateWriteError(code, os.strerror(code), path)
+        else:
+            wrapped = StateWriteError(None, f"{type(error).__name__}: {error}", path)
+    return wrapped
+
+
+def environment_error(error: BaseException) -> StateWriteError | None:
+    """The `StateWriteError` in ``error``'s chain, or one built from an OS error in it whose
+    errno is in `ENVIRONMENT_ERRNOS`; None if ``error`` is not about the machine's storage."""
+    for e in _chain(error):
+        if isinstance(e, StateWriteError):
+            return e
+        if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+            return StateWriteError(e.errno, e.strerror, e.filename or "a file")
+    return None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never torn)."""
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never torn).
+
+    On any failure the temporary file is removed and ``path`` is untouched; an OS error is
+    raised as `StateWriteError` naming ``path``. A SIGINT/SIGTERM arriving meanwhile is held
+    until the file is in place (`interrupt.deferred`).
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    faults.hit(f"write:{path.name}")  # test-only kill point (flaxformer_lite.base.faults)
-    os.replace(tmp, path)
+    with interrupt.deferred():
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            faults.hit(f"write:{path.name}")  # test-only fault point (flaxformer_lite.base.faults)
+            os.replace(tmp, path)
+        except BaseException as e:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if isinstance(e, OSError):
+                raise write_error(e, path) from e
+            raise
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -102,8 +102,25 @@ def _read_chunks(path: Path, size: int) -> Iterable[bytes]:
         )
 
 
+_HASHED: dict[tuple, str] = {}  # content_sha256 of files unchanged since, in this process
+
+
 def content_sha256(files: Sequence[tuple[str, Path]]) -> str:
-    """sha256 over an ordered list of `(relative name, path)` (see module docstring)."""
+    """sha256 over an ordered list of `(relative name, path)` (see module docstring).
+
+    Remembered for this process while every file keeps its size, mtime and inode, so a
+    study that opens the corpus once per cell reads it once."""
+    key = []
+    for name, path in files:
+        st = Path(path).stat()
+        key.append((name, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino))
+    key = tuple(key)
+    if key not in _HASHED:
+        _HASHED[key] = _content_sha256(files)
+    return _HASHED[key]
+
+
+def _content_sha256(files: Sequence[tuple[str, Path]]) -> str:
     hasher = ContentHasher()
     for name, path in files:
         size = Path(path).stat().st_size

@@ -237,7 +237,23 @@ class EvalPlan:
             context_targets=eval.context_targets if "context" in protocols else 0,
         )
         plan._check_positions(model, train_seq)
+        plan._check_max_tokens()
         return plan
+
+    def _check_max_tokens(self) -> None:
+        """``max_tokens`` caps the targets of the window protocols (and of validation at L):
+        below the longest window it would leave a length without one full window."""
+        if self.kind != "corpus" or not self.max_tokens:
+            return
+        windows = [c for c in (self.quick, *self.cells) if c.protocol in PROTOCOLS[:2]]
+        longest = max((c for c in windows if c.na is None), key=lambda c: c.sequence_length)
+        if self.max_tokens < longest.sequence_length:
+            fail(
+                "config.eval.max_tokens",
+                self.max_tokens,
+                f"must be 0 (every target of the split) or >= the longest evaluation window "
+                f"({longest.sequence_length} tokens, protocol {longest.protocol!r})",
+            )
 
     def _check_positions(self, model: ModelConfig, train_seq: int) -> None:
         longest = self.longest_sequence

@@ -5,28 +5,63 @@
 A malformed ``--config.`` override (a field the config does not have, a value of the wrong
 type, a missing value) or an unknown preset becomes ``error: <flag>=<value>: <what is wrong
 and what is allowed>`` and exit status 2, before anything is written.
+
+`one_line_failures` does the same for what goes wrong once a run has started: a refused
+config or a busy workdir (status 2), a failed write of the run's state (status 1), SIGINT or
+SIGTERM (the `interrupt.describe` line, status 130 or 143).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
+import signal
 import sys
 import typing
 from typing import Any
 
 from absl import flags
 
+from flaxformer_lite.base import interrupt
+from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.io import StateWriteError, write_error
 from flaxformer_lite.nn.model_config import moved_field_message
 from flaxformer_lite.train.run_config import MOVED_FIELDS
 
 EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
 
 
 def fail(message: str) -> typing.NoReturn:
     """Print ``error: message`` (one line) to stderr and exit with status 2."""
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
+
+
+@contextlib.contextmanager
+def one_line_failures() -> typing.Iterator[None]:
+    """Run the body with SIGINT/SIGTERM handled (`interrupt.handling_signals`); end the
+    process with one line on stderr and no traceback when it raises:
+
+    - `ConfigError` (a bad value, a workdir another process holds): ``error: ...``, status 2;
+    - an OS error (`io.StateWriteError` when writing state: disk full, quota, read-only):
+      ``error: cannot write FILE: [Errno N] reason; free space and rerun ...``, status 1;
+    - SIGINT / SIGTERM: ``interrupted ... ; rerun the same command to resume``, status 130/143.
+    """
+    try:
+        with interrupt.handling_signals():
+            yield
+    except ConfigError as e:
+        fail(str(e))
+    except KeyboardInterrupt as e:  # `interrupt.Interrupted`, or a SIGINT before the handler
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(interrupt.describe(signum), file=sys.stderr)
+        sys.exit(128 + signum)
+    except OSError as e:
+        error = e if isinstance(e, StateWriteError) else write_error(e, e.filename or "a file")
+        print(f"error: {' '.join(str(error).split())}; {error.hint}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

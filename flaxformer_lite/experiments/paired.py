@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flaxformer_lite.experiments import significance, stats
-from flaxformer_lite.experiments.tables import Column, Table, latex_escape, md_escape
+from flaxformer_lite.experiments.tables import Column, Table, latex_escape, md_escape, md_text
 
 DEFAULT_REFERENCE = "alibi"
 # protocols whose columns score the same bytes at every length: each encoding vs itself at L
@@ -212,9 +212,9 @@ def caption(t: PairedTable) -> str:
 def render_markdown(tables: Sequence[PairedTable]) -> str:
     out = []
     for t in tables:
-        out += [f"**{t.title}.** {caption(t)}", ""]
+        out += [f"**{md_text(t.title)}.** {md_text(caption(t))}", ""]
         head = "row − reference" if t.reference_length is None else f"encoding ({t.symbol}) − (L)"
-        out.append(f"| {head} | " + " | ".join(c.label() for c in t.columns) + " |")
+        out.append(f"| {head} | " + " | ".join(md_text(c.label()) for c in t.columns) + " |")
         out.append("|:--|" + "--:|" * len(t.columns))
         for a, b in t.rows():
             cells = [_cell(t.get(a, b, c)) for c in t.columns]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flaxformer_lite.base.io import write_error
 from flaxformer_lite.experiments import paired, plots, results
 from flaxformer_lite.experiments.tables import (
     CONFIDENCE,
@@ -28,7 +29,10 @@ from flaxformer_lite.experiments.tables import (
     group_by,
     group_key,
     latex_escape,
+    md_code,
     md_escape,
+    md_fence,
+    md_text,
     render_csv,
     render_latex,
     render_markdown,
@@ -257,11 +261,12 @@ def _join(values: Iterable[Any]) -> str:
 
 
 def _code(x: Any) -> str:
-    return f"`{x}`"
+    return md_code(x)
 
 
 def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
-    """``- label: a; b`` with row counts when the rows disagree."""
+    """``- label: a; b`` with row counts when the rows disagree (``fmt`` returns Markdown:
+    `md_escape` d or `md_code`)."""
     if not counted:
         return f"- {label}: not recorded"
     many = len(counted) > 1
@@ -270,30 +275,31 @@ def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
 
 def _describe_packages(packages: Any) -> str:
     if isinstance(packages, dict):
-        return _join(f"{k} {v}" for k, v in packages.items())
-    return str(packages)
+        return md_escape(_join(f"{k} {v}" for k, v in packages.items()))
+    return md_escape(packages)
 
 
 def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = []
     commands = [c for c, _ in _counted(rows, "command")]
     if commands:
-        lines += ["Command(s) that produced the rows:", "", "```", *map(str, commands), "```", ""]
+        lines += ["Command(s) that produced the rows:", "", *md_fence(commands), ""]
     lines += [
         _listing("Git commit(s)", _counted(rows, "git_commit"), _code),
         _listing("Packages", _counted(rows, "packages"), _describe_packages),
-        _listing("Python", _counted(rows, "python"), str),
+        _listing("Python", _counted(rows, "python"), md_escape),
         _listing(
             "Backend / device",
             _counted(rows, ("backend", "device_kind", "device_count")),
-            lambda v: "{} / {} × {}".format(*("?" if x is None else x for x in v)),
+            lambda v: md_escape("{} / {} × {}".format(*("?" if x is None else x for x in v))),
         ),
         _listing("Corpus", _counted(rows, "data"), _describe_data),
     ]
     full = [data for data, _ in _counted(rows, "data") if isinstance(data, dict)]
     if full:
         lines += ["", "<details><summary>Corpus provenance (as recorded in the rows)</summary>", ""]
-        lines += ["```json", *(json.dumps(d, indent=1, sort_keys=True) for d in full), "```"]
+        fenced = md_fence(json.dumps(d, indent=1, sort_keys=True) for d in full)
+        lines += [fenced[0] + "json", *fenced[1:]]
         lines += ["", "</details>"]
     return lines
 
@@ -301,15 +307,15 @@ def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def _describe_data(data: Any) -> str:
     """Name, content hash, size and file count of a corpus provenance dict."""
     if not isinstance(data, dict):
-        return str(data)
-    parts = [str(data["name"])] if "name" in data else []
+        return md_escape(data)
+    parts = [md_escape(data["name"])] if "name" in data else []
     if "sha256" in data:
         parts.append(f"sha256 {_code(data['sha256'])}")
     size = data.get("num_bytes", data.get("bytes"))
     if size is not None:
-        parts.append(f"{size} bytes")
+        parts.append(md_escape(f"{size} bytes"))
     if data.get("num_files") is not None:
-        parts.append(f"{data['num_files']} files")
+        parts.append(md_escape(f"{data['num_files']} files"))
     return ", ".join(parts) or _code(json.dumps(data, sort_keys=True))
 
 
@@ -328,18 +334,19 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     train_lengths = sorted(n for n in _distinct(rows, "train_length") if n)
     eval_lengths = sorted(n for n in _distinct(rows, "eval_length") if n)
     stamps = sorted(t for t in _distinct(rows, "timestamp") if isinstance(t, str))
+    cell = md_escape  # every value comes from the rows
     lines = [
         "| | |",
         "|:--|:--|",
-        f"| Study (preset) | {_join(studies)} |",
-        f"| Encodings ({len(encodings)}) | {_join(encodings)} |",
-        f"| Seeds | {_join(seeds) or MISSING_MD} |",
-        f"| Train length L | {_join(train_lengths) or MISSING_MD} |",
-        f"| Evaluation lengths | {_join(eval_lengths)} |",
-        f"| Protocols | {_join(protocols) or MISSING_MD} |",
+        f"| Study (preset) | {cell(_join(studies))} |",
+        f"| Encodings ({len(encodings)}) | {cell(_join(encodings))} |",
+        f"| Seeds | {cell(_join(seeds)) or MISSING_MD} |",
+        f"| Train length L | {cell(_join(train_lengths)) or MISSING_MD} |",
+        f"| Evaluation lengths | {cell(_join(eval_lengths))} |",
+        f"| Protocols | {cell(_join(protocols)) or MISSING_MD} |",
     ]
     if tasks:
-        lines.append(f"| Tasks | {_join(tasks)} |")
+        lines.append(f"| Tasks | {cell(_join(tasks))} |")
     lines += [
         f"| Runs / rows | {len(runs)} / {len(rows)} |",
         f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
@@ -347,7 +354,7 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     if stamps:
         span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
-        lines.append(f"| Runs finished | {span} |")
+        lines.append(f"| Runs finished | {cell(span)} |")
     return lines
 
 
@@ -358,19 +365,19 @@ def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     head += ["run", "seed", "encodings", "config hash", "commit", "backend"]
     head += ["train s", "eval s"]
     lines = ["| " + " | ".join(head) + " |", "|" + ":--|" * (len(head) - 2) + "--:|--:|"]
-    for r in runs:
-        cells = [str(r["study"])] if many_studies else []
+    for r in runs:  # every value comes from the rows: escaped, code spans fenced
+        cells = [md_escape(r["study"])] if many_studies else []
         cells += [
-            str(r["run"]),
-            str(r["seed"]),
-            _join(r["encodings"]),
-            _code(r["config_hash"]),
-            _code(r["git_commit"]),
-            str(r["backend"]),
+            md_escape(r["run"]),
+            md_escape(r["seed"]),
+            md_escape(_join(r["encodings"])),
+            md_code(r["config_hash"], cell=True),
+            md_code(r["git_commit"], cell=True),
+            md_escape(r["backend"]),
             f"{r['train_seconds']:.1f}",
             f"{r['eval_seconds']:.1f}",
         ]
-        lines.append("| " + " | ".join(md_escape(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -391,7 +398,7 @@ def render_report(
 ) -> str:
     """The text of ``REPORT.md`` (links are relative to the report's directory)."""
     lines = [
-        f"# {title or _default_title(rows)}",
+        f"# {md_text(title or _default_title(rows))}",
         "",
         f"Generated from {len(rows)} results rows alone by `flaxformer_lite.experiments.report` "
         "(regenerate with `python scripts/make_report.py RUN_DIR [RUN_DIR ...]`). Tables are "
@@ -408,7 +415,7 @@ def render_report(
             "",
             f"{len(problems)} results line(s) were skipped; they are not in any table:",
             "",
-            *["- `" + str(p).replace("`", "'") + "`" for p in problems],
+            *["- " + md_code(str(p).replace("`", "'")) for p in problems],
             "",
         ]
     lines += ["## Results", ""]
@@ -416,7 +423,7 @@ def render_report(
     other = [t for t in tables if t.metric not in MAIN_METRICS]
     for t in main:
         lines += [
-            f"### {t.title()}",
+            f"### {md_text(t.title())}",
             "",
             render_markdown(t).rstrip("\n"),
             "",
@@ -439,7 +446,7 @@ def render_report(
     if other:
         lines += [
             "Other tables: "
-            + _join(f"[{t.title()}](tables/{t.name}.md)" for t in other)
+            + _join(f"[{md_text(t.title())}](tables/{t.name}.md)" for t in other)
             + " (each also as `.tex` and `.csv`).",
             "",
         ]
@@ -447,11 +454,11 @@ def render_report(
         lines += ["## Plots", ""]
         for f in figures:
             lines += [
-                f"### {f.title}",
+                f"### {md_text(f.title)}",
                 "",
-                f"![{f.title}]({f.stem}.png)",
+                f"![{md_text(f.title)}]({f.stem}.png)",
                 "",
-                f"{f.caption} ([PDF]({f.stem}.pdf))",
+                f"{md_text(f.caption)} ([PDF]({f.stem}.pdf))",
                 "",
             ]
     lines += ["## Provenance", "", *_provenance_lines(rows), "", "### Runs", "", *_runs_table(rows)]
@@ -516,8 +523,14 @@ def write_report(
 def _write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half a table."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full or read-only disk leaves no temporary file
+        if isinstance(e, OSError):
+            raise write_error(e, path) from e  # names the table, not its temporary file
+        raise
 
 
 def write_study_report(

@@ -5,6 +5,9 @@ A row is one JSON object per line: one run x evaluation length x metric with its
 executes anything: ``json.loads`` only. A line that is not a valid row (torn write, edited by
 hand, missing fields) is reported with its file and line number — as a ``warnings.warn`` and
 in the returned problems, which the report states — and skipped; it is never silently dropped.
+Two different rows of one measurement (the same run, seed, evaluation length, protocol,
+metric and encoding label: `measurement_key`) are an error (`DuplicateRowsError`, naming the
+key and the files and lines), never averaged as if they were two seeds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,59 @@ REQUIRED_FIELDS = ("encoding", "metric", "value", "eval_length")
 
 class ResultsWarning(UserWarning):
     """A results line was skipped (it is also returned as a `Problem`)."""
+
+
+class DuplicateRowsError(ValueError):
+    """Two different rows measure the same thing (`measurement_key`); the message names the
+    key and where both rows are."""
+
+
+# What one measurement is: a row of one run (cell) and seed at one evaluation length, protocol,
+# metric (and bucket) for one encoding label, in one table group (study, task, train length).
+MEASUREMENT_FIELDS = (
+    "study",
+    "task",
+    "train_length",
+    "run",
+    "seed",
+    "encoding",
+    "eval_length",
+    "protocol",
+    "metric",
+    "bucket",
+)
+
+
+def measurement_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """``row``'s `MEASUREMENT_FIELDS` (missing ones as None): at most one row per key."""
+    return tuple(json.dumps(row.get(k), sort_keys=True) for k in MEASUREMENT_FIELDS)
+
+
+def describe_key(row: dict[str, Any]) -> str:
+    """``run='rope-seed0' seed=0 encoding='RoPE' eval_length=64 ...`` (fields set in ``row``)."""
+    return " ".join(f"{k}={row[k]!r}" for k in MEASUREMENT_FIELDS if row.get(k) is not None)
+
+
+def check_unique(rows: Sequence[dict[str, Any]], where: Sequence[str] | None = None) -> None:
+    """Raise `DuplicateRowsError` if two rows share a `measurement_key`.
+
+    ``where``: each row's origin (``"file:line"``), named in the message; default the row's
+    index.
+    """
+    first: dict[tuple[Any, ...], int] = {}
+    for i, row in enumerate(rows):
+        key = measurement_key(row)
+        if key not in first:
+            first[key] = i
+            continue
+        j = first[key]
+        places = (f"row {j + 1}", f"row {i + 1}") if where is None else (where[j], where[i])
+        raise DuplicateRowsError(
+            f"duplicate results rows for {describe_key(row)}: {places[0]} and {places[1]} "
+            "measure the same run, seed, length, protocol and metric with different contents; "
+            "one row per seed is allowed (they are not averaged): remove one"
+            + _study_hint(row, where[i] if where is not None else None)
+        )
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -71,6 +127,17 @@ def _check_row(row: Any) -> str | None:
     return None
 
 
+def _study_hint(row: dict[str, Any], where: str | None) -> str:
+    """Where a study's ``results.jsonl`` row came from: its cell's ``rows.jsonl``."""
+    if where is None or not isinstance(row.get("run"), str):
+        return ""
+    path = Path(where.rsplit(":", 1)[0])
+    cell = path.parent / "runs" / row["run"] / "rows.jsonl"
+    if path.name != RESULTS_FILE or not cell.is_file():
+        return ""
+    return f" (results.jsonl is rebuilt from {cell}: fix that file, or delete it to recompute)"
+
+
 def read_rows_file(path: str | Path) -> tuple[list[dict[str, Any]], list[Problem]]:
     """Every valid row of one JSON-lines file, and a `Problem` per skipped line.
 
@@ -78,8 +145,14 @@ def read_rows_file(path: str | Path) -> tuple[list[dict[str, Any]], list[Problem
     of the same file is also reported and skipped (a correct writer never produces one).
     Raises FileNotFoundError if the file does not exist.
     """
+    rows, _, problems = read_rows_lines(path)
+    return rows, problems
+
+
+def read_rows_lines(path: str | Path) -> tuple[list[dict[str, Any]], list[int], list[Problem]]:
+    """`read_rows_file` plus the line number of every row."""
     path = Path(path)
-    rows, problems = [], []
+    rows, numbers, problems = [], [], []
     first_line: dict[str, int] = {}
     with path.open(encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
@@ -99,9 +172,10 @@ def read_rows_file(path: str | Path) -> tuple[list[dict[str, Any]], list[Problem
                 else:
                     first_line[key] = number
                     rows.append(row)
+                    numbers.append(number)
             if reason is not None:
                 problems.append(Problem(str(path), number, f"skipped: {reason}"))
-    return rows, problems
+    return rows, numbers, problems
 
 
 def _positive_int(x: Any) -> bool:
@@ -158,23 +232,28 @@ def load_rows(paths, *, return_problems=False, warn=True):
 
     Returns:
       The rows (exact duplicates across files dropped silently — the same run dir merged twice
-      is harmless; distinct measurements kept; order of first appearance), or
-      ``(rows, problems)`` with ``return_problems=True``.
+      is harmless; order of first appearance), or ``(rows, problems)`` with
+      ``return_problems=True``.
 
     Raises:
       FileNotFoundError: a path has no results file.
+      DuplicateRowsError: two different rows of one measurement (`check_unique`), e.g. a
+        row edited and appended, or two run dirs that both measured one run and seed.
     """
     if isinstance(paths, str | Path):
         paths = [paths]
-    row_lists, problems = [], []
+    row_lists, problems, origin = [], [], {}
     for p in paths:
         file = results_file(p)
         if not file.is_file():
             raise FileNotFoundError(f"no results file: {file} (expected a run dir or a .jsonl)")
-        rows, file_problems = read_rows_file(file)
+        rows, numbers, file_problems = read_rows_lines(file)
         row_lists.append(rows)
         problems += file_problems
+        for row, number in zip(rows, numbers, strict=True):
+            origin.setdefault(row_key(row), f"{file}:{number}")
     rows, _ = merge_rows(*row_lists)
+    check_unique(rows, [origin[row_key(r)] for r in rows])
     problems = list(dict.fromkeys(problems))  # the same file given twice
     if warn:
         for problem in problems:

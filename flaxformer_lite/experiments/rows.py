@@ -7,8 +7,10 @@ display label --, ``positional``, ``variant``, ``randomized_positions``, and the
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from flaxformer_lite.experiments import results
 from flaxformer_lite.train.run_config import RunConfig
 
 SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
@@ -99,3 +101,46 @@ def _multiple(length: int, train_length: int) -> int | float:
     """``length / train_length``, an int when whole (the context protocol has L / 2)."""
     m = length / train_length
     return int(m) if m.is_integer() else m
+
+
+def expected_keys(run: RunConfig) -> list[tuple[str, int, str, str]]:
+    """``(encoding, eval_length, protocol, metric)`` of every row a finished cell of ``run``
+    has (per evaluated cell: its scalar metrics and, for corpus windows, the per-position
+    curve, which `rows_for_cell` writes last; bucket rows vary with the data, not counted)."""
+    keys = []
+    for cell in run.eval_plan().cells:
+        task = cell.protocol == "task"
+        metrics = TASK_METRICS if task else SCALAR_METRICS
+        if cell.na is None and not task:
+            metrics = (*metrics, "loss_by_position")
+        keys += [(cell.label.encoding, cell.length, cell.protocol, m) for m in metrics]
+    return keys
+
+
+def cell_rows_problem(path: Path, run: RunConfig | None, name: str) -> str | None:
+    """Why ``path`` (a cell's ``rows.jsonl``) does not hold the finished rows of the cell
+    ``name`` of ``run``, or None when it does: unreadable, empty, a line that is not a valid
+    row (torn, edited, an exact repeat), a row of another run, or an expected row missing
+    (`expected_keys`: a file cut short loses at least its last cell's curve; not checked
+    when ``run`` is None)."""
+    try:
+        rows, numbers, problems = results.read_rows_lines(path)
+    except (OSError, UnicodeError) as e:
+        return f"cannot be read ({e})"
+    if problems:
+        first = problems[0]
+        return f"line {first.line} is not a valid row ({first.message.removeprefix('skipped: ')})"
+    if not rows:
+        return "is empty"
+    for row, number in zip(rows, numbers, strict=True):
+        if row.get("run") != name:
+            return f"line {number} is a row of run {row.get('run')!r}, not {name!r}"
+    have = {(r["encoding"], r["eval_length"], r.get("protocol"), r["metric"]) for r in rows}
+    missing = [k for k in expected_keys(run) if k not in have] if run is not None else []
+    if missing:
+        encoding, length, protocol, metric = missing[0]
+        return (
+            f"misses {len(missing)} expected row(s), e.g. {metric} of {encoding!r} at length "
+            f"{length} ({protocol})"
+        )
+    return None

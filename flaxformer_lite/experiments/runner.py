@@ -2,45 +2,54 @@
 
 A study directory looks like::
 
-    STUDY/study.json          the base config, the sweep and the command (the study's identity)
-    STUDY/runs/<cell>/        one `train_and_evaluate` workdir per cell
+    STUDY/study.json          the base config, the sweep, the command and the study (name,
+                              preset, cells): another study here is refused
+    STUDY/runs/<cell>/        one `train_and_evaluate` workdir per cell; its identity.json
+                              (`train.identity`) says what made its state
     STUDY/runs/<cell>/rows.jsonl   that cell's results rows (written atomically when it ends)
     STUDY/results.jsonl       all finished cells' rows, rebuilt atomically after every cell
     STUDY/REPORT.md, tables/, plots/   the report, rebuilt from results.jsonl
 
-Resumable at every point: a finished cell (its ``rows.jsonl`` exists) is skipped, an
-interrupted one resumes from its newest checkpoint, and ``results.jsonl`` is only ever
-replaced whole, so a kill never leaves a torn or duplicated row. A failed cell is reported
+Resumable at every point: a finished cell (its ``rows.jsonl`` holds every row it should) is
+skipped -- a damaged one (empty, cut short, unparsable) is recomputed with a warning naming
+the file --, an interrupted one resumes from its newest checkpoint, and ``results.jsonl`` is
+only ever replaced whole, so a kill never leaves a torn or duplicated row. A failed cell is reported
 and the study goes on; the runner then exits non-zero.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from flaxformer_lite.base.io import atomic_write_text
+from flaxformer_lite.base import interrupt
+from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
+from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.experiments.report import write_study_report
-from flaxformer_lite.experiments.results import BLOCKS_FILE, RESULTS_FILE
-from flaxformer_lite.experiments.rows import blocks_for_cell, rows_for_cell
+from flaxformer_lite.experiments.results import BLOCKS_FILE, RESULTS_FILE, DuplicateRowsError
+from flaxformer_lite.experiments.rows import blocks_for_cell, cell_rows_problem, rows_for_cell
 from flaxformer_lite.experiments.sweeps import (
     apply_overrides,
+    check_cell_names,
     check_overrides,
     expand_sweep,
     select_cells,
 )
-from flaxformer_lite.train import batches, sharding
+from flaxformer_lite.train import batches, identity, memory, sharding
 from flaxformer_lite.train.loop import (
-    check_workdir,
     check_writable_dir,
     prepare_process,
     train_and_evaluate,
+    workdir_lock,
 )
 from flaxformer_lite.train.run_config import RunConfig
 
@@ -53,33 +62,165 @@ class Study:
         self.sweep = sweep
         self.workdir = Path(workdir)
         self.command = command
+        self._runs: dict[str, RunConfig | None] = {}  # each cell's run config, for is_done
+        self._restarts: dict[str, tuple] = {}  # cell -> (run, identity, differences)
 
     def cell_dir(self, name: str) -> Path:
         return self.workdir / "runs" / name
 
-    def is_done(self, name: str) -> bool:
-        return (self.cell_dir(name) / "rows.jsonl").exists()
+    def is_done(self, name: str, *, warn: bool = False) -> bool:
+        """Whether the cell ``name`` has finished: its ``rows.jsonl`` holds every row it
+        should (`rows.cell_rows_problem`). A damaged file -- empty, cut short, a line that is
+        not a valid row -- is an unfinished cell, recomputed by the next run (cheaply: from
+        its final checkpoint and, when valid, its ``eval.json``); ``warn``: say so in a
+        `RuntimeWarning` naming the file."""
+        path = self.cell_dir(name) / "rows.jsonl"
+        if not path.exists():
+            return False
+        if name not in self._runs:
+            (cell,) = [c for c in self.sweep if c["name"] == name]
+            try:
+                config = apply_overrides(self.config, cell["overrides"])
+                self._runs[name] = RunConfig.from_config(config)
+            except ConfigError:  # a cell not selected, invalid under this call's overrides:
+                self._runs[name] = None  # its file is checked, its expected rows are not
+        problem = cell_rows_problem(path, self._runs[name], name)
+        if problem is not None and warn:
+            # one place and text: shown once however often the state is checked
+            warnings.warn(
+                f"{path} {problem}: the cell counts as not finished (left out of the results) "
+                "and the study recomputes it",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+        return problem is None
 
     def write_manifest(self) -> None:
         manifest = {
             "config": self.config.to_dict(),
             "sweep": self.sweep,
             "command": self.command,
+            "study": self.study_identity(),  # the study this workdir holds
         }
         # Each cell's workdir refuses a different config; the manifest records the latest call.
         self.workdir.mkdir(parents=True, exist_ok=True)
         text = json.dumps(manifest, indent=1, default=str, sort_keys=True)
         atomic_write_text(self.workdir / "study.json", text)
 
+    def study_identity(self) -> dict[str, Any]:
+        """``{"name": config.study, "preset": config.preset, "cells": [...]}``."""
+        return {
+            "name": self.config.get("study", "run"),
+            "preset": self.config.get("preset", ""),
+            "cells": [c["name"] for c in self.sweep],
+        }
+
+    def check_same_study(self) -> None:
+        """Raise `ConfigError` if the workdir holds another study: its ``study.json`` names
+        another study or preset, or ``runs/`` holds a run of a cell this sweep does not have
+        (its rows would silently leave the results). Writes nothing."""
+        mine = self.study_identity()
+        path = self.workdir / "study.json"
+        where = f"workdir={str(self.workdir)!r}"
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    f"{where}: {path} is unreadable ({type(e).__name__}: {e}); it records which "
+                    "study the workdir holds: restore it, or use another --workdir"
+                ) from None
+            old = old if isinstance(old, dict) else {}
+            config = old.get("config") if isinstance(old.get("config"), dict) else {}
+            recorded = old.get("study") if isinstance(old.get("study"), dict) else {}
+            name = recorded.get("name", config.get("study", "run"))
+            preset = recorded.get("preset", config.get("preset", ""))
+            if (name, preset) != (mine["name"], mine["preset"]):
+                raise ConfigError(
+                    f"{where} holds study {name!r} (preset {preset!r}), not {mine['name']!r} "
+                    f"(preset {mine['preset']!r}); use another --workdir"
+                )
+        runs = self.workdir / "runs"
+        if runs.is_dir():
+            extra = sorted(
+                p.name
+                for p in runs.iterdir()
+                if p.is_dir() and p.name not in mine["cells"] and identity.recorded(p) is not None
+            )
+            if extra:
+                shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
+                raise ConfigError(
+                    f"{where} holds {len(extra)} cell(s) that the sweep of study "
+                    f"{mine['name']!r} (preset {mine['preset']!r}) does not have ({shown}); "
+                    "use another --workdir, or the sweep that made them"
+                )
+
+    def check_identities(
+        self, current: dict[str, tuple[RunConfig, dict]], restart_changed: bool
+    ) -> None:
+        """Compare every cell's recorded identity (`train.identity`) with the current one:
+        the selected cells' (``current``: name -> (run, identity)) and those ``--only`` leaves
+        out that hold a run, so that the workdir never holds two configs. Any difference
+        raises one `ConfigError` listing the fields and cells, unless ``restart_changed``:
+        then `restart_changed_cells` will start them afresh. Writes nothing."""
+        changed: dict[str, list[str]] = {}
+        opened: dict[Any, Any] = {}
+        for cell in self.sweep:
+            name = cell["name"]
+            old = identity.recorded(self.cell_dir(name))
+            if old is None:
+                continue
+            if name not in current:
+                try:
+                    run = RunConfig.from_config(apply_overrides(self.config, cell["overrides"]))
+                    if run.data not in opened:
+                        opened[run.data] = open_dataset(run.data)
+                    current[name] = (run, identity.current(run, opened[run.data]))
+                except ConfigError as e:
+                    changed[name] = [f"its config is not valid now ({e})"]
+                    continue
+            diffs, _ = identity.compare(old, current[name][1])
+            if diffs:
+                changed[name] = diffs
+        if changed and not restart_changed:
+            names = list(changed)
+            diffs = list(dict.fromkeys(d for n in names for d in changed[n]))
+            raise ConfigError(identity.refusal(self.cell_dir(names[0]), diffs, names[1:]))
+        self._restarts = {
+            name: (*current.get(name, (None, None)), diffs) for name, diffs in changed.items()
+        }
+
+    def restart_changed_cells(self) -> None:
+        """Start every cell `check_identities` found changed afresh in place (only ``eval.*``
+        changed: keep its training, evaluate again); one line on stderr says which."""
+        fresh, again = [], []
+        for name, (run, record, diffs) in self._restarts.items():
+            keep = record is not None and identity.evaluation_only(diffs)
+            (again if keep else fresh).append(name)
+            config = run.to_dict() if run is not None else None
+            identity.reset(self.cell_dir(name), record, config, keep_training=keep)
+        for names, what in (
+            (fresh, "start afresh"),
+            (again, "keep their training, evaluated again"),
+        ):
+            if names:
+                diffs = dict.fromkeys(d for n in names for d in self._restarts[n][2])
+                print(
+                    f"--restart_changed: {len(names)} cell(s) {what} ({', '.join(names)}): "
+                    f"differ in {', '.join(diffs)}",
+                    file=sys.stderr,
+                )
+        self._restarts = {}
+
     def merge_results(self) -> Path:
         """Rebuild ``results.jsonl`` and ``blocks.jsonl`` from every finished cell, in sweep
         order (atomic); returns the path of ``results.jsonl``."""
+        done = [c["name"] for c in self.sweep if self.is_done(c["name"], warn=True)]
         for name in (BLOCKS_FILE, RESULTS_FILE):
             lines = []
-            for cell in self.sweep:
-                done = self.cell_dir(cell["name"]) / "rows.jsonl"
-                path = self.cell_dir(cell["name"]) / (name if name == BLOCKS_FILE else "rows.jsonl")
-                if done.exists() and path.exists():
+            for cell in done:
+                path = self.cell_dir(cell) / (name if name == BLOCKS_FILE else "rows.jsonl")
+                if path.exists():
                     lines.append(path.read_text())
             atomic_write_text(self.workdir / name, "".join(lines))
         return self.workdir / RESULTS_FILE
@@ -88,6 +229,7 @@ class Study:
         config = apply_overrides(self.config, cell["overrides"])
         run = RunConfig.from_config(config)
         summary = train_and_evaluate(run, self.cell_dir(cell["name"]))
+        interrupt.where(phase="writing the rows of")
         blocks = blocks_for_cell(run, cell["name"], summary)
         text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
         atomic_write_text(self.cell_dir(cell["name"]) / BLOCKS_FILE, text)
@@ -106,6 +248,7 @@ def run_study(
     overrides: Sequence[tuple[str, Any]] = (),
     report: bool | Callable[[Path], Any] = True,
     progress: bool = True,
+    restart_changed: bool = False,
 ) -> dict[str, Any]:
     """Run every selected cell (skipping finished ones), merge rows, write the report.
 
@@ -120,29 +263,57 @@ def run_study(
       report: True writes REPORT.md, tables and plots (`report.write_study_report`); a
         callable is called with the study directory instead; False writes none.
       progress: show progress bars.
+      restart_changed: cells whose recorded identity differs start afresh in place (only
+        ``eval.*`` differs: their training is kept and they are evaluated again) instead of
+        being refused -- also the cells ``only`` leaves out (they are reset, not run).
 
-    Every selected cell's config, data and workdir are checked before anything is written
+    A workdir holds one study (`Study.check_same_study`) and every cell's run continues, or
+    counts as finished, only under the identity it was made with (`train.identity`: the
+    config fields that change numbers, the corpus content hash, the versions;
+    `Study.check_identities`). Every selected cell's config, data and workdir are checked
+    before anything is written
     (`ConfigError`: a bad value, a missing corpus, a batch the devices do not divide, an
-    unwritable directory, a cell workdir that holds a run of a different config), so a bad
-    call fails fast and writes nothing.
+    unwritable directory, a cell name that is not one directory under ``runs/``, a memory
+    estimate above the memory available (`train.memory`), a cell workdir that holds a run
+    of a different config), so a bad
+    call fails fast and writes nothing. Then the study holds ``workdir/.lock`` until it
+    returns: a second process on the same workdir gets `lock.WorkdirBusyError`.
+    An OS error while writing state (`io.StateWriteError`: disk full, quota, read-only or
+    failing disk) stops the study at once (the next cell would fail the same way), leaving
+    a state that the same call resumes; any other failure of a cell is recorded in its
+    ``error.txt`` and the study goes on.
     Returns ``{"done": [...], "failed": {name: error}, "results": path, "report": path}``
     (``report``: REPORT.md, or None when none was written).
     """
+    interrupt.where(run=None, phase="checking the config and data")
     sweep = expand_sweep(config) if sweep is None else sweep
+    check_cell_names(sweep)  # every cell's directory inside STUDY/runs/
     check_overrides(sweep, overrides)
     cells = select_cells(sweep, only)
     study = Study(config, sweep, workdir, command)
     check_writable_dir(study.workdir, "workdir")
+    study.check_same_study()
     runs = [RunConfig.from_config(apply_overrides(config, c["overrides"])) for c in cells]
+    current: dict[str, tuple[RunConfig, dict]] = {}
     for i, (cell, run) in enumerate(zip(cells, runs, strict=True)):
         if i == 0:
             prepare_process(run)  # before JAX touches a device
-        batches.open_run_data(run)  # corpus / task / length errors
+        dataset = batches.open_run_data(run)  # corpus / task / length errors
         sharding.make_mesh(run.mesh, batch_size=run.data.batch_size)  # batch vs devices
-        check_workdir(study.cell_dir(cell["name"]), run)
+        memory.check_memory(run)  # the estimate of training and evaluation vs what is free
+        check_writable_dir(study.cell_dir(cell["name"]), "workdir")
+        current[cell["name"]] = (run, identity.current(run, dataset))
+    study.check_identities(current, restart_changed)  # every cell, --only or not
+    with workdir_lock(study.workdir):
+        return _run_locked(study, cells, config, report, progress)
+
+
+def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: bool) -> dict:
+    """`run_study` once its checks passed, holding the study's lock."""
     study.write_manifest()
+    study.restart_changed_cells()
     failed: dict[str, str] = {}
-    todo = [c for c in cells if not study.is_done(c["name"])]
+    todo = [c for c in cells if not study.is_done(c["name"], warn=True)]
     bar = tqdm(
         total=len(cells),
         initial=len(cells) - len(todo),
@@ -155,15 +326,26 @@ def run_study(
     t0, finished = time.perf_counter(), 0
     for cell in todo:
         bar.set_postfix_str(cell["name"])
+        interrupt.where(run=f"cell {cell['name']}", phase="starting")
         try:
             study.run_cell(cell)
         except KeyboardInterrupt:
             raise
-        except Exception as e:  # a failed cell must not stop the study
+        except Exception as e:  # a failed cell must not stop the study ...
+            stop = environment_error(e)  # ... unless writing state failed: the next cell would too
+            if stop is e:
+                raise
+            if stop is not None:
+                raise stop from e
             failed[cell["name"]] = f"{type(e).__name__}: {e}"
             tqdm.write(f"cell {cell['name']} failed: {failed[cell['name']]}")
-            (study.cell_dir(cell["name"]) / "error.txt").parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(study.cell_dir(cell["name"]) / "error.txt", traceback.format_exc())
+            error_file = study.cell_dir(cell["name"]) / "error.txt"
+            try:
+                error_file.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as mkdir_error:
+                raise write_error(mkdir_error, error_file) from mkdir_error
+            atomic_write_text(error_file, traceback.format_exc())
+        interrupt.where(run=None, phase="merging the results")
         finished += 1
         bar.update(1)
         eta = (time.perf_counter() - t0) / finished * (len(todo) - finished)
@@ -172,13 +354,18 @@ def run_study(
     bar.close()
     results = study.merge_results()
     report_path = None
+    interrupt.where(phase="writing the report")
     if report is True:
         evals = config.get("eval", {}) if hasattr(config, "get") else {}
-        report_path = write_study_report(
-            study.workdir,
-            reference=evals.get("paired_reference", "alibi"),
-            all_pairs=bool(evals.get("paired_all", False)),
-        )
+        try:
+            report_path = write_study_report(
+                study.workdir,
+                reference=evals.get("paired_reference", "alibi"),
+                all_pairs=bool(evals.get("paired_all", False)),
+            )
+        except DuplicateRowsError as e:  # two rows of one measurement: never averaged
+            failed["report"] = f"{type(e).__name__}: {e}"
+            tqdm.write(f"report not written: {e}")
     elif report:
         report(study.workdir)
     return {

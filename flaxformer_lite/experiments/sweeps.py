@@ -9,12 +9,17 @@ tasks; one cell per task). A cell is ``{"name": ..., "overrides": {"model.positi
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.checks import ConfigError, fail, is_int
+from flaxformer_lite.train.run_config import MAX_SEED
 
 SWEEP_FIELDS = ("encodings", "seeds", "randomized", "tasks")
+# A cell name is one directory under STUDY/runs/: a portable file name, nothing that a path
+# resolves (no separators, no "." or ".."), not hidden and not an option-like "-x".
+CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
 
 
 def _field(sweep: Any, name: str) -> tuple[Any, ...]:
@@ -40,6 +45,8 @@ def expand_sweep(config: Any) -> list[dict[str, Any]]:
         raise ConfigError(
             f"config.sweep: encodings={encodings!r} and seeds={seeds!r} must both be non-empty"
         )
+    if not all(is_int(s) and 0 <= s <= MAX_SEED for s in seeds):
+        fail("config.sweep.seeds", seeds, f"each seed must be an int in [0, {MAX_SEED}]")
     models = [(e, {"model.positional": e}) for e in encodings]
     models += [
         (f"{e}-randomized", {"model.positional": e, "model.randomized_positions": True})
@@ -104,3 +111,22 @@ def check_overrides(sweep: list[dict], overrides: Iterable[tuple[str, Any]]) -> 
                 f"--{name}={value}: set for every cell by the study's sweep; select cells "
                 "with --only (e.g. --only=rope) or change config.sweep"
             )
+
+
+def check_cell_names(sweep: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a cell name that is not one plain directory name under ``STUDY/runs/``
+    (`CELL_NAME`: ``..``, ``/``, ``\\``, spaces or other characters a path would interpret)
+    and two cells of one name (they would share a directory)."""
+    seen: set[str] = set()
+    for cell in sweep:
+        name = cell.get("name") if isinstance(cell, Mapping) else None
+        if not isinstance(name, str) or not CELL_NAME.fullmatch(name) or ".." in name:
+            fail(
+                "sweep cell name",
+                name,
+                "must be a plain directory name under STUDY/runs/: 1-200 of A-Z a-z 0-9 . _ + "
+                "= -, starting with a letter or digit, without '..' (no path separators)",
+            )
+        if name in seen:
+            fail("sweep cell name", name, "is given twice; each cell needs its own name")
+        seen.add(name)

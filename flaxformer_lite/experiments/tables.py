@@ -470,9 +470,9 @@ def _cell_text(table: Table, cell: Cell | None, *, pm: str, missing: str, n1: st
 
 def render_markdown(table: Table) -> str:
     """GitHub-flavoured Markdown: caption paragraph, then the table (a significant best bold,
-    a tie for best italic)."""
-    lines = [f"**{table.title()}.** {table.caption()}", ""]
-    lines.append("| encoding | " + " | ".join(c.label() for c in table.columns) + " |")
+    a tie for best italic). Text from the rows (labels, names, reasons) is `md_escape` d."""
+    lines = [f"**{md_text(table.title())}.** {md_text(table.caption())}", ""]
+    lines.append("| encoding | " + " | ".join(md_text(c.label()) for c in table.columns) + " |")
     lines.append("|:--|" + "--:|" * len(table.columns))
     for e in table.encodings:
         cells = []
@@ -484,8 +484,63 @@ def render_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
+# Characters that are Markdown / GFM / HTML markup inside a line (emphasis, code, links,
+# inline HTML and entities, strikethrough, math, table cells), backslash-escaped or spelled as
+# entities so that text from results rows is shown as written.
+_MD_SPECIAL = {
+    "\\": "\\\\",
+    "`": "\\`",
+    "*": "\\*",
+    "_": "\\_",
+    "[": "\\[",
+    "]": "\\]",
+    "~": "\\~",
+    "$": "\\$",
+    "|": "\\|",
+    "<": "&lt;",
+    ">": "&gt;",
+    "&": "&amp;",
+}
+
+
+def md_escape(text: Any) -> str:
+    """``text`` as literal Markdown inline text (a table cell, a heading): markup characters
+    escaped (``*`` -> ``\\*``, ``<b>`` -> ``&lt;b&gt;``, ``|`` -> ``\\|``) and line breaks
+    (any whitespace run) as one space, as `latex_escape` does for LaTeX."""
+    return "".join(_MD_SPECIAL.get(ch, ch) for ch in " ".join(str(text).split()))
+
+
+def md_text(text: Any) -> str:
+    """Generated prose or a header with names from the rows in it (a caption, a bucket
+    ``[64,128)``): on one line, and nothing in it opens markup -- code, emphasis, math, a table
+    cell, an HTML tag or entity, a link -- while plain brackets and comparisons stay readable
+    (``p < 0.05``, ``[lo, hi)``)."""
+    text = " ".join(str(text).split())
+    for ch in ("\\", "`", "*", "_", "~", "$", "|"):
+        text = text.replace(ch, _MD_SPECIAL[ch])
+    text = re.sub(r"&(?=#|[A-Za-z][A-Za-z0-9]*;)", "&amp;", text)
+    text = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+    return re.sub(r"\](?=[(\[:])", "\\\\]", text)
+
+
+def md_code(text: Any, *, cell: bool = False) -> str:
+    """``text`` as a Markdown code span on one line, fenced with more backticks than it holds
+    (``cell``: inside a table, where ``|`` must be escaped even in code)."""
+    text = " ".join(str(text).split())
+    if cell:
+        text = text.replace("|", "\\|")
+    longest = max((len(r) for r in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_fence(lines: Iterable[Any]) -> list[str]:
+    """A fenced code block of ``lines``: its fence longer than any backtick run in them."""
+    lines = [str(x) for x in lines]
+    longest = max((len(r) for x in lines for r in re.findall(r"`+", x)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
 
 
 _TEX_SPECIAL = {

@@ -11,9 +11,12 @@ state it returns is always one whole, verified step, never a mix.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import shutil
 import sys
+import time
 import warnings
 import zlib
 from pathlib import Path
@@ -23,7 +26,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from flaxformer_lite.base import faults
+from flaxformer_lite.base import faults, interrupt
+from flaxformer_lite.base.io import write_error
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ class Checkpointer:
             max_to_keep=keep,
             create=True,
             enable_async_checkpointing=False,
+            cleanup_tmp_directories=True,  # a save killed midway leaves one behind
             **_fault_options(),
         )
         self.manager = ocp.CheckpointManager(
@@ -82,7 +87,9 @@ class Checkpointer:
         """Write ``state`` as step ``step`` (synchronously; returns when it is on disk).
 
         An existing step is kept, unless `restore_latest` found it unreadable: then this
-        state (recomputed from an earlier step) replaces it.
+        state (recomputed from an earlier step) replaces it. A signal arriving meanwhile waits
+        until the step is committed (`interrupt.deferred`); an OS error (disk full, ...)
+        removes the step's temporary directory and is raised as `io.StateWriteError`.
         """
         if step in self.manager.all_steps():
             if step not in self.unreadable:
@@ -93,8 +100,32 @@ class Checkpointer:
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), digest=ocp.args.JsonSave(digest)
         )
-        self.manager.save(step, args=args, force=True)
-        self.manager.wait_until_finished()
+        _quiet_closed_event_loops()
+        with interrupt.deferred():
+            try:
+                with _orbax_errors_held() as held:
+                    self.manager.save(step, args=args, force=True)
+                    self.manager.wait_until_finished()
+            except Exception as e:
+                self._remove_temporary(step)
+                error = write_error(e, self.directory / str(step))
+                if error.errno is None:  # not an OS error: orbax's own, say it as it is
+                    raise
+                raise error from e
+            for record in held:  # the save succeeded after all: show what orbax logged
+                logging.getLogger(record.name).handle(record)
+            interrupt.where(checkpoint=step)  # before a held signal is raised
+
+    def _remove_temporary(self, step: int) -> None:
+        """Remove the temporary directory of a failed save of ``step``; TensorStore may still
+        finish writes it had in flight into it, so look again for up to two seconds."""
+        for _ in range(20):
+            leftovers = list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+            for tmp in leftovers:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if not leftovers:
+                return
+            time.sleep(0.1)
 
     def restore(self, step: int, abstract_state: Any) -> Any:
         """The state of ``step``, verified against its digest.
@@ -148,6 +179,46 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+@contextlib.contextmanager
+def _orbax_errors_held():
+    """Hold back the ERROR records (with tracebacks) that orbax's worker threads log before
+    a failed save raises: the caller raises one error naming the step instead. Yields the list
+    of held records."""
+    held: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "orbax" in record.pathname:
+            held.append(record)
+            return False
+        return True
+
+    logger = logging.getLogger("absl")
+    logger.addFilter(keep)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(keep)
+
+
+def _quiet_closed_event_loops() -> None:
+    """When a save fails (disk full), TensorStore completes the writes it had in flight and
+    calls back into orbax's event loop, already closed: Python would print an "Event loop is
+    closed" traceback for each (dozens). From the first save on, drop those, and only those,
+    unraisables (they never mean anything else)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_event_loops", False):
+        return
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.drops_closed_event_loops = True
+    sys.unraisablehook = hook
 
 
 def _collect_quietly() -> None:

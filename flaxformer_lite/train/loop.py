@@ -4,7 +4,9 @@ Build data and model, restore the newest checkpoint in ``workdir`` if there is o
 with a jit-compiled step, evaluate periodically and at every evaluation length at the end,
 and leave in ``workdir``::
 
-    config.json        the resolved configuration (and a run of a different one is refused)
+    identity.json      what changes the numbers: the config fields, corpus content hash and
+                       versions (`train.identity`); a run of another identity is refused
+    config.json        the resolved configuration
     checkpoints/       orbax checkpoints (every `checkpoint_every` steps and at the end)
     metrics.jsonl      training/validation metrics, one JSON object per line
     tensorboard/       the same metrics as TensorBoard events
@@ -18,6 +20,7 @@ uninterrupted one would have seen.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -25,6 +28,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +36,13 @@ import jax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from flaxformer_lite.base import faults
+from flaxformer_lite.base import faults, interrupt
+from flaxformer_lite.base.checks import fail
 from flaxformer_lite.base.io import atomic_write_text
+from flaxformer_lite.base.lock import WorkdirLock
 from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.nn.models import DecoderOnlyLM
-from flaxformer_lite.train import allocator, batches, provenance, sharding
+from flaxformer_lite.train import allocator, batches, identity, memory, provenance, sharding
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -65,30 +71,45 @@ def build_model(run: RunConfig) -> DecoderOnlyLM:
     return DecoderOnlyLM(run.model, rngs=nnx.Rngs(params=run.seed, dropout=run.seed + 1))
 
 
-def check_workdir(workdir: Path, run: RunConfig) -> None:
+def check_workdir(
+    workdir: Path, run: RunConfig, dataset: Any = None, *, restart_changed: bool = False
+) -> list[str]:
     """Raise `ConfigError` if ``workdir`` cannot hold ``run``; writes nothing.
 
     Refused: a path that is not (or cannot become) a writable directory, and a workdir that
-    holds a run of a different config (the message lists the fields that differ).
+    holds a run of another identity (`train.identity`: the config fields that change numbers,
+    the corpus content hash, the versions; the message lists the fields that differ) unless
+    ``restart_changed``. Returns those differences (empty: the workdir may continue its run).
+    ``dataset``: the run's opened corpus or task (default: opened here).
     """
     check_writable_dir(workdir, "workdir")
-    path = workdir / "config.json"
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            old = None
-        if isinstance(old, dict):
-            diff = _identity_diff(old, run)
-            if diff:
-                raise ConfigError(
-                    f"workdir={str(workdir)!r} holds a run of a different config "
-                    f"(differs in {', '.join(diff)}); use another --workdir or the same config"
-                )
+    dataset = batches.open_run_data(run) if dataset is None else dataset
+    diffs, _ = identity.compare(identity.recorded(workdir), identity.current(run, dataset))
+    if diffs and not restart_changed:
+        raise ConfigError(identity.refusal(workdir, diffs))
+    return diffs
+
+
+def workdir_lock(workdir: Path) -> contextlib.AbstractContextManager:
+    """Hold ``workdir/.lock`` (`lock.WorkdirLock`: one writer per workdir; a second process
+    gets `lock.WorkdirBusyError` naming the holder's pid). On a multi-host run every host writes
+    the shared workdir, so only process 0 takes the lock."""
+    return WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
 
 
 def check_writable_dir(path: Path, name: str) -> None:
-    """Raise `ConfigError` unless ``path`` is, or can be created as, a writable directory."""
+    """Raise `ConfigError` unless ``path`` is, or can be created as, a writable directory
+    (and one whose path orbax's checkpoints keep: no backslash)."""
+    if "\\" in str(path):
+        # orbax's array writer (tensorstore) reads a backslash as a separator: the arrays of
+        # a checkpoint in a/b\c/ land in a/b/c/, outside the workdir (orbax then finds the
+        # step without them), and a resume never finds them.
+        fail(
+            name,
+            str(path),
+            "contains a backslash, which checkpoint paths cannot hold (orbax would write the "
+            "arrays outside the workdir); use a path without '\\'",
+        )
     existing = Path(os.path.abspath(path))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -101,9 +122,20 @@ def check_writable_dir(path: Path, name: str) -> None:
     raise ConfigError(f"{name}={str(path)!r}: {problem}; must be a writable directory")
 
 
-def prepare_workdir(workdir: Path, run: RunConfig) -> None:
-    """Create ``workdir`` and record the config, or check it holds a run of the same config."""
-    check_workdir(workdir, run)
+def prepare_workdir(
+    workdir: Path, run: RunConfig, dataset: Any = None, *, restart_changed: bool = False
+) -> dict[str, Any]:
+    """Create ``workdir`` and record the run's identity and config, or check it holds a run
+    of the same identity (`check_workdir`); with ``restart_changed``, a workdir of another
+    identity starts afresh in place (`identity.reset`: only ``eval.*`` differs -- its
+    checkpoints are kept and the run is evaluated again). Another git commit or backend is
+    a warning. Returns the identity record (`identity.current`)."""
+    check_writable_dir(workdir, "workdir")
+    dataset = batches.open_run_data(run) if dataset is None else dataset
+    record = identity.current(run, dataset)
+    diffs, notes = identity.compare(identity.recorded(workdir), record)
+    if diffs and not restart_changed:
+        raise ConfigError(identity.refusal(workdir, diffs))
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / ".write_test"
@@ -113,18 +145,45 @@ def prepare_workdir(workdir: Path, run: RunConfig) -> None:
         raise ConfigError(
             f"workdir={str(workdir)!r}: not writable ({e.strerror}); must be a writable directory"
         ) from None
-    path = workdir / "config.json"
-    atomic_write_text(path, json.dumps(run.to_dict(), indent=2, sort_keys=True, default=str))
+    for note in notes:
+        warnings.warn(f"workdir={str(workdir)!r}: {note}", RuntimeWarning, stacklevel=2)
+    if diffs:
+        keep = identity.evaluation_only(diffs)
+        log.warning(
+            "workdir=%r: --restart_changed: %s (differs in %s)",
+            str(workdir),
+            "evaluating again, training kept" if keep else "starting afresh",
+            ", ".join(diffs),
+        )
+        identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+    else:
+        identity.write(workdir, record, run.to_dict())
+    return record
 
 
-def _identity_diff(old: dict[str, Any], run: RunConfig) -> list[str]:
-    """How the run recorded in a workdir's ``config.json`` differs from ``run`` in what it
-    trains (`RunConfig.identity_diff`); a record that is no longer a valid config differs."""
+def read_eval_cache(path: Path) -> dict[str, Any]:
+    """A finished run's cached result (``eval.json``), or ``{}`` when it is damaged -- empty,
+    cut short, not JSON, not a result -- with a `RuntimeWarning` naming the file (the run
+    is evaluated again from its final checkpoint)."""
     try:
-        recorded = RunConfig.from_config(old)
-    except ConfigError as e:
-        return [f"the recorded config.json is not a valid config here ({e})"]
-    return run.identity_diff(recorded)
+        cached = json.loads(path.read_text(encoding="utf-8"))
+        problem = None
+        if not isinstance(cached, dict):
+            problem = f"holds a JSON {type(cached).__name__}, not a result"
+        elif not isinstance(cached.get("eval"), list) or not isinstance(
+            cached.get("provenance"), dict
+        ):
+            problem = "lacks its 'eval' results or 'provenance'"
+    except (OSError, UnicodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        problem = f"cannot be read ({type(e).__name__}: {e})"
+    if problem is None:
+        return cached
+    warnings.warn(
+        f"{path} {problem}: ignoring this evaluation cache and evaluating again",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return {}
 
 
 def _check_finite(step: int, metrics: dict[str, float]) -> None:
@@ -137,25 +196,43 @@ def _check_finite(step: int, metrics: dict[str, float]) -> None:
             )
 
 
-def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
+def train_and_evaluate(
+    config: Any, workdir: str | Path, *, restart_changed: bool = False
+) -> dict[str, Any]:
     """Run (or resume, or return the cached result of) one training + evaluation run.
 
     Args:
       config: an ``ml_collections.ConfigDict`` (or dict) as in ``experiments/*.py``, or a
         validated `RunConfig`.
       workdir: the run's directory.
+      restart_changed: a workdir holding a run of another identity (`train.identity`) starts
+        afresh in place (`prepare_workdir`) instead of being refused.
 
     Returns:
       ``{"config": ..., "steps": ..., "train_seconds": ..., "eval": [...], "provenance": ...}``
       (also saved as ``eval.json``).
+
+    The workdir is checked before anything is written, then locked (`workdir_lock`) until
+    the function returns. An OS error while writing state is raised as `io.StateWriteError`.
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     prepare_process(run)
     plan = run.eval_plan()
     dataset = batches.open_run_data(run, plan)  # bad data settings fail before any write
     placement = sharding.Plan.create(run)  # None on one device: the plain single-device path
+    memory.check_memory(run, plan)  # before any work: the estimate vs the memory free
     workdir = Path(workdir)
-    prepare_workdir(workdir, run)
+    # writes nothing: a bad call leaves no lock file behind
+    check_workdir(workdir, run, dataset, restart_changed=restart_changed)
+    with workdir_lock(workdir):
+        return _train_and_evaluate_locked(run, plan, dataset, placement, workdir, restart_changed)
+
+
+def _train_and_evaluate_locked(
+    run, plan, dataset, placement, workdir: Path, restart_changed: bool = False
+) -> dict[str, Any]:
+    interrupt.where(phase="restoring the checkpoint of", step=None, checkpoint=None)
+    record = prepare_workdir(workdir, run, dataset, restart_changed=restart_changed)
     eval_path = workdir / "eval.json"
 
     tx = make_optimizer(run.optim, run.train.num_steps)
@@ -169,9 +246,10 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
         start = 0 if restored is None else restored[1]
         if restored is not None:
             state = restored[0] if placement is None else placement.place(restored[0])
+        interrupt.where(checkpoint=start, steps=run.train.num_steps)
         if start >= run.train.num_steps and eval_path.exists():
-            cached = json.loads(eval_path.read_text())
-            if cached.get("config_hash") == run.hash():
+            cached = read_eval_cache(eval_path)  # {} when damaged: evaluate again
+            if cached.get("config_hash") == record["hash"]:
                 return cached
         info = {"train_seconds": 0.0}
         if start < run.train.num_steps:
@@ -180,9 +258,11 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
             state, info = _train(
                 run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement
             )
+        interrupt.where(phase="saving the final checkpoint of")
         ckpt.save(run.train.num_steps, state)
     finally:
         ckpt.close()
+    interrupt.where(phase="evaluating")
 
     model = nnx.merge(graphdef, state["params"], state["rest"])
     t0 = time.perf_counter()
@@ -191,7 +271,7 @@ def train_and_evaluate(config: Any, workdir: str | Path) -> dict[str, Any]:
     atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
     summary = {
         "config": run.to_dict(),
-        "config_hash": run.hash(),
+        "config_hash": record["hash"],  # of exactly the recorded identity
         "steps": run.train.num_steps,
         "train_seconds": info["train_seconds"],
         "eval_seconds": time.perf_counter() - t0,
@@ -220,12 +300,14 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
     )
     pending = None  # (step, device metrics) of the previous step, read while this one runs
     t0 = time.perf_counter()
+    interrupt.where(phase="training")
     try:
         for step in range(start, run.train.num_steps):
             batch = train_data(step)
             if placement is not None:
                 batch = placement.shard_batch(batch)
             state, metrics = train_step(state, batch)
+            interrupt.where(step=step + 1)  # dispatched
             faults.hit("train_step")
             if pending is not None:
                 _log_step(run, writer, bar, *pending)

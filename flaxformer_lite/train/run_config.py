@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.model_config import ModelConfig
 
+MAX_SEED = 2**32 - 2  # seeds feed numpy's and JAX's generators (seed + 1: dropout's)
 # Fields that moved between sections: old path -> new path (old configs still load).
 MOVED_FIELDS = {("eval", "chunked_threshold"): ("model", "chunked_threshold")}
 
@@ -121,48 +123,54 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def identity(self) -> dict[str, Any]:
-        """The fields that define what is trained; a workdir only resumes a run with equal ones.
+        """The resolved config fields that change a run's numbers (JSON types).
 
-        Step counts, cadences, evaluation settings, the device mesh and how attention is
-        computed (implementation, chunking threshold: equal results to float32 tolerance)
-        may change between invocations.
+        A workdir continues only a run of an equal identity, which `train.identity` extends
+        with the corpus content hash and the versions. Left out (`NOT_IDENTITY_FIELDS`, the
+        reasons in `train.identity`): the names ``study`` and ``preset``, the device
+        ``mesh``, the corpus's paths (its content hash stands for them), logging,
+        checkpointing and validation cadences, how attention is computed, and the report's
+        comparison settings.
         """
         d = self.to_dict()
-        d["train"], d["eval"] = {}, {}
-        d.pop("mesh")
-        for name in NOT_IDENTITY_MODEL_FIELDS:
-            d["model"].pop(name)
+        for name in ("study", "preset", "mesh"):
+            d.pop(name)
+        for section, names in NOT_IDENTITY_FIELDS.items():
+            for name in names:
+                d[section].pop(name)
         return json.loads(json.dumps(d, default=str))
 
     def identity_diff(self, other: RunConfig) -> list[str]:
-        """``["section.field: old -> new", ...]`` where ``other``'s identity differs."""
-        a, b = other.identity(), self.identity()
-        diffs = []
-        for section in sorted(set(a) | set(b)):
-            x, y = a.get(section), b.get(section)
-            if isinstance(x, dict) and isinstance(y, dict):
-                for k in sorted(set(x) | set(y)):
-                    if x.get(k) != y.get(k):
-                        diffs.append(f"{section}.{k}: {x.get(k)!r} -> {y.get(k)!r}")
-            elif x != y:
-                diffs.append(f"{section}: {x!r} -> {y!r}")
-        return diffs
+        """``["section.field: old -> new", ...]`` where ``other``'s identity differs (nested
+        fields by their full path, e.g. ``model.positional_options.rope.base``)."""
+        return flat_diff("", other.identity(), self.identity())
 
     def hash(self) -> str:
-        """Short sha256 of the resolved config (recorded in results rows).
-
-        The device mesh and the progress-bar switch are left out: they decide where and how
-        visibly the numbers are computed, not what is computed.
-        """
-        d = self.to_dict()
-        d.pop("mesh")
-        d["train"].pop("progress")
-        blob = json.dumps(d, sort_keys=True, default=str).encode()
+        """Short sha256 of `identity` (results rows carry `train.identity`'s hash, which adds
+        the corpus content hash and the versions)."""
+        blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-# How attention is computed, not what: left out of a run's identity.
-NOT_IDENTITY_MODEL_FIELDS = ("attention_impl", "chunked_threshold")
+# Config fields that do not change a run's numbers: left out of its identity (and hash).
+NOT_IDENTITY_FIELDS = {
+    "model": ("attention_impl", "chunked_threshold"),  # how attention is computed, not what
+    "data": ("path", "cache_dir"),  # where the corpus is: its content hash is the identity
+    "train": ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "progress"),
+    "eval": ("paired_reference", "paired_all"),  # what the report compares
+}
+
+
+def flat_diff(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``["prefix.key.sub: old -> new", ...]`` over nested mappings."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            out += flat_diff(f"{prefix}{key}.", x, y)
+        elif x != y:
+            out.append(f"{prefix}{key}: {x!r} -> {y!r}")
+    return out
 
 
 def _move_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -208,18 +216,25 @@ def _positive(path: str, value: float) -> None:
         fail(path, value, "must be > 0")
 
 
+def _positive_finite(path: str, value: float) -> None:
+    if not 0 < value < math.inf:  # NaN fails too
+        fail(path, value, "must be > 0 and finite")
+
+
 def _validate(run: RunConfig) -> None:
     o, t = run.optim, run.train
     run.data.validate()
     run.eval.validate()
-    _positive("config.optim.learning_rate", o.learning_rate)
-    _positive("config.optim.eps", o.eps)
+    if not 0 <= run.seed <= MAX_SEED:
+        fail("config.seed", run.seed, f"must be an int in [0, {MAX_SEED}]")
+    _positive_finite("config.optim.learning_rate", o.learning_rate)
+    _positive_finite("config.optim.eps", o.eps)
     for name in ("warmup_steps",):
         if getattr(o, name) < 0:
             fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
     for name in ("weight_decay", "clip_norm", "final_lr_ratio"):
-        if getattr(o, name) < 0:
-            fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
+        if not 0 <= getattr(o, name) < math.inf:  # NaN fails too
+            fail(f"config.optim.{name}", getattr(o, name), "must be >= 0 and finite")
     if o.final_lr_ratio > 1:
         fail("config.optim.final_lr_ratio", o.final_lr_ratio, "must be in [0, 1]")
     for name in ("b1", "b2"):

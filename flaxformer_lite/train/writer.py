@@ -13,7 +13,7 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
-from flaxformer_lite.base.io import atomic_write_text, read_jsonl
+from flaxformer_lite.base.io import atomic_write_text, read_jsonl, write_error
 
 
 class MetricsWriter:
@@ -28,8 +28,11 @@ class MetricsWriter:
     def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
         row = {"step": int(step), "split": split}
         row.update({k: _clean(v) for k, v in metrics.items()})
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:  # a torn last line is dropped on resume (cut back to a checkpoint)
+            raise write_error(e, self.path) from e
         for k, v in metrics.items():
             self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
 

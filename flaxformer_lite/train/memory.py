@@ -1,0 +1,293 @@
+"""How much memory a run needs, estimated before any work, against how much there is.
+
+`check_memory` (called by `train_and_evaluate` and the study runner after the config and
+data checks, before anything is written) refuses a run whose estimate exceeds the memory
+available, with one line naming the estimate, the memory and the setting to change::
+
+    config.data.batch_size=10000000: one training step needs ≈ 1.4 TiB (activations
+    1.4 TiB, parameters + AdamW state 396.0 KiB), 21.6 GiB available (host memory,
+    MemAvailable); lower config.data.batch_size, or set FLAXFORMER_LITE_MEMORY_CHECK=off
+    to try anyway
+
+The estimate, in bytes, counts every array as float32 (4 bytes; a bfloat16 model needs
+less, so it errs on the high side there). With ``P`` parameters, ``B`` sequences of ``T``
+tokens, ``n`` layers of width ``d``, feed-forward width ``f``, ``h`` heads and a vocabulary
+of ``V``:
+
+* parameters and optimizer state: ``4 P`` for training (parameters, gradients and AdamW's
+  two moments), ``3 P`` during evaluation (the training state is still held), times
+  ``param_bytes`` (4 for float32 parameters);
+* one training step's activations (kept for the backward pass):
+  ``4 B T [n (C_D d + C_F f + C_S h T_s) + C_V V]`` with ``C_D = 18`` (residual stream,
+  norms, q/k/v, attention output and projections), ``C_F = 2`` (feed-forward hidden before
+  and after the nonlinearity), ``C_V = 3`` (logits, log-softmax, their gradient), and the
+  attention scores: dense attention ("xla") keeps ``C_S = 3`` score-sized arrays of ``h x T``
+  per token per layer (``T_s = T``); chunked or fused attention keeps none of that size,
+  only ``C_S`` blocks of ``h x block_q x block_k`` per sequence at a time
+  (`chunked_attention.DEFAULT_BLOCK_Q` / ``_K``);
+* evaluation: every cell of the evaluation plan is one forward pass of ``eval.batch_size``
+  windows of its sequence length ``T'`` (one layer's activations alive at a time):
+  ``4 B' T' (C_DE d + C_F f + C_VE V)`` with ``C_DE = 8``, ``C_VE = 2`` (logits and
+  log-softmax), plus the scores of one layer --
+  ``2 h T'`` per token for dense attention, two ``h x block_q x block_k`` blocks per window
+  for chunked (the implementation each cell uses: `evaluation.corpus.attention_config`,
+  chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally,
+  its key/value cache ``2 n T' d`` per window. The largest cell counts.
+
+The constants were fitted to XLA's own accounting of the compiled steps' temporary buffers
+(``jit(...).lower(...).compile().memory_analysis()``) for the ``tiny`` and ``quick`` models
+on CPU: training at 16 to 1024 tokens x 8 to 128 sequences, dense and chunked, within 20% of
+it (-5% to +19%); evaluation of chunked windows of 8k-16k tokens -1% to +66%, of dense
+windows of 16-1024 tokens +80% to 3.5x (where it is small). It ignores the corpus in memory
+and XLA's fixed overheads (tens of MiB).
+
+Available memory: on an accelerator, the first device's free memory as JAX reports it
+(``bytes_limit - bytes_in_use``), for the share of the batch and state one device holds
+(the batch split over the data-parallel devices, parameters over the ``fsdp`` ones); on
+CPU, the host's ``MemAvailable`` (``/proc/meminfo``; else ``os.sysconf``), lowered to what
+a cgroup v2 memory limit leaves, plus what this process already holds (its resident memory:
+the heap a study's earlier cells freed is reused), for the whole batch and one state per
+data-parallel device. ``FLAXFORMER_LITE_MEMORY_CHECK=off`` skips the check (the estimate is an
+estimate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import nnx
+
+from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.core import attention
+from flaxformer_lite.core.chunked_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from flaxformer_lite.evaluation.plan import EvalPlan
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.train.run_config import RunConfig
+from flaxformer_lite.train.sharding import mesh_shape
+
+ENV = "FLAXFORMER_LITE_MEMORY_CHECK"
+FLOAT_BYTES = 4
+C_D, C_F, C_V, C_S = 18, 2, 3, 3  # training: per token per layer (x d, x f), x V, scores
+C_DE, C_VE, C_SE = 8, 2, 2  # evaluation: per token (x d, x V), score arrays of one layer
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Bytes one phase of a run needs: ``state`` (parameters and optimizer moments) and
+    ``activations``; ``what`` names the phase, ``field``/``value`` the setting that scales
+    the activations (the batch) and ``longest`` the setting behind the sequence length."""
+
+    what: str
+    state: int
+    activations: int
+    field: str
+    value: Any
+    longest: str
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations
+
+
+@functools.lru_cache(maxsize=64)
+def count_parameters(model: ModelConfig) -> int:
+    """Parameters of the run's `DecoderOnlyLM` (from shapes only: nothing is allocated)."""
+    abstract = nnx.eval_shape(lambda: DecoderOnlyLM(model, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def _dense(impl: str, keys: int, threshold: int) -> bool:
+    """Whether attention over ``keys`` keys materialises the scores (`attention.attend`):
+    "xla" always; "auto" at most ``threshold`` keys (an upper bound: a fused kernel, where
+    it runs, needs less); "chunked" and "cudnn" never."""
+    if impl == "auto":
+        return attention.choose_implementation("xla", keys, keys, threshold=threshold) == "xla"
+    return impl == "xla"
+
+
+def _scores(m: ModelConfig, batch: int, length: int, impl: str, per_token: int) -> int:
+    """Bytes of the attention scores of one layer: ``per_token`` arrays of ``h x length``
+    per token when dense, else ``per_token`` blocks of ``h x block_q x block_k``."""
+    if _dense(impl, length, m.chunked_threshold):
+        return FLOAT_BYTES * per_token * batch * length * m.num_heads * length
+    blocks = min(length, DEFAULT_BLOCK_Q) * min(length, DEFAULT_BLOCK_K)
+    return FLOAT_BYTES * per_token * batch * m.num_heads * blocks
+
+
+def training_estimate(run: RunConfig, batch: int | None = None, copies: int = 1) -> Estimate:
+    """One training step of ``batch`` sequences (default ``data.batch_size``) with ``copies``
+    training states (one per data-parallel device sharing the memory)."""
+    m, length = run.model, run.data.train_length
+    batch = run.data.batch_size if batch is None else batch
+    state = 4 * count_parameters(m) * m.params_dtype.itemsize * copies
+    per_token = m.num_decoder_layers * (C_D * m.d_model + C_F * m.d_ff) + C_V * m.vocab_size
+    dense = _dense(m.attention_impl, length, m.chunked_threshold)
+    activations = FLOAT_BYTES * batch * length * per_token
+    if dense:  # kept for the backward pass, every layer
+        activations += m.num_decoder_layers * _scores(m, batch, length, "xla", C_S)
+    else:  # one block at a time
+        activations += _scores(m, batch, length, "chunked", C_S)
+    return Estimate(
+        "one training step",
+        state,
+        activations,
+        "config.data.batch_size",
+        run.data.batch_size,
+        f"config.data.train_length={length}",
+    )
+
+
+def evaluation_estimate(
+    run: RunConfig, plan: EvalPlan | None = None, batch: int | None = None, copies: int = 1
+) -> Estimate:
+    """The largest cell of the run's evaluation plan, ``batch`` windows at a time (default
+    ``eval.batch_size``)."""
+    plan = run.eval_plan() if plan is None else plan
+    batch = plan.batch_size if batch is None else batch
+    m = run.model
+    state = 3 * count_parameters(m) * m.params_dtype.itemsize * copies
+    best, worst = None, -1
+    for cell in (plan.quick, *plan.cells):
+        if cell.na is not None:
+            continue
+        seq, cm = cell.sequence_length, cell.model
+        per_token = C_DE * cm.d_model + C_F * cm.d_ff + C_VE * cm.vocab_size
+        need = FLOAT_BYTES * batch * seq * per_token
+        need += _scores(cm, batch, seq, cm.attention_impl, C_SE)
+        if cell.incremental:  # the key/value cache of every layer
+            need += FLOAT_BYTES * batch * 2 * cm.num_decoder_layers * seq * cm.d_model
+        if need > worst:
+            best, worst = cell, need
+    assert best is not None  # the quick cell is always evaluable
+    what = f"evaluating {best.sequence_length}-token sequences ({best.protocol}, "
+    what += f"{best.label.encoding})"
+    longest = (
+        "config.eval.context_multiples"
+        if best.protocol == "context"
+        else "config.eval.length_multiples"
+    )
+    if best.protocol == "context":
+        value = run.eval.context_multiples
+    elif plan.kind == "task" or best is not plan.quick:
+        value = run.eval.length_multiples
+    else:
+        longest, value = "config.data.train_length", run.data.train_length
+    return Estimate(
+        what, state, worst, "config.eval.batch_size", plan.batch_size, f"{longest}={value}"
+    )
+
+
+def available_memory() -> tuple[int | None, str, bool]:
+    """``(bytes, where, per_device)``: the memory free for a run, where it was read, and
+    whether it is one accelerator's (else the host's, shared by every CPU device)."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # a backend without memory statistics
+            stats = {}
+        if "bytes_limit" in stats:
+            free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+            return free, f"free on one {device.device_kind}", True
+        return None, f"{device.device_kind} reports no memory statistics", True
+    return (*_host_available(), False)
+
+
+def _host_available() -> tuple[int | None, str]:
+    free, where = None, "host memory"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free, where = int(line.split()[1]) * 1024, "host memory, MemAvailable"
+    except (OSError, ValueError, IndexError):
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None, "host memory unknown"
+    try:  # a container's cgroup v2 limit
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            if int(limit) - used < free:
+                free, where = int(limit) - used, "cgroup memory.max - memory.current"
+    except (OSError, ValueError):
+        pass
+    try:  # what this process holds is reused (`allocator` keeps freed heap): a study's
+        # later cells must not be refused for the memory its earlier cells left in the heap
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                free += int(line.split()[1]) * 1024
+                where += " + this process's resident memory"
+    except (OSError, ValueError, IndexError):
+        pass
+    return free, where
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``, ``396.0 KiB``, ``12 B``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_memory(
+    run: RunConfig, plan: EvalPlan | None = None, *, available: tuple | None = None
+) -> None:
+    """Raise `ConfigError` when training or evaluating ``run`` needs more memory than there
+    is (see the module docstring); the message gives the estimate, the memory available
+    and the setting to change. ``available``: `available_memory` 's answer (default: asked
+    now). Skipped when ``FLAXFORMER_LITE_MEMORY_CHECK=off`` or the memory is unknown."""
+    if os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        return
+    free, where, per_device = available_memory() if available is None else available
+    if free is None:
+        return
+    data, fsdp = _ways(run)
+
+    def training(batch: int | None = None) -> Estimate:
+        if per_device:  # one device: its share of the batch, its shard of the state
+            batch = -(-run.data.batch_size // data) if batch is None else batch
+            est = training_estimate(run, batch)
+            return dataclasses.replace(est, state=-(-est.state // fsdp))
+        # CPU devices share the host: the whole batch, one state per data-parallel device
+        return training_estimate(run, batch, copies=data)
+
+    def evaluation(batch: int | None = None) -> Estimate:  # on one device, unsharded batch
+        est = evaluation_estimate(run, plan, batch, copies=1 if per_device else data)
+        return dataclasses.replace(est, state=-(-est.state // fsdp)) if per_device else est
+
+    for phase in (training, evaluation):
+        est = phase()
+        if est.total <= free:
+            continue
+        if phase(1).total > free or est.value == 1:  # even one sequence does not fit
+            field, value = est.longest.split("=", 1)
+            change = f"lower {field} or the model size (config.model.*)"
+        else:
+            field, value = est.field, est.value
+            change = f"lower {est.field}"
+        raise ConfigError(
+            f"{field}={value}: {est.what} needs ≈ {format_bytes(est.total)} (activations "
+            f"{format_bytes(est.activations)}, parameters + AdamW state "
+            f"{format_bytes(est.state)}), {format_bytes(free)} available ({where}); {change}, "
+            f"or set {ENV}=off to try anyway"
+        )
+
+
+def _ways(run: RunConfig) -> tuple[int, int]:
+    """``(data, fsdp)``: how many devices split the batch and the parameters."""
+    try:
+        return mesh_shape(run.mesh, jax.device_count())
+    except ConfigError:  # reported by the mesh check
+        return 1, 1
