@@ -131,9 +131,14 @@ class Checkpointer:
         """The state of ``step``, verified against its digest.
 
         Raises whatever orbax raises for an unreadable step, or `CorruptCheckpointError`.
+        A leaf of ``abstract_state`` without a sharding (e.g. a ``jax.ShapeDtypeStruct``)
+        is restored onto the first local device, also when the step was written on another
+        topology (by several processes).
         """
+        local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), digest=ocp.args.JsonRestore()
+            state=ocp.args.StandardRestore(abstract_state, fallback_sharding=local),
+            digest=ocp.args.JsonRestore(),
         )
         restored = self.manager.restore(step, args=args)
         saved = restored["digest"]
@@ -219,6 +224,16 @@ def _quiet_closed_event_loops() -> None:
 
     hook.drops_closed_event_loops = True
     sys.unraisablehook = hook
+    # The failed save's gathered write futures are garbage-collected later; asyncio then
+    # logs "exception was never retrieved" with TensorStore's traceback: drop those records
+    # (only for orbax's OCDBT writes: the error itself was already raised, naming the file).
+    logging.getLogger("asyncio").addFilter(_unretrieved_orbax_write)
+
+
+def _unretrieved_orbax_write(record: logging.LogRecord) -> bool:
+    """False (drop) for asyncio's "exception was never retrieved" record of an orbax write."""
+    message = record.getMessage()
+    return not ("exception was never retrieved" in message and "OCDBT" in message)
 
 
 def _collect_quietly() -> None:
