@@ -2,6 +2,8 @@
 
     python scripts/make_report.py runs/quick
     python scripts/make_report.py runs/cpu runs/tpu --out=reports/merged
+    python scripts/make_report.py runs/study-0 runs/study-1 --out=runs/study   # --shard=I/2
+    python scripts/make_report.py runs/quick/runs/rope-seed0 --out=reports/rope  # one cell
 
 Rows of several run dirs (their ``results.jsonl``, and the per-block sums beside them in
 ``blocks.jsonl``) are merged: exact duplicates are dropped, distinct measurements kept. A
@@ -9,10 +11,18 @@ corrupted line is reported with its file and line number and skipped. The report
 ``--out`` (default: the first RUN_DIR); the script prints the path of REPORT.md and the
 Markdown bits-per-byte table(s). ``--reference`` / ``--all_pairs`` choose the comparisons of
 ``tables/paired_differences.{md,tex,csv}``.
+
+A RUN_DIR is a study directory (``results.jsonl``), a results file, or one run's workdir: a
+study's ``runs/<cell>/`` (its ``rows.jsonl``). The study dirs' ``study.json`` say which cells
+the study selected: the cells without any results row -- e.g. the shards of a
+``run_study.py --shard=I/N`` study not given, not run or not finished -- are named on stderr
+and in a "Missing cells" section of REPORT.md. Each (run, seed) counts once: the same rows
+given twice are merged, two different rows of one measurement are an error.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -38,6 +48,7 @@ def main(argv: list[str]) -> None:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
+    run_dirs = [_rows_source(d) for d in run_dirs]
     try:
         rows, problems = results.load_rows(run_dirs, return_problems=True, warn=False)
         blocks = results.load_blocks(run_dirs)
@@ -56,7 +67,10 @@ def main(argv: list[str]) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
-    out = _OUT.value or run_dirs[0]
+    missing = _missing_cells(argv[1:], rows)
+    for line in missing:
+        print(f"warning: {line}", file=sys.stderr)
+    out = _OUT.value or argv[1]
     try:
         path = report.write_report(
             rows,
@@ -66,6 +80,7 @@ def main(argv: list[str]) -> None:
             blocks=blocks,
             reference=_REFERENCE.value,
             all_pairs=_ALL_PAIRS.value,
+            missing=missing,
         )
     except OSError as e:  # a read-only or full --out, a file where a directory should be
         error = write_error(e, e.filename or out)
@@ -79,11 +94,51 @@ def main(argv: list[str]) -> None:
         print(report.render_markdown(table), end="")
 
 
+def _rows_source(path: str) -> str:
+    """What to read rows from: a study cell's ``rows.jsonl`` when ``path`` is a cell's workdir
+    (``STUDY/runs/<cell>/``: no ``results.jsonl``), else ``path``."""
+    cell_rows = os.path.join(path, "rows.jsonl")
+    if (
+        os.path.isdir(path)
+        and not results.results_file(path).exists()
+        and os.path.isfile(cell_rows)
+    ):
+        return cell_rows
+    return path
+
+
+def _missing_cells(run_dirs: list[str], rows: list[dict]) -> list[str]:
+    """One line per study (``study.json`` in a RUN_DIR) naming its selected cells that have no
+    results row, e.g. the cells of a shard not merged."""
+    expected: dict[tuple, list[str]] = {}
+    for run_dir in run_dirs:
+        try:
+            with open(os.path.join(run_dir, "study.json"), encoding="utf-8") as f:
+                manifest = json.load(f)
+            study = manifest["study"]
+            cells = manifest.get("selected") or study["cells"]
+            key = (study["name"], study.get("preset", ""))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a study dir (or an unreadable record): nothing expected
+        names = expected.setdefault(key, [])
+        names += [c for c in cells if isinstance(c, str) and c not in names]
+    have = {(r.get("study"), r.get("preset") or "", r.get("run")) for r in rows}
+    lines = []
+    for (name, preset), cells in expected.items():
+        absent = [c for c in cells if (name, preset or "", c) not in have]
+        if absent:
+            lines.append(
+                f"{len(absent)} cell(s) of study {name} (preset {preset}) have no results: "
+                f"{', '.join(absent)}"
+            )
+    return lines
+
+
 def _not_a_run_dir(path: str) -> str | None:
     """Why ``path`` cannot be read as a run dir or results file (None: try it)."""
     if not os.path.exists(path):
         return f"{path}: no such run dir or results file"
-    file = results.results_file(path)
+    file = results.results_file(_rows_source(path))
     if file.is_dir():
         return f"{file}: is a directory, not a results file (JSON lines of rows)"
     return None

@@ -3,6 +3,13 @@
     python scripts/run_study.py --config=experiments/extrapolation_lm.py:quick --workdir=runs/quick
     python scripts/run_study.py --config=experiments/extrapolation_lm.py:cpu --workdir=runs/cpu \
         --only=alibi,rope
+    python scripts/run_study.py --config=experiments/extrapolation_lm.py:cpu \
+        --shard=$SLURM_ARRAY_TASK_ID/4 --workdir=runs/cpu-$SLURM_ARRAY_TASK_ID
+    python scripts/make_report.py runs/cpu-* --out=runs/cpu
+
+--shard=I/N (0-based, 0 <= I < N) runs a deterministic 1/N of the selected cells, balanced
+by an estimated cost (`sweeps.shard_cells`), each shard into its own workdir; make_report.py
+merges the shards' workdirs and names the cells that are missing.
 
 Rerunning the same command skips finished cells and resumes an interrupted one; a cell
 whose run differs in what changes its numbers (config, corpus content, versions) is refused
@@ -21,7 +28,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flaxformer_lite.experiments import cli
+from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.experiments import cli, sweeps
 from flaxformer_lite.experiments.runner import run_study
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -36,6 +44,12 @@ _RESTART = flags.DEFINE_bool(
     "cells holding a run of another identity (config, corpus content, versions) start afresh "
     "in place (only eval.* changed: evaluated again) instead of being refused",
 )
+_SHARD = flags.DEFINE_string(
+    "shard",
+    None,
+    "I/N: run only shard I (0-based, 0 <= I < N) of N of the selected cells, balanced by "
+    "estimated cost; give each shard its own --workdir and merge them with make_report.py",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -44,6 +58,12 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     config = _CONFIG.value
+    shard = None
+    if _SHARD.value is not None:
+        try:
+            shard = sweeps.parse_shard(_SHARD.value)
+        except ConfigError as e:
+            cli.fail(str(e))
     with config.unlocked():
         config.train.progress = config.train.progress and _PROGRESS.value
     with cli.one_line_failures():
@@ -55,6 +75,7 @@ def main(argv: list[str]) -> None:
             overrides=cli.config_overrides(sys.argv),
             progress=_PROGRESS.value,
             restart_changed=_RESTART.value,
+            shard=shard,
         )
     if outcome["report"] is not None:
         study = outcome["report"].parent

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -579,7 +580,7 @@ def test_invalid_arguments_raise_clear_errors():
     qp = _positions(8)
     with pytest.raises(ValueError, match="mask must be boolean"):
         chunked_attention(q, k, v, q_positions=qp, k_positions=qp, mask=jnp.ones((8, 8)))
-    with pytest.raises(ValueError, match="k_positions must be"):
+    with pytest.raises(ValueError, match=r"^k_positions=int32\[2, 5\]: .*\[8\] or \[2, 8\]"):
         chunked_attention(q, k, v, q_positions=qp, k_positions=qp[:, :5])
     with pytest.raises(ValueError, match=r"block_k=.*: must be a positive int"):
         chunked_attention(q, k, v, q_positions=qp, k_positions=qp, block_k=0)
@@ -639,3 +640,60 @@ def test_decoder_lm_loss_and_gradients_equal_with_chunked(monkeypatch):
     assert pe_grads and max(float(jnp.abs(b).max()) for b in pe_grads) > 1e-4
     for (path, b), a in zip(flat_x, flat_c, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_length_positions_broadcast_in_chunked_and_attend():
+    """``[L]`` positions (e.g. ``jnp.arange(L)``) equal the broadcast ``[B, L]`` ones in
+    `chunked_attention` and every `attend` implementation, and equal dense attention."""
+    L = 20
+    q, k, v = _qkv(41, L, L)
+    bias_fn = _alibi(True)
+    flat, batched = jnp.arange(L), _positions(L)
+    dense = _plain(q, k, v, batched, batched, bias_fn, None, True)
+    for qp, kp in ((flat, flat), (flat, batched), (batched[:1], flat)):
+        out = _chunked(q, k, v, qp, kp, bias_fn, None, True)
+        np.testing.assert_allclose(out, dense, rtol=1e-5, atol=1e-5)
+    ref = _chunked(q, k, v, batched, batched, bias_fn, None, True)
+    np.testing.assert_array_equal(_chunked(q, k, v, flat, flat, bias_fn, None, True), ref)
+    for impl in ("xla", "chunked", "auto"):
+        out = attention.attend(
+            q, k, v, q_positions=flat, k_positions=flat, bias_fn=bias_fn, causal=True,
+            implementation=impl, chunked_threshold=8,
+        )  # fmt: skip
+        np.testing.assert_allclose(out, dense, rtol=1e-5, atol=1e-5, err_msg=impl)
+    # Bad shapes and dtypes name the argument and the accepted shapes.
+    accepted = (
+        r"must be integers of shape \[length\] or \[batch, length\], here \[20\] or \[2, 20\]"
+    )
+    for impl in ("xla", "chunked"):
+        for name, bad, shown in (
+            ("q_positions", _positions(L + 1), r"int32\[2, 21\]"),
+            ("k_positions", jnp.zeros((2, 3, L), jnp.int32), r"int32\[2, 3, 20\]"),
+            ("k_positions", jnp.arange(L, dtype=jnp.float32), r"float32\[20\]"),
+            ("q_positions", jnp.zeros((3, L), jnp.int32), r"int32\[3, 20\]"),
+        ):
+            args = {"q_positions": flat, "k_positions": flat, name: bad}
+            with pytest.raises(ValueError, match=rf"^{name}={shown}: {accepted}"):
+                attention.attend(q, k, v, **args, causal=True, implementation=impl)
+        with pytest.raises(ValueError, match=rf"^k_positions=int32\[2, 21\]: {accepted}"):
+            chunked_attention(q, k, v, q_positions=flat, k_positions=_positions(L + 1))
+
+
+def test_attend_auto_above_default_threshold_takes_arange_positions():
+    """The issue's case: "auto" chunks above `DEFAULT_CHUNKED_THRESHOLD` keys and must take
+    ``jnp.arange(L)`` there too (it raised before), agreeing with dense attention."""
+    L = attention.DEFAULT_CHUNKED_THRESHOLD + 16
+    rng = np.random.default_rng(43)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, L, 1, 8)), jnp.float32) for _ in range(3))
+    slopes = attention_bias.alibi_slopes(1)
+    bias_fn = lambda qp, kp: attention_bias.alibi_bias(qp, kp, slopes, causal=True)
+    pos = jnp.arange(L)
+    spy = mock.patch.object(attention._chunked, "chunked_attention", wraps=chunked_attention)
+    with spy as called:
+        out = attention.attend(
+            q, k, v, q_positions=pos, k_positions=pos, bias_fn=bias_fn, causal=True,
+            implementation="auto",
+        )  # fmt: skip
+    assert called.call_count == 1
+    dense = _plain(q, k, v, pos[None], pos[None], bias_fn, None, True)
+    np.testing.assert_allclose(out, dense, rtol=1e-5, atol=1e-5)

@@ -45,12 +45,14 @@ STUDY_ARGS = (
 KILLED = -signal.SIGKILL
 
 
-def run_study(workdir: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+def run_study(
+    workdir: Path, fault: str | None = None, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "FLAXFORMER_LITE_FAULT"}
     env["JAX_PLATFORMS"] = "cpu"
     if fault:
         env["FLAXFORMER_LITE_FAULT"] = fault
-    cmd = [sys.executable, "scripts/run_study.py", f"--workdir={workdir}", *STUDY_ARGS]
+    cmd = [sys.executable, "scripts/run_study.py", f"--workdir={workdir}", *STUDY_ARGS, *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -524,7 +524,7 @@ def test_dropout_only_acts_when_not_deterministic():
 def test_models_reject_inconsistent_inputs():
     lm = DecoderOnlyLM(small_cfg(), rngs=nnx.Rngs(0))
     tokens = jnp.asarray(_tokens(0, T))
-    with pytest.raises(ValueError, match="positions shape"):
+    with pytest.raises(ValueError, match=r"positions=int32\[2, 7\]: .*\[6\] or \[2, 6\]"):
         lm(tokens, _positions(T + 1))
     with pytest.raises(ValueError, match="tokens must be int"):
         lm(tokens.astype(jnp.float32), _positions(T))
@@ -549,3 +549,35 @@ def test_attention_uses_the_configs_chunked_threshold():
             out = np.asarray(model(tokens, pos))
         assert spy.called == chunked, threshold
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_models_take_length_positions_and_default_to_arange():
+    """One positions convention: ``[L]`` (broadcast) or ``[B, L]``; left out, ``0..L-1``."""
+    import inspect
+
+    lm = DecoderOnlyLM(small_cfg("rope"), rngs=nnx.Rngs(3))
+    tokens = jnp.asarray(_tokens(5, T))
+    explicit = np.asarray(lm(tokens, jnp.broadcast_to(jnp.arange(T), (B, T))))
+    np.testing.assert_allclose(np.asarray(lm(tokens)), explicit, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(lm(tokens, jnp.arange(T))), explicit, rtol=1e-6)
+    for bad, shape in (
+        (_positions(T + 1), r"int32\[2, 7\]"),
+        (np.zeros((2, 3, T), np.int32), r"int32\[2, 3, 6\]"),
+        (np.arange(T, dtype=np.float32), r"float32\[6\]"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"^positions={shape}: must be integers of shape \[length\] or "
+            r"\[batch, length\], here \[6\] or \[2, 6\]",
+        ):
+            lm(tokens, bad)
+    # EncoderDecoder: default src/tgt positions equal explicit ``[len]`` ones.
+    ed = EncoderDecoder(small_cfg("sinusoidal"), rngs=nnx.Rngs(4))
+    src, tgt = jnp.asarray(_tokens(6, S)), jnp.asarray(_tokens(7, T))
+    want = np.asarray(ed(src, tgt, src_positions=jnp.arange(S), tgt_positions=jnp.arange(T)))
+    np.testing.assert_allclose(np.asarray(ed(src, tgt)), want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"^src_positions=int32\[2, 7\]: .*\[8\] or \[2, 8\]"):
+        ed(src, tgt, src_positions=_positions(S - 1))
+    # help() shows the constructor, not NNX's (*args, **kwargs).
+    assert str(inspect.signature(DecoderOnlyLM)) == "(cfg: 'ModelConfig', *, rngs: 'nnx.Rngs')"
+    assert "model(tokens)" in DecoderOnlyLM.__doc__

@@ -36,7 +36,10 @@ def sinusoidal(positions: Array, dim: int, *, base: float = 10000.0) -> Array:
     check_positive_number("base", base)
     positions = jnp.asarray(positions)
     if not jnp.issubdtype(positions.dtype, jnp.integer):
-        raise ValueError(f"positions must be integers; got dtype {positions.dtype}")
+        raise ValueError(
+            f"positions={positions.dtype}{list(positions.shape)}: must be integers of shape "
+            "[length] or [batch, length]"
+        )
     half = (dim + 1) // 2
     # 1 / base^(2i/dim) for i = 0..half-1, in float64 on the host, then float32.
     inv_freq = jnp.asarray(base ** (-2.0 * np.arange(half) / dim), dtype=jnp.float32)

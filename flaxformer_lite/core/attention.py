@@ -34,6 +34,7 @@ from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core import chunked_attention as _chunked
 from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
 from flaxformer_lite.core.chunked_attention import check_window
+from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
 
@@ -113,11 +114,12 @@ def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
 def mask_from_positions(q_positions: Array, k_positions: Array) -> Array:
     """Causal mask ``[batch, 1, q_len, kv_len]`` from explicit positions: key pos <= query pos.
 
-    Positions are ``[batch, length]`` int arrays. Equals `causal_mask` when both are
-    ``0..L-1``; unlike it, stays correct for queries appended to a key-value cache.
+    Positions are int ``[length]`` or ``[batch, length]`` arrays (`as_batched_positions`).
+    Equals `causal_mask` when both are ``0..L-1``; unlike it, stays correct for queries
+    appended to a key-value cache.
     """
-    _check_rank("q_positions", q_positions, 2)
-    _check_rank("k_positions", k_positions, 2)
+    q_positions = as_batched_positions(q_positions, name="q_positions")
+    k_positions = as_batched_positions(k_positions, name="k_positions")
     return k_positions[:, None, None, :] <= q_positions[:, None, :, None]
 
 
@@ -252,7 +254,9 @@ def attend(
 
     Args:
       q, k, v: as in `dot_product_attention`.
-      q_positions: int ``[batch, q_len]``; k_positions: int ``[batch, kv_len]``.
+      q_positions: int ``[q_len]`` or ``[batch, q_len]``; k_positions: int ``[kv_len]`` or
+        ``[batch, kv_len]`` (a ``[length]`` array, e.g. ``jnp.arange(L)``, is shared by the
+        batch). Every implementation accepts both; ``bias_fn`` gets ``[batch or 1, length]``.
       bias_fn: optional positional logit bias (ALiBi, T5, ...), see `BiasFn`.
       mask, causal, window, scale: as in `dot_product_attention`. Every implementation
         applies the ``window``; "chunked" then skips the key blocks outside it
@@ -271,6 +275,14 @@ def attend(
             f"implementation={implementation!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
         )
     window = check_window(window, causal)
+    _check_qk(q, k)
+    batch = q.shape[0]
+    q_positions = as_batched_positions(
+        q_positions, name="q_positions", length=q.shape[1], batch=batch
+    )
+    k_positions = as_batched_positions(
+        k_positions, name="k_positions", length=k.shape[1], batch=batch
+    )
     if implementation in ("auto", "cudnn"):
         masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
         out, reason = _try_fused(implementation, q, k, v, has_bias=bias_fn is not None, **masking)

@@ -48,6 +48,7 @@ from jax import lax
 
 from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
+from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
 
@@ -76,8 +77,9 @@ def chunked_attention(
     Args:
       q: ``[batch, q_len, heads, head_dim]``.
       k, v: ``[batch, kv_len, heads, head_dim]``.
-      q_positions: int ``[batch or 1, q_len]``; k_positions: int ``[batch or 1, kv_len]``.
-        Only ``bias_fn`` reads them; the causal mask is by index (as `attention.causal_mask`).
+      q_positions: int ``[q_len]`` or ``[batch or 1, q_len]``; k_positions: int ``[kv_len]``
+        or ``[batch or 1, kv_len]`` (e.g. ``jnp.arange(L)``). Only ``bias_fn`` reads them;
+        the causal mask is by index (as `attention.causal_mask`).
       bias_fn: optional ``bias_fn(q_positions_block [b, bq], k_positions_block [b, bk])``
         returning a float logit bias broadcastable to ``[batch, heads, bq, bk]`` (4 axes),
         e.g. ``lambda qp, kp: attention_bias.alibi_bias(qp, kp, slopes)``. Called once per
@@ -96,7 +98,7 @@ def chunked_attention(
     Returns:
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``; rows with no visible key are zeros.
     """
-    _check_inputs(q, k, v, q_positions, k_positions, mask)
+    q_positions, k_positions = _check_inputs(q, k, v, q_positions, k_positions, mask)
     window = check_window(window, causal)
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
@@ -538,7 +540,8 @@ def _pad_axis(x: Array, axis: int, size: int, fill) -> Array:
     return jnp.pad(x, widths, constant_values=fill)
 
 
-def _check_inputs(q, k, v, q_positions, k_positions, mask) -> None:
+def _check_inputs(q, k, v, q_positions, k_positions, mask) -> tuple[Array, Array]:
+    """Check the arguments; return the positions as int32 ``[batch or 1, length]``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if jnp.ndim(x) != 4:
             raise ValueError(f"{name} must be [batch, length, heads, head_dim]; got {jnp.shape(x)}")
@@ -547,17 +550,13 @@ def _check_inputs(q, k, v, q_positions, k_positions, mask) -> None:
             f"q {q.shape}, k {k.shape}, v {v.shape}: q and k must agree on batch, heads and "
             "head_dim, and v must have the shape of k ([batch, length, heads, head_dim])"
         )
-    for name, pos, length in (
-        ("q_positions", q_positions, q.shape[1]),
-        ("k_positions", k_positions, k.shape[1]),
-    ):
-        shape = jnp.shape(pos)
-        if len(shape) != 2 or shape[1] != length or shape[0] not in (1, q.shape[0]):
-            raise ValueError(
-                f"{name} must be [batch or 1, {length}]; got shape {shape} for batch {q.shape[0]}"
-            )
-        if not jnp.issubdtype(jnp.result_type(pos), jnp.integer):
-            raise ValueError(f"{name} must be integers; got dtype {jnp.result_type(pos)}")
+    batch = q.shape[0]
+    q_positions = as_batched_positions(
+        q_positions, name="q_positions", length=q.shape[1], batch=batch
+    )
+    k_positions = as_batched_positions(
+        k_positions, name="k_positions", length=k.shape[1], batch=batch
+    )
     if mask is not None:
         if jnp.result_type(mask) != jnp.bool_:
             raise ValueError(
@@ -565,3 +564,4 @@ def _check_inputs(q, k, v, q_positions, k_positions, mask) -> None:
             )
         if jnp.ndim(mask) > 4:
             raise ValueError(f"mask must have at most 4 axes; got shape {jnp.shape(mask)}")
+    return q_positions, k_positions

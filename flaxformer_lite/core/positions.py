@@ -1,4 +1,4 @@
-"""Positions: explicit int32 ``[batch, length]`` arrays, the input of every positional formula.
+"""Positions: explicit int ``[length]`` or ``[batch, length]`` arrays, input of every formula.
 
 Positions are passed down explicitly (DESIGN.md §2); nothing derives them from a shape. Here:
 normalising them (`as_batched_positions`), relative distances (`relative_positions`), sorted
@@ -19,22 +19,63 @@ from flaxformer_lite.base.checks import ConfigError, check_positive_int
 Array = jax.Array
 
 
-def as_batched_positions(positions: Array) -> Array:
-    """Positions as int32 ``[batch, length]``; a ``[length]`` array becomes ``[1, length]``."""
+def as_batched_positions(
+    positions: Array,
+    *,
+    name: str = "positions",
+    length: int | None = None,
+    batch: int | None = None,
+) -> Array:
+    """Positions as int32 ``[batch or 1, length]``; a ``[length]`` array becomes ``[1, length]``.
+
+    The one positions convention: every public function and model that takes positions takes
+    int ``[length]`` (shared by every row, e.g. ``jnp.arange(L)``) or ``[batch, length]``;
+    this is where both are checked and brought to two axes (broadcast over the batch later).
+
+    Args:
+      positions: the array to check.
+      name: the argument's name, used in the error (e.g. ``"k_positions"``).
+      length: if given, the length the positions must have (the last axis).
+      batch: if given, a ``[batch, length]`` array must have ``batch`` rows or 1.
+
+    Raises:
+      ValueError: ``<name>=<dtype>[<shape>]: must be integers of shape [length] or [batch,
+        length] ...``, naming the accepted shapes.
+    """
     positions = jnp.asarray(positions)
-    if not jnp.issubdtype(positions.dtype, jnp.integer):
-        raise ValueError(f"positions must be integers; got dtype {positions.dtype}")
+    shape = tuple(positions.shape)
+    ok = jnp.issubdtype(positions.dtype, jnp.integer) and len(shape) in (1, 2)
+    if ok and length is not None:
+        ok = shape[-1] == length
+    if ok and batch is not None and len(shape) == 2:
+        ok = shape[0] in (1, batch)
+    if not ok:
+        raise ValueError(
+            f"{name}={positions.dtype}{list(shape)}: "
+            f"{_allowed_positions(length=length, batch=batch)}"
+        )
     if positions.ndim == 1:
         positions = positions[None, :]
-    if positions.ndim != 2:
-        raise ValueError(f"positions must be [batch, length] or [length]; got {positions.shape}")
     return positions.astype(jnp.int32)
 
 
+def _allowed_positions(*, length: int | None, batch: int | None) -> str:
+    """The accepted shapes, in words, for `as_batched_positions`' error."""
+    allowed = "must be integers of shape [length] or [batch, length]"
+    if length is not None and batch is not None:
+        return f"{allowed}, here [{length}] or [{batch}, {length}] (or [1, {length}])"
+    if length is not None:
+        return f"{allowed}, here [{length}] or [batch, {length}]"
+    return allowed
+
+
 def relative_positions(q_positions: Array, k_positions: Array) -> Array:
-    """``q_pos[i] - k_pos[j]`` as int32 ``[batch, q_len, kv_len]`` (positive: key in the past)."""
-    q_positions = as_batched_positions(q_positions)
-    k_positions = as_batched_positions(k_positions)
+    """``q_pos[i] - k_pos[j]`` as int32 ``[batch, q_len, kv_len]`` (positive: key in the past).
+
+    Positions are int ``[length]`` or ``[batch, length]`` (`as_batched_positions`).
+    """
+    q_positions = as_batched_positions(q_positions, name="q_positions")
+    k_positions = as_batched_positions(k_positions, name="k_positions")
     return q_positions[:, :, None] - k_positions[:, None, :]
 
 

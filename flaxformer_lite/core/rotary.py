@@ -109,9 +109,8 @@ def apply_rope(
       ``x`` rotated, same shape and dtype.
     """
     rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
+    positions = as_batched_positions(positions, length=jnp.shape(x)[1], batch=jnp.shape(x)[0])
     angles = rope_angles(positions, rope_inv_frequencies(rotary_dim, base=base))
-    if angles.shape[1] != x.shape[1]:
-        raise ValueError(f"positions length {angles.shape[1]} != x length {x.shape[1]}")
     return apply_rotary(x, angles, layout=layout)
 
 
@@ -177,10 +176,8 @@ def apply_xpos(
     if not isinstance(scale_base, int | float) or not scale_base > 0:
         raise ValueError(f"scale_base must be > 0 (inf: no decay); got {scale_base!r}")
     rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
-    positions = as_batched_positions(positions)
+    positions = as_batched_positions(positions, length=jnp.shape(x)[1], batch=jnp.shape(x)[0])
     angles = rope_angles(positions, rope_inv_frequencies(rotary_dim, base=base))
-    if angles.shape[1] != x.shape[1]:
-        raise ValueError(f"positions length {angles.shape[1]} != x length {x.shape[1]}")
     rotated = apply_rotary(x.astype(jnp.float32), angles, layout=layout)
     center = jnp.asarray(center, jnp.int32)
     center = center.reshape((1, 1)) if center.ndim == 0 else center.reshape((-1, 1))

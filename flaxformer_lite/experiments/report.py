@@ -395,8 +395,10 @@ def render_report(
     problems: Sequence[Any] = (),
     title: str | None = None,
     pairs: Sequence[Any] = (),
+    missing: Sequence[str] = (),
 ) -> str:
-    """The text of ``REPORT.md`` (links are relative to the report's directory)."""
+    """The text of ``REPORT.md`` (links are relative to the report's directory);
+    ``missing``: lines naming a study's cells without results (merged shards), stated."""
     lines = [
         f"# {md_text(title or _default_title(rows))}",
         "",
@@ -416,6 +418,16 @@ def render_report(
             f"{len(problems)} results line(s) were skipped; they are not in any table:",
             "",
             *["- " + md_code(str(p).replace("`", "'")) for p in problems],
+            "",
+        ]
+    if missing:
+        lines += [
+            "## Missing cells",
+            "",
+            "Cells of the merged studies without results rows (a shard not run or not "
+            "finished); they are not in any table:",
+            "",
+            *["- " + md_text(m) for m in missing],
             "",
         ]
     lines += ["## Results", ""]
@@ -474,6 +486,7 @@ def write_report(
     blocks: Sequence[Mapping[str, Any]] = (),
     reference: str = paired.DEFAULT_REFERENCE,
     all_pairs: bool = False,
+    missing: Sequence[str] = (),
 ) -> Path:
     """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``.
 
@@ -485,6 +498,7 @@ def write_report(
       blocks: the per-block records beside the rows (`results.load_blocks`): bootstrap
         intervals, significance marks and ``tables/paired_differences.{md,tex,csv}``.
       reference, all_pairs: the paired-differences table's reference encoding, or all pairs.
+      missing: lines naming cells without results (``make_report.py``), stated in the report.
 
     Returns:
       The path of ``REPORT.md``. The same rows give byte-identical tables and ``REPORT.md``.
@@ -515,7 +529,15 @@ def write_report(
             _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
     figures = _make_plots(rows, tables, out_dir)
     report = out_dir / "REPORT.md"
-    text = render_report(rows, tables, figures, problems=list(problems), title=title, pairs=pairs)
+    text = render_report(
+        rows,
+        tables,
+        figures,
+        problems=list(problems),
+        title=title,
+        pairs=pairs,
+        missing=list(missing),
+    )
     _write_text(report, text)
     return report
 

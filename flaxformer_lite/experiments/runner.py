@@ -3,7 +3,8 @@
 A study directory looks like::
 
     STUDY/study.json          the base config, the sweep, the command and the study (name,
-                              preset, cells): another study here is refused
+                              preset, cells): another study here is refused; "selected" (the
+                              cells --only kept) and "shard" ("I/N" or null)
     STUDY/runs/<cell>/        one `train_and_evaluate` workdir per cell; its identity.json
                               (`train.identity`) says what made its state
     STUDY/runs/<cell>/rows.jsonl   that cell's results rows (written atomically when it ends)
@@ -42,7 +43,9 @@ from flaxformer_lite.experiments.sweeps import (
     check_cell_names,
     check_overrides,
     expand_sweep,
+    parse_shard,
     select_cells,
+    shard_cells,
 )
 from flaxformer_lite.train import batches, identity, memory, sharding
 from flaxformer_lite.train.loop import (
@@ -64,6 +67,10 @@ class Study:
         self.command = command
         self._runs: dict[str, RunConfig | None] = {}  # each cell's run config, for is_done
         self._restarts: dict[str, tuple] = {}  # cell -> (run, identity, differences)
+        # this call's selection: the cells --only kept (all of a shard's N shards together)
+        # and the shard (I, N); recorded in study.json for make_report's missing cells
+        self.selected: list[str] = [c["name"] for c in sweep]
+        self.shard: tuple[int, int] | None = None
 
     def cell_dir(self, name: str) -> Path:
         return self.workdir / "runs" / name
@@ -101,6 +108,8 @@ class Study:
             "sweep": self.sweep,
             "command": self.command,
             "study": self.study_identity(),  # the study this workdir holds
+            "selected": self.selected,  # the cells this call's shards cover together
+            "shard": None if self.shard is None else "/".join(map(str, self.shard)),
         }
         # Each cell's workdir refuses a different config; the manifest records the latest call.
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -249,6 +258,7 @@ def run_study(
     report: bool | Callable[[Path], Any] = True,
     progress: bool = True,
     restart_changed: bool = False,
+    shard: tuple[int, int] | str | None = None,
 ) -> dict[str, Any]:
     """Run every selected cell (skipping finished ones), merge rows, write the report.
 
@@ -266,6 +276,11 @@ def run_study(
       restart_changed: cells whose recorded identity differs start afresh in place (only
         ``eval.*`` differs: their training is kept and they are evaluated again) instead of
         being refused -- also the cells ``only`` leaves out (they are reset, not run).
+      shard: ``(I, N)`` or ``"I/N"`` (0-based, 0 <= I < N): run only shard I of N of the
+        selected cells (`sweeps.shard_cells`: deterministic, balanced by `sweeps.cell_cost`),
+        so N machines or GPUs can share one study. Give each shard its own workdir (the
+        workdir lock refuses a second process on one) and merge them with
+        ``scripts/make_report.py DIR_0 ... DIR_N-1 --out=DIR``, which names missing cells.
 
     A workdir holds one study (`Study.check_same_study`) and every cell's run continues, or
     counts as finished, only under the identity it was made with (`train.identity`: the
@@ -291,6 +306,10 @@ def run_study(
     check_overrides(sweep, overrides)
     cells = select_cells(sweep, only)
     study = Study(config, sweep, workdir, command)
+    study.selected = [c["name"] for c in cells]
+    if shard is not None:
+        study.shard = parse_shard(shard)
+        cells = shard_cells(cells, study.shard, config)
     check_writable_dir(study.workdir, "workdir")
     study.check_same_study()
     runs = [RunConfig.from_config(apply_overrides(config, c["overrides"])) for c in cells]

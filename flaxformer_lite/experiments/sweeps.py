@@ -130,3 +130,86 @@ def check_cell_names(sweep: Sequence[Mapping[str, Any]]) -> None:
         if name in seen:
             fail("sweep cell name", name, "is given twice; each cell needs its own name")
         seen.add(name)
+
+
+def parse_shard(value: Any) -> tuple[int, int]:
+    """``"I/N"`` (or ``(I, N)``) as ``(I, N)``: shard I (0-based, 0 <= I < N) of N; a
+    `ConfigError` naming ``--shard``, the value and what is allowed otherwise."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        text = f"{value[0]}/{value[1]}"
+    else:
+        text = str(value)
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None:
+        fail("--shard", text, "must be I/N with integers 0 <= I < N (0-based), e.g. --shard=0/4")
+    i, n = int(match.group(1)), int(match.group(2))
+    if n < 1 or not 0 <= i < n:
+        fail("--shard", text, "must be I/N with integers N >= 1 and 0 <= I < N (0-based)")
+    return i, n
+
+
+# Relative cost of one evaluation token against one training token (a forward pass only).
+EVAL_TOKEN_COST = 1 / 3
+# An evaluation with max_tokens=0 (the whole split): tokens assumed per length and protocol.
+WHOLE_SPLIT_TOKENS = 2**20
+
+
+def cell_cost(config: Any, cell: Mapping[str, Any]) -> float:
+    """An estimate of the cell's compute, for balancing shards (`shard_cells`); units are
+    arbitrary, only ratios between cells matter. Training: ``train.num_steps x data.batch_size
+    x data.train_length`` tokens, each weighted by ``1 + L / d_model`` (attention grows with
+    the length L). Evaluation: per protocol and evaluation length ``l = L x m``,
+    ``eval.max_tokens`` tokens (`WHOLE_SPLIT_TOKENS` when 0: the whole split) weighted by
+    ``(1 + l / d_model) x EVAL_TOKEN_COST``. A task study evaluates ``eval.num_examples x l``
+    tokens per length instead. Cells of one preset differ only in encoding, seed and task, so
+    their costs are equal and the shards differ by at most one cell; the model matters for
+    sweeps whose cells override sizes or steps."""
+    c = apply_overrides(config, cell.get("overrides", {}))
+
+    def get(section: str, field: str, default: Any) -> Any:
+        node = c.get(section) if hasattr(c, "get") else None
+        value = node.get(field, default) if hasattr(node, "get") else default
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+    length = get("data", "train_length", 1)
+    width = max(get("model", "d_model", 1), 1)
+    train = get("train", "num_steps", 0) * get("data", "batch_size", 1) * length
+    cost = train * (1 + length / width)
+    evals = c.get("eval") if hasattr(c, "get") else None
+    multiples = tuple(evals.get("length_multiples", ())) if hasattr(evals, "get") else ()
+    protocols = tuple(evals.get("protocols", ("nonoverlapping",))) if hasattr(evals, "get") else ()
+    task = c.get("data", {}).get("task", "") if hasattr(c.get("data", {}), "get") else ""
+    for m in multiples:
+        ev_length = length * m if isinstance(m, int | float) else length
+        if task:
+            tokens = get("eval", "num_examples", 1) * ev_length
+        else:
+            tokens = get("eval", "max_tokens", 0) or WHOLE_SPLIT_TOKENS
+        cost += max(len(protocols), 1) * tokens * (1 + ev_length / width) * EVAL_TOKEN_COST
+    return float(cost)
+
+
+def shard_cells(
+    cells: Sequence[Mapping[str, Any]], shard: tuple[int, int], config: Any = None
+) -> list[Any]:
+    """Shard ``I`` of ``N`` of ``cells`` (``shard=(I, N)``, 0-based), in sweep order.
+
+    Greedy longest-processing-time assignment on `cell_cost` (equal costs without ``config``):
+    cells in order of decreasing cost (ties: sweep order) each go to the shard with the least
+    cost so far (ties: the lowest index). Deterministic, the N shards are disjoint and cover
+    every cell; with equal costs cell k goes to shard k mod N. Raises `ConfigError` if
+    N exceeds the number of cells (a shard would have nothing to run)."""
+    i, n = parse_shard(shard)
+    if n > len(cells):
+        fail(
+            "--shard",
+            f"{i}/{n}",
+            f"N must be at most the number of selected cells ({len(cells)}): a shard would "
+            "have nothing to run",
+        )
+    costs = [cell_cost(config, c) if config is not None else 1.0 for c in cells]
+    loads, owner = [0.0] * n, [0] * len(cells)
+    for k in sorted(range(len(cells)), key=lambda k: (-costs[k], k)):
+        owner[k] = min(range(n), key=lambda s: (loads[s], s))
+        loads[owner[k]] += costs[k]
+    return [c for k, c in enumerate(cells) if owner[k] == i]

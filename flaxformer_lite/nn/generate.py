@@ -250,14 +250,10 @@ def _check_temperature(temperature: Any) -> float:
 def _fed_positions(positions: Any, batch: int, capacity: int) -> Array:
     if positions is None:
         return jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32)[None, :], (batch, capacity))
-    positions = as_batched_positions(jnp.asarray(positions))
-    if not jnp.issubdtype(positions.dtype, jnp.integer) or positions.shape[1] != capacity:
-        raise ValueError(
-            f"positions shape {positions.shape} dtype {positions.dtype}: need int "
-            f"[batch, prompt_len + max_new_tokens - 1 = {capacity}]"
-        )
-    if positions.shape[0] not in (1, batch):
-        raise ValueError(f"positions has {positions.shape[0]} rows; the prompt has {batch}")
+    try:
+        positions = as_batched_positions(positions, name="positions", length=capacity, batch=batch)
+    except ValueError as err:  # the prompt, then each generated token but the last, is fed
+        raise ValueError(f"{err} (length = prompt_len + max_new_tokens - 1)") from None
     return jnp.broadcast_to(positions.astype(jnp.int32), (batch, capacity))
 
 
@@ -284,11 +280,9 @@ def _source_args(src: Any, src_positions: Any, src_valid: Any, batch: int):
         raise ValueError(f"src has shape {src.shape}; need [batch={batch}, src_len >= 1]")
     if src_positions is None:
         src_positions = jnp.arange(src.shape[1], dtype=jnp.int32)
-    src_positions = as_batched_positions(jnp.asarray(src_positions))
-    if src_positions.shape[1] != src.shape[1] or src_positions.shape[0] not in (1, batch):
-        raise ValueError(
-            f"src_positions shape {src_positions.shape} does not match src {src.shape}"
-        )
+    src_positions = as_batched_positions(
+        src_positions, name="src_positions", length=src.shape[1], batch=batch
+    )
     src_positions = jnp.broadcast_to(src_positions.astype(jnp.int32), src.shape)
     if src_valid is None:
         src_valid = jnp.ones(src.shape, bool)

@@ -1,8 +1,9 @@
 """Thin Flax NNX layers over the pure core: embeddings, attention, feed-forward, blocks.
 
 Shapes: token ids ``[batch, length]``; activations ``[batch, length, d_model]``; positions
-int32 ``[batch, length]``. Parameters carry logical axis names in their ``logical_axes``
-metadata (``vocab``, ``embed``, ``heads``, ``mlp``, ``position``) for sharding.
+int ``[batch, length]`` or ``[length]`` (shared by the batch). Parameters carry logical axis
+names in their ``logical_axes`` metadata (``vocab``, ``embed``, ``heads``, ``mlp``,
+``position``) for sharding.
 
 Blocks follow Vaswani et al. 2017, §3.1: every sub-layer is wrapped in a residual
 connection and layer normalisation ("Add & Norm"), post-LN ``LN(x + Dropout(f(x)))`` as in
@@ -20,6 +21,7 @@ from flax import nnx
 
 from flaxformer_lite.core import attention, kv_cache, mixed_precision
 from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
+from flaxformer_lite.core.positions import as_batched_positions
 from flaxformer_lite.nn.encodings.base import PositionalEncoding
 from flaxformer_lite.nn.model_config import ModelConfig
 
@@ -148,6 +150,22 @@ class MultiHeadAttention(nnx.Module):
         return q, k, v
 
     @staticmethod
+    def _positions(
+        x: Array, kv: Array | None, q_positions: Array, kv_positions: Array | None
+    ) -> tuple[Array, Array]:
+        """Both positions as int32 ``[batch or 1, len]``, from ``[len]`` or ``[batch, len]``."""
+        kv = x if kv is None else kv
+        kv_positions = q_positions if kv_positions is None else kv_positions
+        batch = x.shape[0]
+        q_positions = as_batched_positions(
+            q_positions, name="q_positions", length=x.shape[1], batch=batch
+        )
+        kv_positions = as_batched_positions(
+            kv_positions, name="kv_positions", length=kv.shape[1], batch=batch
+        )
+        return q_positions, kv_positions
+
+    @staticmethod
     def _bias_fn(pe: PositionalEncoding | None, causal: bool) -> Callable | None:
         if pe is None or pe.hook != "bias":
             return None
@@ -167,12 +185,12 @@ class MultiHeadAttention(nnx.Module):
         """Attend from ``x`` ``[b, q_len, d]`` to ``kv`` ``[b, kv_len, d]`` (default ``x``).
 
         Args:
-          q_positions / kv_positions: int32 ``[batch, len]`` (kv defaults to q).
+          q_positions / kv_positions: int ``[len]`` or ``[batch, len]`` (kv defaults to q).
           pe: positional encoding applied inside attention (None for cross-attention).
           mask: bool, broadcastable to ``[batch, heads, q_len, kv_len]``; True = attend.
           causal: query i sees only keys j <= i.
         """
-        kv_positions = q_positions if kv_positions is None else kv_positions
+        q_positions, kv_positions = self._positions(x, kv, q_positions, kv_positions)
         q, k, v = self._qkv(x, kv, q_positions, kv_positions, pe)
         out = attention.attend(
             q,
@@ -201,7 +219,7 @@ class MultiHeadAttention(nnx.Module):
         causal: bool = False,
     ) -> Array:
         """Attention probabilities ``[batch, heads, q_len, kv_len]`` (for plots)."""
-        kv_positions = q_positions if kv_positions is None else kv_positions
+        q_positions, kv_positions = self._positions(x, kv, q_positions, kv_positions)
         q, k, _ = self._qkv(x, kv, q_positions, kv_positions, pe)
         bias_fn = self._bias_fn(pe, causal)
         bias = None if bias_fn is None else bias_fn(q_positions, kv_positions)
@@ -236,13 +254,15 @@ class MultiHeadAttention(nnx.Module):
 
         Args:
           x: ``[batch, l, d_model]`` (``l = prompt length`` to prefill, 1 per step).
-          positions: int32 ``[batch, l]``, the tokens' absolute positions.
+          positions: int ``[batch, l]`` or ``[l]``, the tokens' absolute positions.
           cache: this layer's `KVCache` with at least ``l`` free slots.
           pe: the stack's positional encoding (rotate / bias hooks).
 
         Returns:
           ``([batch, l, d_model], updated cache)``.
         """
+        positions, _ = self._positions(x, None, positions, None)
+        positions = jnp.broadcast_to(positions, x.shape[:2])
         k_new, v_new = self._split(self.key(x)), self._split(self.value(x))
         cache = kv_cache.write(cache, k_new, v_new, positions)
         q, k = self._split(self.query(x)), cache.key
@@ -267,8 +287,12 @@ class MultiHeadAttention(nnx.Module):
     ) -> CrossKVCache:
         """Project the encoder output ``kv`` ``[batch, s, d_model]`` once for cross-attention.
 
-        ``kv_positions`` int ``[batch, s]``; ``kv_valid`` bool ``[batch, s]`` (default all).
+        ``kv_positions`` int ``[batch, s]`` or ``[s]``; ``kv_valid`` bool ``[batch, s]``
+        (default all).
         """
+        kv_positions = as_batched_positions(
+            kv_positions, name="kv_positions", length=kv.shape[1], batch=kv.shape[0]
+        )
         valid = jnp.ones(kv.shape[:2], bool) if kv_valid is None else jnp.asarray(kv_valid, bool)
         return CrossKVCache(
             key=self._split(self.key(kv)),

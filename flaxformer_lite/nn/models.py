@@ -1,7 +1,8 @@
 """Transformer models as NNX modules: Encoder, Decoder, EncoderDecoder, DecoderOnlyLM.
 
-All models take token ids ``[batch, length]`` and explicit int positions ``[batch, length]``
-(or ``[length]``, shared by the batch); nothing derives positions from a shape. Validity
+All models take token ids ``[batch, length]`` and int positions ``[batch, length]`` or
+``[length]`` (shared by the batch); left out, they are `default_positions` ``0..L-1``
+(the explicit form is needed for anything else, e.g. randomized positions). Validity
 flags ``[batch, length]`` (True = real token) mark padding. Logits are float32
 ``[batch, length, vocab]``.
 
@@ -10,6 +11,8 @@ one instance and hands it to its blocks, which call its hooks (DESIGN.md §3).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +28,20 @@ Array = jax.Array
 
 
 def default_positions(tokens: Array) -> Array:
-    """``0..L-1`` as int32 ``[batch, L]`` for ``tokens`` ``[batch, L]`` -- call it explicitly."""
+    """``0..L-1`` as int32 ``[batch, L]`` for ``tokens`` ``[batch, L]``: the positions a model
+    uses when none are passed."""
     batch, length = tokens.shape
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], (batch, length))
 
 
-def _positions(tokens: Array, positions: Array) -> Array:
-    positions = as_batched_positions(positions)
-    if positions.shape[1] != tokens.shape[1] or positions.shape[0] not in (1, tokens.shape[0]):
-        raise ValueError(
-            f"positions shape {positions.shape} does not match tokens shape {tokens.shape}; "
-            "expected [batch, length] or [length]"
-        )
+def _positions(tokens: Array, positions: Array | None, name: str = "positions") -> Array:
+    """int32 ``[batch, length]`` positions for ``tokens``: ``[length]`` or ``[batch or 1,
+    length]`` broadcast, None -> `default_positions`; a ValueError naming ``name`` else."""
+    if positions is None:
+        return default_positions(tokens)
+    positions = as_batched_positions(
+        positions, name=name, length=tokens.shape[1], batch=tokens.shape[0]
+    )
     return jnp.broadcast_to(positions, tokens.shape)
 
 
@@ -87,12 +92,13 @@ class Encoder(_Stack):
     def __call__(
         self,
         tokens: Array,
-        positions: Array,
+        positions: Array | None = None,
         *,
         valid: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
-        """tokens ``[b, l]``, positions ``[b, l]``, valid ``[b, l]`` bool -> ``[b, l, d]``."""
+        """tokens ``[b, l]``, positions ``[b, l]`` or ``[l]`` (default ``0..l-1``), valid
+        ``[b, l]`` bool -> ``[b, l, d]``."""
         _check_tokens(tokens)
         positions = _positions(tokens, positions)
         mask = None if valid is None else attention.padding_mask(valid)
@@ -125,7 +131,7 @@ class Decoder(_Stack):
     def __call__(
         self,
         tokens: Array,
-        positions: Array,
+        positions: Array | None = None,
         *,
         valid: Array | None = None,
         encoded: Array | None = None,
@@ -133,18 +139,21 @@ class Decoder(_Stack):
         encoded_valid: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
-        """tokens ``[b, l]`` (+ ``encoded`` ``[b, s, d]``) -> hidden states ``[b, l, d]``."""
+        """tokens ``[b, l]`` (+ ``encoded`` ``[b, s, d]``) -> hidden states ``[b, l, d]``.
+
+        ``positions`` int ``[b, l]`` or ``[l]`` and ``encoded_positions`` ``[b, s]`` or
+        ``[s]``; each defaults to ``0..length-1``.
+        """
         _check_tokens(tokens)
         positions = _positions(tokens, positions)
         mask = None if valid is None else attention.padding_mask(valid)
         cross_mask = None
         if self.has_cross_attention:
-            if encoded is None or encoded_positions is None:
-                raise ValueError(
-                    "Decoder(cross_attention=True) needs `encoded` and `encoded_positions`"
-                )
-            encoded_positions = as_batched_positions(encoded_positions)
-            encoded_positions = jnp.broadcast_to(encoded_positions, encoded.shape[:2])
+            if encoded is None:
+                raise ValueError("Decoder(cross_attention=True) needs `encoded` [b, s, d]")
+            encoded_positions = _positions(
+                encoded[..., 0], encoded_positions, name="encoded_positions"
+            )
             if encoded_valid is not None:
                 q_valid = jnp.ones(tokens.shape, bool) if valid is None else valid
                 cross_mask = attention.padding_mask(q_valid, encoded_valid)
@@ -188,7 +197,12 @@ class Decoder(_Stack):
         bool ``[b, s]``."""
         if not self.has_cross_attention:
             raise ValueError("Decoder(cross_attention=False) has no cross-attention to cache")
-        encoded_positions = as_batched_positions(encoded_positions)
+        encoded_positions = as_batched_positions(
+            encoded_positions,
+            name="encoded_positions",
+            length=encoded.shape[1],
+            batch=encoded.shape[0],
+        )
         encoded_positions = jnp.broadcast_to(encoded_positions, encoded.shape[:2])
         return tuple(
             block.cross_attention.cross_cache(encoded, encoded_positions, encoded_valid)
@@ -226,7 +240,13 @@ class Decoder(_Stack):
 
 
 class DecoderOnlyLM(nnx.Module):
-    """GPT-style causal language model: tokens -> float32 next-token logits ``[b, l, vocab]``."""
+    """GPT-style causal language model: tokens -> float32 next-token logits ``[b, l, vocab]``.
+
+    ``DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))`` builds it; ``model(tokens)`` with int tokens
+    ``[b, l]`` returns the logits at positions ``0..l-1``, ``model(tokens, positions)`` at
+    int positions ``[l]`` or ``[b, l]``. `init_cache` and `decode_step` decode with a
+    key-value cache (`flaxformer_lite.generate` drives them).
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -235,11 +255,13 @@ class DecoderOnlyLM(nnx.Module):
     def __call__(
         self,
         tokens: Array,
-        positions: Array,
+        positions: Array | None = None,
         *,
         valid: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
+        """tokens int ``[b, l]``, positions int ``[b, l]`` or ``[l]`` (default ``0..l-1``),
+        valid bool ``[b, l]`` (True = real token) -> float32 logits ``[b, l, vocab]``."""
         h = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
         return self.decoder.embed.decode(h)
 
@@ -271,8 +293,17 @@ class EncoderDecoder(nnx.Module):
         self.decoder = Decoder(cfg, cross_attention=True, embed=embed, rngs=rngs)
 
     def encode(
-        self, src: Array, src_positions: Array, *, src_valid=None, deterministic: bool = True
+        self,
+        src: Array,
+        src_positions: Array | None = None,
+        *,
+        src_valid=None,
+        deterministic: bool = True,
     ) -> Array:
+        """src ``[b, s]``, src_positions ``[b, s]`` or ``[s]`` (default ``0..s-1``) ->
+        encoder states ``[b, s, d]``."""
+        _check_tokens(src)
+        src_positions = _positions(src, src_positions, name="src_positions")
         return self.encoder(src, src_positions, valid=src_valid, deterministic=deterministic)
 
     def __call__(
@@ -280,13 +311,18 @@ class EncoderDecoder(nnx.Module):
         src: Array,
         tgt: Array,
         *,
-        src_positions: Array,
-        tgt_positions: Array,
+        src_positions: Array | None = None,
+        tgt_positions: Array | None = None,
         src_valid: Array | None = None,
         tgt_valid: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
-        """src ``[b, s]``, tgt ``[b, t]`` (+ positions, validity) -> logits ``[b, t, vocab]``."""
+        """src ``[b, s]``, tgt ``[b, t]`` (+ positions ``[b, len]`` or ``[len]``, default
+        ``0..len-1``; validity) -> logits ``[b, t, vocab]``."""
+        _check_tokens(src)
+        _check_tokens(tgt)
+        src_positions = _positions(src, src_positions, name="src_positions")
+        tgt_positions = _positions(tgt, tgt_positions, name="tgt_positions")
         encoded = self.encode(src, src_positions, src_valid=src_valid, deterministic=deterministic)
         h = self.decoder(
             tgt,
@@ -302,7 +338,7 @@ class EncoderDecoder(nnx.Module):
     def init_cache(
         self,
         src: Array,
-        src_positions: Array,
+        src_positions: Array | None = None,
         *,
         capacity: int,
         src_valid: Array | None = None,
@@ -311,7 +347,9 @@ class EncoderDecoder(nnx.Module):
         """Encode ``src`` ``[b, s]`` once and return a `DecoderCache` holding every decoder
         block's cross-attention keys/values and empty self-attention caches of ``capacity``
         target tokens (planned target ``positions`` ``[b, capacity]``, default
-        ``0..capacity-1``)."""
+        ``0..capacity-1``); ``src_positions`` ``[b, s]`` or ``[s]`` (default ``0..s-1``)."""
+        _check_tokens(src)
+        src_positions = _positions(src, src_positions, name="src_positions")
         encoded = self.encode(src, src_positions, src_valid=src_valid)
         return DecoderCache(
             self.decoder.init_cache(src.shape[0], capacity, positions=positions),
@@ -326,3 +364,15 @@ class EncoderDecoder(nnx.Module):
         target tokens so far."""
         h, cache = self.decoder.decode_step(tokens, positions, cache)
         return self.decoder.embed.decode(h), cache
+
+
+def _show_init_signature(cls: type) -> None:
+    """Make ``help(cls)`` / `inspect.signature` show ``cls.__init__``'s arguments: NNX's
+    metaclass constructs modules through a ``(*args, **kwargs)`` ``__call__``, which would
+    otherwise be what they show."""
+    init = inspect.signature(cls.__init__)
+    cls.__signature__ = init.replace(parameters=list(init.parameters.values())[1:])
+
+
+for _cls in (Encoder, Decoder, DecoderOnlyLM, EncoderDecoder):
+    _show_init_signature(_cls)

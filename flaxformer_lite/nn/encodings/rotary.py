@@ -132,9 +132,8 @@ class RotaryEncoding(PositionalEncoding):
             yarn_variant=self.yarn_variant,
             positions=q_positions,  # dynamic NTK: the current length is the queries'
         )
-        for x, pos in ((q, q_positions), (k, k_positions)):
-            if as_batched_positions(pos).shape[1] != x.shape[1]:
-                raise ValueError(f"positions shape {pos.shape} does not match x {x.shape}")
+        for name, x, pos in (("q_positions", q, q_positions), ("k_positions", k, k_positions)):
+            as_batched_positions(pos, name=name, length=x.shape[1], batch=x.shape[0])
         q = rotary.apply_rotary(q, rotary.rope_angles(q_positions, inv_freq), layout=self.layout)
         k = rotary.apply_rotary(k, rotary.rope_angles(k_positions, inv_freq), layout=self.layout)
         if self.attention_factor != 1.0:
