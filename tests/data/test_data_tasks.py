@@ -173,7 +173,7 @@ def test_pad_to():
     [
         ("copy", 0, "length=0: must be a positive int"),
         ("reverse", -3, "length=-3: must be a positive int"),
-        ("associative_recall", 53, r"length for task 'associative_recall' must be in \[1, 52\]"),
+        ("associative_recall", 84, r"length for task 'associative_recall' must be in \[1, 83\]"),
         ("passkey", 100, "length for task 'passkey' must be >= 101, got 100"),
     ],
 )
@@ -192,7 +192,7 @@ def test_other_errors():
     with pytest.raises(ValueError, match=r"predictions must have the shape of batch\['targets'\]"):
         task.exact_match(np.zeros((2, 5)), batch)
     with pytest.raises(ValueError, match="eval_lengths for task 'associative_recall'"):
-        get_task("associative_recall", eval_lengths=(10, 60))
+        get_task("associative_recall", eval_lengths=(10, 90))
     with pytest.raises(ValueError, match="alphabet must be non-empty bytes without"):
         get_task("copy", alphabet=b"ab|")
     with pytest.raises(ValueError, match="depth must be in"):
