@@ -187,6 +187,12 @@ COMMON = [
         r"--config=experiments/extrapolation_lm\.py:bogus: preset='bogus' is not known; allowed",
     ),
     ("config_file", ["--config=experiments/nope.py:tiny"], r"No such file or directory"),
+    (
+        "no_preset",
+        ["--config=experiments/extrapolation_lm.py"],
+        r"--config=experiments/extrapolation_lm\.py: name a preset, .*:PRESET with PRESET one "
+        r"of \['tiny', 'quick', 'cpu', 'all', 'wikitext103_bytes'\]",
+    ),
 ]
 WORKDIR_CASES = [
     ("not_writable", a_file, r"workdir='.*/file/w': '.*/file' is not a directory; must be a"),
@@ -333,3 +339,29 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(outcomes, script, case_
     assert len(lines) == 1 and lines[0].startswith("error: "), out["output"][-3000:]
     assert re.search(pattern, lines[0]), lines[0]
     assert after == before, "wrote " + str(sorted(set(after) - set(before)))
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "missing"),
+    [
+        ("run_study", [], "--config and --workdir"),
+        ("run_study", [CONFIG], "--workdir"),
+        ("train", ["--workdir=w"], "--config"),
+    ],
+)
+def test_missing_required_flags_are_named_in_one_line(script, args, missing, tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / f"{script}.py"), *args],
+        cwd=tmp_path if not args or args[0] != CONFIG else ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: missing {missing}; e.g. --config=experiments/extrapolation_lm.py:quick "
+        "--workdir=runs/quick (--help lists every flag)"
+    )
+    assert not (tmp_path / "w").exists()

@@ -65,7 +65,11 @@ def one_line_failures() -> typing.Iterator[None]:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """A ``flags_parser`` for ``absl.app.run`` that reports bad flags as one line."""
+    """A ``flags_parser`` for ``absl.app.run`` that reports bad flags as one line.
+
+    A ``--config=FILE.py`` whose file defines ``PRESETS`` must name one (``FILE.py:PRESET``):
+    leaving it off used to run the file's default preset silently."""
+    _check_preset(argv)
     try:
         args = flags.FLAGS(argv)
         if "config" in flags.FLAGS:
@@ -78,6 +82,14 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def explain_flag_error(argv: list[str], error: Exception) -> str:
     """The one-line explanation of ``error`` raised while parsing ``argv``."""
+    missing = re.findall(r"Flag --(\w+) must have a value other than None", str(error))
+    if missing or (_flag_value(argv, "config") is None and "--config=None" in str(error)):
+        names = list(dict.fromkeys(["config"] * ("--config=None" in str(error)) + missing))
+        return (
+            f"missing {' and '.join('--' + n for n in names)}; e.g. "
+            "--config=experiments/extrapolation_lm.py:quick --workdir=runs/quick (--help lists "
+            "every flag)"
+        )
     config = _load_config(argv)
     overrides = config_overrides(argv)
     if config is not None:
@@ -126,6 +138,22 @@ def config_overrides(argv: list[str]) -> list[tuple[str, str | None]]:
                 value = None if nxt is None or nxt.startswith("--") else nxt
             out.append((name, value))
     return out
+
+
+def _check_preset(argv: list[str]) -> None:
+    """`fail` when ``--config`` names a file with ``PRESETS`` but no ``:PRESET``."""
+    spec = _flag_value(argv, "config")
+    if not spec or ":" in spec:
+        return
+    try:
+        module_spec = importlib.util.spec_from_file_location("_config_for_presets", spec)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    except Exception:
+        return  # the config flag reports a file that cannot be loaded
+    presets = list(getattr(module, "PRESETS", None) or ())
+    if presets:
+        fail(f"--config={spec}: name a preset, {spec}:PRESET with PRESET one of {presets}")
 
 
 def _load_config(argv: list[str]) -> Any:
