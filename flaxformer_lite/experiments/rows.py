@@ -18,12 +18,9 @@ TASK_METRICS = ("exact_match", "accuracy")
 LABEL_FIELDS = ("encoding", "positional", "variant", "randomized_positions", "encoding_options")
 
 
-def rows_for_cell(
-    run: RunConfig, name: str, summary: dict[str, Any], command: str
-) -> list[dict[str, Any]]:
-    """Results rows of one finished cell (``summary``: `train_and_evaluate`'s result)."""
-    env = summary["provenance"]
-    common = {
+def _cell_key(run: RunConfig, name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The fields that say which cell a row or a block record comes from."""
+    return {
         "study": run.study,
         "preset": run.preset,
         "run": name,
@@ -31,6 +28,15 @@ def rows_for_cell(
         "train_length": run.data.train_length,
         "task": run.data.task or None,
         "config_hash": summary["config_hash"],
+    }
+
+
+def rows_for_cell(
+    run: RunConfig, name: str, summary: dict[str, Any], command: str
+) -> list[dict[str, Any]]:
+    """Results rows of one finished cell (``summary``: `train_and_evaluate`'s result)."""
+    env = summary["provenance"]
+    common = _cell_key(run, name, summary) | {
         "git_commit": env["git_commit"],
         "packages": env["packages"],
         "python": env["python"],
@@ -78,14 +84,8 @@ def blocks_for_cell(run: RunConfig, name: str, summary: dict[str, Any]) -> list[
         if "blocks" not in r:
             continue
         out.append(
-            {
-                "study": run.study,
-                "preset": run.preset,
-                "run": name,
-                "seed": run.seed,
-                "train_length": run.data.train_length,
-                "task": run.data.task or None,
-                "config_hash": summary["config_hash"],
+            _cell_key(run, name, summary)
+            | {
                 "encoding": r["encoding"],
                 "positional": r["positional"],
                 "variant": r["variant"],

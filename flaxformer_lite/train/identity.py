@@ -100,6 +100,14 @@ def current(run: RunConfig, dataset: Any) -> dict[str, Any]:
     return record
 
 
+def _read_json(path: Path) -> tuple[Any, dict[str, str] | None]:
+    """``(content, None)``, or ``(None, {"problem": ...})`` when ``path`` cannot be read."""
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, ValueError) as e:
+        return None, {"problem": f"{path} is unreadable ({type(e).__name__}: {e})"}
+
+
 def recorded(workdir: Path) -> dict[str, Any] | None:
     """The identity recorded in ``workdir``; None when it holds no run.
 
@@ -110,19 +118,17 @@ def recorded(workdir: Path) -> dict[str, Any] | None:
     workdir = Path(workdir)
     path = workdir / IDENTITY_FILE
     if path.exists():
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            return {"problem": f"{path} is unreadable ({type(e).__name__}: {e})"}
+        record, problem = _read_json(path)
+        if problem:
+            return problem
         if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
             return {"problem": f"{path} is not an identity record"}
         return record
     path = workdir / CONFIG_FILE
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            return {"problem": f"{path} is unreadable ({type(e).__name__}: {e})"}
+        old, problem = _read_json(path)
+        if problem:
+            return problem
         if not isinstance(old, dict):
             return {"problem": f"{path} is not a config"}
         try:
