@@ -108,6 +108,7 @@ class Checkpointer:
                     self.manager.wait_until_finished()
             except Exception as e:
                 self._remove_temporary(step)
+                _forget_abandoned_writes()
                 error = write_error(e, self.directory / str(step))
                 if error.errno is None:  # not an OS error: orbax's own, say it as it is
                     raise
@@ -234,6 +235,18 @@ def _unretrieved_orbax_write(record: logging.LogRecord) -> bool:
     """False (drop) for asyncio's "exception was never retrieved" record of an orbax write."""
     message = record.getMessage()
     return not ("exception was never retrieved" in message and "OCDBT" in message)
+
+
+def _forget_abandoned_writes() -> None:
+    """After a failed save, orbax's gathered write coroutines that were never started are
+    collected later (often at interpreter exit), each with a "coroutine ... was never
+    awaited" RuntimeWarning printed after the error line: the error already names the step,
+    so collect them now and silence that warning, and only that one, for the rest of the
+    process (it is about to stop with the error)."""
+    warnings.filterwarnings(
+        "ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning
+    )
+    _collect_quietly()
 
 
 def _collect_quietly() -> None:
