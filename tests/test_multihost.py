@@ -6,7 +6,10 @@ gloo CPU collectives, and trains a few steps of the ``tiny`` model on a ``(data=
 mesh spanning both processes, with the library's `sharding.Plan` and `Checkpointer`. The test
 checks that the losses and parameters equal a single-process, single-device run on the same
 global batches, and that the checkpoint the two processes wrote together restores here, in one
-process. Every subprocess has a timeout: a hung collective fails the test, it does not hang.
+process. A second pair of workers runs `train_and_evaluate` itself (``mesh.multihost``) in
+one shared workdir: the run, its rerun and a refused run of another identity, checked against
+a single-process run. Every subprocess has a timeout: a hung collective fails the test, it
+does not hang.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from flaxformer_lite.train.run_config import RunConfig  # noqa: E402
 PROCESSES, LOCAL_DEVICES = 2, 2
 DATA, FSDP = 2, 2
 STEPS = 3
+LOOP_STEPS = 4
 TIMEOUT_S = 180
 
 
@@ -39,6 +43,18 @@ def _run_config() -> RunConfig:
     c = get_config("tiny")
     c.mesh.update(data=DATA, fsdp=FSDP)
     return RunConfig.from_config(c)
+
+
+def _loop_config(*, multihost: bool):
+    """`train_and_evaluate`'s config: tiny, 4 steps with a checkpoint and a validation every
+    2 and a training row every step, a small evaluation; on the 2 x 2 mesh of both workers
+    (``multihost``) or on the one device of this process."""
+    c = get_config("tiny")
+    c.train.update(num_steps=LOOP_STEPS, checkpoint_every=2, eval_every=2, log_every=1)
+    c.eval.update(length_multiples=(1, 2), max_tokens=512)
+    if multihost:
+        c.mesh.update(data=DATA, fsdp=FSDP, multihost=True)
+    return c
 
 
 def _gloo_missing() -> str | None:
@@ -69,12 +85,13 @@ def _flat_params(params) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- the test
 
 
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
+def _run_workers(mode: str, workdir: Path, out_dir: Path) -> None:
+    """Run `PROCESSES` workers (this file as a script: ``_worker`` or ``_loop_worker`` by
+    ``mode``) joined through a coordinator on a free port; fail unless all exit 0 within
+    `TIMEOUT_S` (their logs, in ``out_dir``, in the message)."""
     reason = _gloo_missing()
     if reason:
         pytest.skip(reason)
-    workdir = tmp_path_factory.mktemp("multihost")
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={LOCAL_DEVICES}"
@@ -85,11 +102,19 @@ def two_processes(tmp_path_factory):
     t0 = time.monotonic()
     try:
         for pid in range(PROCESSES):
-            log = open(workdir / f"worker{pid}.log", "w")  # closed in the finally below
+            log = open(out_dir / f"worker{pid}.log", "w")  # closed in the finally below
             logs.append(log)
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, __file__, str(port), str(pid), str(workdir)],
+                    [
+                        sys.executable,
+                        __file__,
+                        str(port),
+                        str(pid),
+                        str(workdir),
+                        mode,
+                        str(out_dir),
+                    ],
                     env=env,
                     cwd=ROOT,
                     stdout=log,
@@ -112,10 +137,16 @@ def two_processes(tmp_path_factory):
                 p.wait(timeout=30)
         for log in logs:
             log.close()
-    outputs = {pid: (workdir / f"worker{pid}.log").read_text()[-4000:] for pid in range(PROCESSES)}
+    outputs = {pid: (out_dir / f"worker{pid}.log").read_text()[-4000:] for pid in range(PROCESSES)}
     assert codes == [0] * PROCESSES, f"workers: {codes}\n" + "\n".join(
         f"--- worker {pid} ---\n{text}" for pid, text in outputs.items()
     )
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("multihost")
+    _run_workers("steps", workdir, workdir)
     results = [json.loads((workdir / f"out{pid}.json").read_text()) for pid in range(PROCESSES)]
     params = [dict(np.load(workdir / f"params{pid}.npz")) for pid in range(PROCESSES)]
     return {"workdir": workdir, "results": results, "params": params}
@@ -227,10 +258,50 @@ def test_trained_model_of_two_processes_loads_in_one(two_processes):
         np.testing.assert_array_equal(a, b)
 
 
+def test_train_and_evaluate_on_two_processes(tmp_path):
+    """`train_and_evaluate` itself on 2 processes sharing one workdir (``mesh.multihost``):
+    both return process 0's result, which equals a single-process run; the run's files are
+    written once (by process 0); a rerun returns the finished result; a refusal stops both."""
+    from flaxformer_lite.train.loop import train_and_evaluate
+
+    workdir, out_dir = tmp_path / "run", tmp_path / "out"
+    out_dir.mkdir()
+    _run_workers("loop", workdir, out_dir)
+    a, b = (json.loads((out_dir / f"loop{pid}.json").read_text()) for pid in range(PROCESSES))
+    assert (a["process_index"], b["process_index"]) == (0, 1)
+    assert a["first"] == b["first"] == json.loads((workdir / "eval.json").read_text())
+    assert a["rerun"] == b["rerun"] == a["first"]  # finished: the cached result
+    assert a["refused"] == b["refused"]  # another identity: both refuse, with one message
+    assert "seed" in a["refused"]
+
+    # the run's files, written once: a row per step, one TensorBoard log
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["split"], r["step"]) for r in rows]
+    assert sorted(steps) == sorted(
+        [("train", t) for t in range(1, LOOP_STEPS + 1)] + [("validation", 2), ("validation", 4)]
+    ), steps
+    assert len(list((workdir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2", str(LOOP_STEPS)]
+
+    # the same run on this process's one device: the same numbers to float tolerance
+    single = train_and_evaluate(_loop_config(multihost=False), tmp_path / "single")
+    assert single["config_hash"] == a["first"]["config_hash"]  # the mesh is not identity
+    text = (tmp_path / "single" / "metrics.jsonl").read_text()
+    single_rows = [json.loads(line) for line in text.splitlines()]
+    assert [(r["split"], r["step"]) for r in single_rows] == steps
+    for m, s in zip(rows, single_rows, strict=True):
+        np.testing.assert_allclose(m["loss"], s["loss"], rtol=1e-5, err_msg=str(m))
+    assert len(single["eval"]) == len(a["first"]["eval"]) == 2
+    for m, s in zip(a["first"]["eval"], single["eval"], strict=True):
+        assert m["eval_length"] == s["eval_length"]
+        for key in ("loss", "bits_per_byte", "accuracy"):
+            np.testing.assert_allclose(m[key], s[key], rtol=1e-5, err_msg=key)
+
+
 # ----------------------------------------------------------------------------- worker
 
 
-def _worker(port: int, pid: int, workdir: Path) -> None:
+def _worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -287,5 +358,37 @@ def _worker(port: int, pid: int, workdir: Path) -> None:
     jax.distributed.shutdown()
 
 
+def _loop_worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
+    """`train_and_evaluate` on the shared ``workdir``: the run, its rerun (finished), and a
+    run of another identity (refused); what each returned or raised goes to ``out_dir``."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=PROCESSES,
+        process_id=pid,
+        initialization_timeout=60,
+    )
+    from jax.experimental import multihost_utils
+
+    from flaxformer_lite.base.checks import ConfigError
+    from flaxformer_lite.train.loop import train_and_evaluate
+
+    out: dict = {"process_index": jax.process_index()}
+    out["first"] = train_and_evaluate(_loop_config(multihost=True), workdir)
+    out["rerun"] = train_and_evaluate(_loop_config(multihost=True), workdir)
+    other = _loop_config(multihost=True)
+    other.seed += 1
+    try:
+        train_and_evaluate(other, workdir)
+    except ConfigError as e:
+        out["refused"] = str(e)
+    (out_dir / f"loop{pid}.json").write_text(json.dumps(out, default=str))
+    multihost_utils.sync_global_devices("done")
+    jax.distributed.shutdown()
+
+
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
+    worker = {"steps": _worker, "loop": _loop_worker}[sys.argv[4]]
+    worker(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[5]))

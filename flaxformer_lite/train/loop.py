@@ -13,6 +13,9 @@ and leave in ``workdir``::
     eval.json          the final evaluation at every length (written atomically, last)
     provenance.json    commit, package versions, backend, device, corpus hash
 
+On several processes (``config.mesh.multihost``) process 0 alone writes these files, except
+the checkpoints: every process writes its shards of them (`multihost`).
+
 Training is deterministic given the config: the batch of step ``t`` is drawn from
 ``np.random.default_rng([seed, t])``, so a resumed run sees exactly the batches an
 uninterrupted one would have seen.
@@ -42,7 +45,15 @@ from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
 from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.nn.models import DecoderOnlyLM
-from flaxformer_lite.train import allocator, batches, identity, memory, provenance, sharding
+from flaxformer_lite.train import (
+    allocator,
+    batches,
+    identity,
+    memory,
+    multihost,
+    provenance,
+    sharding,
+)
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -93,7 +104,8 @@ def check_workdir(
 def workdir_lock(workdir: Path) -> contextlib.AbstractContextManager:
     """Hold ``workdir/.lock`` (`lock.WorkdirLock`: one writer per workdir; a second process
     gets `lock.WorkdirBusyError` naming the holder's pid). On a multi-host run every host writes
-    the shared workdir, so only process 0 takes the lock."""
+    its checkpoint shards into the shared workdir, so only process 0 takes the lock (and it
+    alone writes the run's other files: `multihost`)."""
     return WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
 
 
@@ -209,11 +221,20 @@ def train_and_evaluate(
         afresh in place (`prepare_workdir`) instead of being refused.
 
     Returns:
-      ``{"config": ..., "steps": ..., "train_seconds": ..., "eval": [...], "provenance": ...}``
-      (also saved as ``eval.json``).
+      ``{"config": ..., "steps": ..., "train_seconds": ..., "train_steps": ..., "eval": [...],
+      "provenance": ...}``, also saved as ``eval.json``; ``train_seconds`` times the
+      ``train_steps`` steps this call ran (fewer than ``steps`` after a resume).
 
     The workdir is checked before anything is written, then locked (`workdir_lock`) until
     the function returns. An OS error while writing state is raised as `io.StateWriteError`.
+
+    Several processes (``config.mesh.multihost``, one process per host, one workdir on a file
+    system they all share): every process calls this with the same config. Training steps
+    and checkpoint saves and restores are collective (each process writes its shards of a
+    checkpoint); only process 0 checks and locks the workdir and writes the run's own files,
+    and it takes every decision that reads them (`multihost.on_process_0`: refusal, finished
+    run); each process evaluates the whole model by itself (`sharding.Plan.local_copy`), and
+    every process returns process 0's summary, as decoded from ``eval.json``'s JSON.
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     prepare_process(run)
@@ -223,8 +244,12 @@ def train_and_evaluate(
     memory.check_memory(run, plan)  # before any work: the estimate vs the memory free
     workdir = Path(workdir)
     # writes nothing: a bad call leaves no lock file behind
-    check_workdir(workdir, run, dataset, restart_changed=restart_changed)
-    with workdir_lock(workdir):
+    multihost.on_process_0(
+        lambda: check_workdir(workdir, run, dataset, restart_changed=restart_changed)
+    )
+    with contextlib.ExitStack() as held:
+        # process 0 takes the lock; when it is busy, every process stops
+        multihost.on_process_0(lambda: bool(held.enter_context(workdir_lock(workdir))))
         return _train_and_evaluate_locked(run, plan, dataset, placement, workdir, restart_changed)
 
 
@@ -232,7 +257,9 @@ def _train_and_evaluate_locked(
     run, plan, dataset, placement, workdir: Path, restart_changed: bool = False
 ) -> dict[str, Any]:
     interrupt.where(phase="restoring the checkpoint of", step=None, checkpoint=None)
-    record = prepare_workdir(workdir, run, dataset, restart_changed=restart_changed)
+    record = multihost.on_process_0(
+        lambda: prepare_workdir(workdir, run, dataset, restart_changed=restart_changed)
+    )
     eval_path = workdir / "eval.json"
 
     tx = make_optimizer(run.optim, run.train.num_steps)
@@ -244,14 +271,15 @@ def _train_and_evaluate_locked(
     try:
         restored = ckpt.restore_latest(state)
         start = 0 if restored is None else restored[1]
+        multihost.check_same(start, "the checkpoint step to resume from")
         if restored is not None:
             state = restored[0] if placement is None else placement.place(restored[0])
         interrupt.where(checkpoint=start, steps=run.train.num_steps)
-        if start >= run.train.num_steps and eval_path.exists():
-            cached = read_eval_cache(eval_path)  # {} when damaged: evaluate again
-            if cached.get("config_hash") == record["hash"]:
+        if start >= run.train.num_steps:
+            cached = multihost.on_process_0(lambda: _cached_result(eval_path, record["hash"]))
+            if cached is not None:
                 return cached
-        info = {"train_seconds": 0.0}
+        info = {"train_seconds": 0.0, "train_steps": 0}  # steps that train_seconds timed
         if start < run.train.num_steps:
             train_data = batches.TrainBatches(run, dataset, plan)
             validate = functools.partial(run_evaluation.quick_evaluate, plan=plan, dataset=dataset)
@@ -264,23 +292,48 @@ def _train_and_evaluate_locked(
         ckpt.close()
     interrupt.where(phase="evaluating")
 
-    model = nnx.merge(graphdef, state["params"], state["rest"])
+    model = _evaluation_model(graphdef, state, placement)
     t0 = time.perf_counter()
-    results = run_evaluation.evaluate_plan(model, plan, dataset, progress=run.train.progress)
+    progress = run.train.progress and multihost.is_primary()
+    results = run_evaluation.evaluate_plan(model, plan, dataset, progress=progress)
     env = provenance.environment() | {"data": dataset.provenance()}
-    atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
     summary = {
         "config": run.to_dict(),
         "config_hash": record["hash"],  # of exactly the recorded identity
         "steps": run.train.num_steps,
         "train_seconds": info["train_seconds"],
+        "train_steps": info["train_steps"],  # this call's steps (a resume: fewer)
         "eval_seconds": time.perf_counter() - t0,
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "eval": results,
         "provenance": env,
     }
-    atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
-    return summary
+
+    def publish() -> dict[str, Any]:  # process 0 writes; every process returns its summary
+        atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
+        atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
+        return summary
+
+    return multihost.on_process_0(publish)
+
+
+def _cached_result(eval_path: Path, config_hash: str) -> dict[str, Any] | None:
+    """The finished run's result in ``eval_path`` if it is of ``config_hash``, else None
+    (also when it is missing or damaged: the run is evaluated again)."""
+    if not eval_path.exists():
+        return None
+    cached = read_eval_cache(eval_path)  # {} when damaged
+    return cached if cached.get("config_hash") == config_hash else None
+
+
+def _evaluation_model(graphdef, state, placement) -> nnx.Module:
+    """The model to evaluate. On several processes its state is first gathered whole onto
+    each process's first device (`sharding.Plan.local_copy`): each process then evaluates
+    on its own (the evaluation code is not SPMD), the same model on the same batches."""
+    params, rest = state["params"], state["rest"]
+    if placement is not None and jax.process_count() > 1:
+        params, rest = placement.local_copy((params, rest))
+    return nnx.merge(graphdef, params, rest)
 
 
 def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement=None):
@@ -289,13 +342,14 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
         train_step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
     else:
         train_step = placement.jit_train_step(graphdef, tx, schedule, state)
-    writer = MetricsWriter(workdir, resume_step=start)
+    # the run's logs are process 0's: the other processes compute the same metrics
+    writer = MetricsWriter(workdir, resume_step=start) if multihost.is_primary() else _NoWriter()
     bar = tqdm(
         total=run.train.num_steps,
         initial=start,
         desc=f"train {run.model.positional}",
         unit="step",
-        disable=not run.train.progress,
+        disable=not (run.train.progress and multihost.is_primary()),
         dynamic_ncols=True,
     )
     pending = None  # (step, device metrics) of the previous step, read while this one runs
@@ -317,7 +371,7 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
                 pending = None
                 ckpt.save(step + 1, state)
             if run.train.eval_every and (step + 1) % run.train.eval_every == 0:
-                model = nnx.merge(graphdef, state["params"], state["rest"])
+                model = _evaluation_model(graphdef, state, placement)
                 writer.write(step + 1, "validation", validate(model))
         if pending is not None:
             _log_step(run, writer, bar, *pending)
@@ -325,7 +379,10 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
         bar.close()
         writer.close()
     jax.block_until_ready(state)
-    return state, {"train_seconds": time.perf_counter() - t0}
+    return state, {
+        "train_seconds": time.perf_counter() - t0,
+        "train_steps": run.train.num_steps - start,
+    }
 
 
 def _log_step(run, writer, bar, step, metrics) -> None:
@@ -335,3 +392,13 @@ def _log_step(run, writer, bar, step, metrics) -> None:
     if step % run.train.log_every == 0 or step == run.train.num_steps:
         writer.write(step, "train", values)
         bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
+
+
+class _NoWriter:
+    """`MetricsWriter`'s interface, writing nothing (a process other than process 0)."""
+
+    def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 Rules = Mapping[str, tuple[str, ...]]
 
 
+def _identity(x: Any) -> Any:  # module-level, so `Plan.local_copy` compiles once per tree
+    return x
+
+
 def initialize_distributed(cfg: MeshConfig) -> None:
     """``jax.distributed.initialize()`` (environment auto-detection) when ``cfg.multihost``.
 
@@ -177,8 +181,20 @@ class Plan:
 
     @classmethod
     def create(cls, run: RunConfig, *, devices: list | None = None) -> Plan | None:
-        """The plan for ``run``, or None on a single device (nothing to shard)."""
+        """The plan for ``run``, or None on a single device (nothing to shard).
+
+        On several processes the mesh must hold devices of every process (each one runs the
+        same steps on its share); `ConfigError` otherwise.
+        """
         mesh = make_mesh(run.mesh, batch_size=run.data.batch_size, devices=devices)
+        processes = {d.process_index for d in mesh.devices.flat}
+        if len(processes) < jax.process_count():
+            raise ConfigError(
+                f"config.mesh.data={run.mesh.data}, config.mesh.fsdp={run.mesh.fsdp}: the "
+                f"{mesh.size}-device mesh takes devices of {len(processes)} of the "
+                f"{jax.process_count()} processes; on several processes it must span them all "
+                "(use -1 on one axis for all devices)"
+            )
         if mesh.size == 1:
             return None
         return cls(mesh=mesh, rules=run.mesh.parsed_rules())
@@ -208,6 +224,16 @@ class Plan:
     def place(self, state: Any) -> Any:
         """``state`` (e.g. restored from a checkpoint) moved into its shardings."""
         return jax.device_put(state, self.shardings(state))
+
+    def local_copy(self, tree: Any) -> Any:
+        """``tree``'s arrays whole on this process's first device of the mesh.
+
+        On several processes the shards of the others are gathered (a collective: every
+        process calls it); evaluation then runs on each process by itself, on the whole
+        model, as on a single device. Needs the whole ``tree`` to fit one device.
+        """
+        whole = jax.jit(_identity, out_shardings=NamedSharding(self.mesh, PartitionSpec()))(tree)
+        return jax.tree.map(lambda x: x.addressable_data(0), whole)
 
     def shard_batch(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
         """Global batch arrays split over the data axes.
