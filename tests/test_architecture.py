@@ -86,8 +86,10 @@ def _absolute(module: str, node: ast.ImportFrom, is_pkg: bool) -> str:
 
 
 def layer_of(module: str, package: str = PACKAGE) -> str:
+    """The folder (layer) of ``module``; the package's own ``__init__`` and ``__main__``
+    (``python -m flaxformer_lite``, the command) are the top, like the public facade."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else API
+    return parts[1] if len(parts) > 1 and parts[1] != "__main__" else API
 
 
 def internal_edges(modules, imports, package: str = PACKAGE):

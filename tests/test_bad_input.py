@@ -2,9 +2,9 @@
 
 Every case runs ``scripts/train.py`` or ``scripts/run_study.py`` as a user would, with 8
 simulated CPU devices (for the data-parallel batch check). To keep this fast, one helper
-process per script imports the script once and forks a child per case (the import of JAX,
-Flax and orbax is most of a CLI call's time); the child runs the script's ``main`` through
-``absl.app.run`` exactly as ``python scripts/X.py ARGS`` does.
+process per script imports its command (`flaxformer_lite.experiments.commands`) once and
+forks a child per case (the import of JAX, Flax and orbax is most of a CLI call's time); the
+child calls the command's ``run`` exactly as ``python scripts/X.py ARGS`` does.
 """
 
 from __future__ import annotations
@@ -29,11 +29,8 @@ CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
 HARNESS = r"""
 import importlib.util, json, os, sys, tempfile, traceback
 script, cases = sys.argv[1], json.loads(sys.argv[2])
-spec = importlib.util.spec_from_file_location("_script", script)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-from absl import app
-from flaxformer_lite.experiments import cli
+command = {"run_study.py": "study", "train.py": "train"}[os.path.basename(script)]
+module = importlib.import_module("flaxformer_lite.experiments.commands." + command)
 out = []
 for args in cases:
     with tempfile.TemporaryFile("w+") as log:
@@ -41,10 +38,9 @@ for args in cases:
         if pid == 0:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
-            sys.argv = [script, *args]
             code = 0
             try:
-                app.run(module.main, flags_parser=cli.parse_flags)
+                module.run([script, *args], prog="python " + script)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             except BaseException:
@@ -191,7 +187,7 @@ COMMON = [
         "no_preset",
         ["--config=experiments/extrapolation_lm.py"],
         r"--config=experiments/extrapolation_lm\.py: name a preset, .*:PRESET with PRESET one "
-        r"of \['tiny', 'quick', 'cpu', 'all', 'wikitext103_bytes'\]",
+        r"of " + re.escape(str(list(extrapolation_lm.PRESETS))),
     ),
 ]
 WORKDIR_CASES = [

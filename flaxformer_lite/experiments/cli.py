@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import re
+import shlex
 import signal
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
-from absl import flags
+from absl import app, flags
+from absl import logging as absl_logging
 
 from flaxformer_lite.base import interrupt
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import StateWriteError, write_error
 from flaxformer_lite.nn.model_config import moved_field_message
+from flaxformer_lite.train import provenance
 from flaxformer_lite.train.run_config import MOVED_FIELDS
 
 EXIT_BAD_INPUT = 2
@@ -64,19 +69,148 @@ def one_line_failures() -> typing.Iterator[None]:
         sys.exit(EXIT_FAILED)
 
 
+def run_command(
+    main: typing.Callable[[list[str]], None],
+    *,
+    doc: str | None,
+    module: str,
+    argv: list[str] | None = None,
+    prog: str | None = None,
+    flags_parser: typing.Callable[[list[str]], list[str]] | None = None,
+) -> None:
+    """Run a command's ``main`` with absl (`absl.app.run`), as `commands` and the thin
+    ``scripts/`` do: ``argv[0]`` becomes ``prog`` (what ``--help`` and the recorded command
+    show, e.g. ``flaxformer-lite study``), ``doc`` is the usage text, and the flags that
+    ``module`` defines are the ones ``--help`` lists (absl lists the main script's own)."""
+    argv = list(sys.argv if argv is None else argv)
+    argv[0] = prog or argv[0]
+    sys.argv[:] = argv  # absl's --help names sys.argv[0]'s flags and usage
+    for flag in flags.FLAGS.get_key_flags_for_module(module):
+        flags.FLAGS.register_key_flag_for_module(argv[0], flag)
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and doc:
+        main_module.__doc__ = doc
+    help_asked = any(a in HELP_FLAGS for a in argv[1:])
+    verbosity = any(a.startswith(("--verbosity", "--v=", "-v")) for a in argv[1:])
+
+    def quiet_main(args: list[str]) -> None:
+        if not verbosity:  # absl logs at INFO (JAX's "Unable to initialize backend 'tpu'")
+            absl_logging.set_verbosity(absl_logging.WARNING)
+        main(args)
+
+    try:
+        app.run(quiet_main, argv=argv, flags_parser=flags_parser or parse_flags)
+    except SystemExit as e:
+        if help_asked and e.code == 1:  # absl ends --help with status 1; asked for, it is 0
+            raise SystemExit(0) from None
+        raise
+
+
+HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as typed, for the rows' provenance: ``argv[0]`` (a program name that may
+    hold spaces, e.g. ``flaxformer-lite study``) and the quoted arguments."""
+    return " ".join([argv[0], shlex.join(argv[1:])]).strip()
+
+
+# ------------------------------------------------------------------------ packaged configs
+
+CONFIG_PACKAGE = "flaxformer_lite.configs"
+
+
+def packaged_configs() -> dict[str, Path]:
+    """The study configs shipped inside the package (``flaxformer_lite.configs``, whose source
+    is the top-level ``experiments/`` folder of a clone): name -> file."""
+    try:
+        spec = importlib.util.find_spec(CONFIG_PACKAGE)
+    except ImportError:
+        spec = None
+    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+    if not folders:  # a clone on sys.path without an install: its experiments/ folder
+        folders = [Path(__file__).resolve().parents[2] / "experiments"]
+    found: dict[str, Path] = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.py")):
+            if not path.name.startswith("_"):
+                found.setdefault(path.stem, path)
+    return found
+
+
+def config_presets(path: Path | str) -> list[str]:
+    """The ``PRESETS`` of the config file ``path`` ([] if it has none or cannot be loaded)."""
+    try:
+        module_spec = importlib.util.spec_from_file_location(f"_presets_{Path(path).stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    except Exception:
+        return []
+    return list(getattr(module, "PRESETS", None) or ())
+
+
+def config_help() -> str:
+    """The help of ``--config``: both spellings and every packaged config with its presets."""
+    listed = "; ".join(
+        f"{name}: {', '.join(config_presets(path)) or '(no presets)'}"
+        for name, path in packaged_configs().items()
+    )
+    return (
+        "NAME:PRESET (a packaged study config) or FILE.py:PRESET (a config file), e.g. "
+        f"extrapolation_lm:quick or experiments/extrapolation_lm.py:quick. Packaged: {listed}"
+    )
+
+
+def resolve_config(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config=NAME[:PRESET]`` (a packaged config's name, no ``.py``) replaced
+    by its file; `fail` naming the packaged configs when NAME is none of them."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg.startswith("--config="):
+            spec, at = arg.split("=", 1)[1], i
+        elif arg == "--config" and i + 1 < len(out):
+            spec, at = out[i + 1], i + 1
+        else:
+            continue
+        name, colon, preset = spec.partition(":")
+        if not name or name.endswith(".py") or "/" in name or os.sep in name:
+            return out
+        configs = packaged_configs()
+        if name not in configs:
+            if Path(name).exists():
+                return out
+            fail(
+                f"--config={spec}: no packaged study config {name!r}; allowed: "
+                f"{sorted(configs)} (or a config file FILE.py:PRESET)"
+            )
+        resolved = f"{configs[name]}{colon}{preset}"
+        out[at] = f"--config={resolved}" if at == i else resolved
+        return out
+    return out
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """A ``flags_parser`` for ``absl.app.run`` that reports bad flags as one line.
 
-    A ``--config=FILE.py`` whose file defines ``PRESETS`` must name one (``FILE.py:PRESET``):
-    leaving it off used to run the file's default preset silently."""
-    _check_preset(argv)
+    ``--config=NAME:PRESET`` names a packaged config (`resolve_config`). A config whose file
+    defines ``PRESETS`` must name one (``FILE.py:PRESET``): leaving it off used to run the
+    file's default preset silently."""
+    typed = _flag_value(argv, "config")
+    argv = resolve_config(argv)
+    _check_preset(argv, typed)
+    config_file = (_flag_value(argv, "config") or "").partition(":")[0]
+    if config_file and os.path.isfile(config_file):
+        provenance.note_config_file(config_file)
     try:
         args = flags.FLAGS(argv)
         if "config" in flags.FLAGS:
             # config_flags defers some load errors (a missing file) to the first use
             _ = flags.FLAGS["config"].value.keys
     except Exception as e:  # flags.Error, or KeyError/AttributeError from a config override
-        fail(explain_flag_error(argv, e))
+        message, resolved = explain_flag_error(argv, e), _flag_value(argv, "config")
+        if typed and resolved and typed != resolved:  # name the config as it was given
+            message = message.replace(resolved, typed)
+        fail(message)
     return args
 
 
@@ -140,20 +274,16 @@ def config_overrides(argv: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-def _check_preset(argv: list[str]) -> None:
-    """`fail` when ``--config`` names a file with ``PRESETS`` but no ``:PRESET``."""
+def _check_preset(argv: list[str], typed: str | None = None) -> None:
+    """`fail` when ``--config`` names a file with ``PRESETS`` but no ``:PRESET`` (``typed``:
+    the value as given, e.g. a packaged config's name, for the message)."""
     spec = _flag_value(argv, "config")
     if not spec or ":" in spec:
         return
-    try:
-        module_spec = importlib.util.spec_from_file_location("_config_for_presets", spec)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    except Exception:
-        return  # the config flag reports a file that cannot be loaded
-    presets = list(getattr(module, "PRESETS", None) or ())
+    presets = config_presets(spec)  # [] also for a file that cannot be loaded: the flag says
     if presets:
-        fail(f"--config={spec}: name a preset, {spec}:PRESET with PRESET one of {presets}")
+        typed = typed or spec
+        fail(f"--config={typed}: name a preset, {typed}:PRESET with PRESET one of {presets}")
 
 
 def _load_config(argv: list[str]) -> Any:

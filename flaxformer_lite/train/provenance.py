@@ -14,8 +14,18 @@ import jax
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "flaxformer-lite")
 
 
-def _git(*args: str) -> str:
-    root = Path(__file__).resolve().parent.parent
+_CONFIG_FILES: list[Path] = []  # config files a command loaded (`note_config_file`)
+
+
+def note_config_file(path: str | Path) -> None:
+    """Remember the config file a command runs: when the package itself is not in a git
+    checkout (a non-editable install), `git_commit` looks at the checkout holding the config.
+    Call before the first `git_commit` (the commands do it while parsing flags)."""
+    _CONFIG_FILES.append(Path(path).resolve())
+    git_commit.cache_clear()
+
+
+def _git(root: Path, *args: str) -> str:
     result = subprocess.run(
         ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
     )
@@ -24,13 +34,18 @@ def _git(*args: str) -> str:
 
 @functools.cache
 def git_commit() -> str:
-    """Short commit of the checkout this package runs from (``+dirty`` if modified)."""
-    try:
-        commit = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
+    """Short commit (``+dirty`` if modified) of the checkout this package runs from or, for an
+    installed package, of the checkout the config file came from (`note_config_file`);
+    ``unknown`` when neither is in a git checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for root in (package, *(path.parent for path in _CONFIG_FILES)):
+        try:
+            commit = _git(root, "rev-parse", "--short", "HEAD")
+            dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return commit + ("+dirty" if dirty else "")
+    return "unknown"
 
 
 def package_versions() -> dict[str, str]:

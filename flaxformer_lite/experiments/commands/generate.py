@@ -1,10 +1,12 @@
-"""Sample a continuation from the newest checkpoint of a training run.
+r"""Sample a continuation from the newest checkpoint of a training run.
 
-    python scripts/generate.py --workdir=runs/quick/runs/rope-seed0 --prompt="def " \
+    flaxformer-lite generate --workdir=runs/quick/runs/rope-seed0 --prompt="def " \
         --max_new_tokens=200 [--temperature=0.8 --top_k=40 --seed=0]
 
-``--workdir`` is a run directory written by `flaxformer_lite.train.loop.train_and_evaluate`
-(``scripts/train.py``, or a study cell ``STUDY/runs/<encoding>-seed<k>/``), loaded by
+(``python scripts/generate.py`` and ``python -m flaxformer_lite generate`` are the same
+command.) ``--workdir`` is a run directory written by
+`flaxformer_lite.train.loop.train_and_evaluate` (``flaxformer-lite train``, or a study cell
+``STUDY/runs/<encoding>-seed<k>/``), loaded by
 `flaxformer_lite.train.restore.load_trained_model`. Prints the prompt and its continuation
 (bytes decoded as UTF-8, invalid sequences replaced) to stdout; greedy when
 ``--temperature=0``.
@@ -53,5 +55,10 @@ def main(argv: list[str]) -> None:
     print(decode_bytes(np.concatenate([prompt, np.asarray(tokens[0])])))
 
 
+def run(argv: list[str] | None = None, prog: str = "flaxformer-lite generate") -> None:
+    """Parse ``argv`` (default ``sys.argv``) and generate (`cli.run_command`)."""
+    cli.run_command(main, doc=__doc__, module=__name__, argv=argv, prog=prog)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    run()

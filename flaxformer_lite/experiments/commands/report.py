@@ -1,23 +1,26 @@
 """Write the tables, plots and REPORT.md of one or more study directories, from their rows alone.
 
-    python scripts/make_report.py runs/quick
-    python scripts/make_report.py runs/cpu runs/tpu --out=reports/merged
-    python scripts/make_report.py runs/study-0 runs/study-1 --out=runs/study   # --shard=I/2
-    python scripts/make_report.py runs/quick/runs/rope-seed0 --out=reports/rope  # one cell
+    flaxformer-lite report runs/quick
+    flaxformer-lite report runs/cpu runs/tpu --out=reports/merged
+    flaxformer-lite report runs/study-0 runs/study-1 --out=runs/study   # study --shard=I/2
+    flaxformer-lite report runs/quick/runs/rope-seed0 --out=reports/rope  # one cell
+    flaxformer-lite report runs/tiny                  # one `flaxformer-lite train` workdir
 
-Rows of several run dirs (their ``results.jsonl``, and the per-block sums beside them in
-``blocks.jsonl``) are merged: exact duplicates are dropped, distinct measurements kept. A
+(``python scripts/make_report.py`` and ``python -m flaxformer_lite report`` are the same
+command.) Rows of several run dirs (their ``results.jsonl``, and the per-block sums beside them
+in ``blocks.jsonl``) are merged: exact duplicates are dropped, distinct measurements kept. A
 corrupted line is reported with its file and line number and skipped. The report goes into
-``--out`` (default: the first RUN_DIR); the script prints the path of REPORT.md and the
+``--out`` (default: the first RUN_DIR); the command prints the path of REPORT.md and the
 Markdown bits-per-byte table(s). ``--reference`` / ``--all_pairs`` choose the comparisons of
 ``tables/paired_differences.{md,tex,csv}``.
 
-A RUN_DIR is a study directory (``results.jsonl``), a results file, or one run's workdir: a
-study's ``runs/<cell>/`` (its ``rows.jsonl``). The study dirs' ``study.json`` say which cells
-the study selected: the cells without any results row -- e.g. the shards of a
-``run_study.py --shard=I/N`` study not given, not run or not finished -- are named on stderr
-and in a "Missing cells" section of REPORT.md. Each (run, seed) counts once: the same rows
-given twice are merged, two different rows of one measurement are an error.
+A RUN_DIR is a study directory (``results.jsonl``), a results file, one study cell's workdir
+(``STUDY/runs/<cell>/``: its ``rows.jsonl``) or one ``train`` workdir (its ``eval.json`` and
+``config.json``: rows are made from them). The study dirs' ``study.json`` say which cells the
+study selected: the cells without any results row -- e.g. the shards of a ``study
+--shard=I/N`` not given, not run or not finished -- are named on stderr and in a "Missing
+cells" section of REPORT.md. Each (run, seed) counts once: the same rows given twice are
+merged, two different rows of one measurement are an error.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 from absl import app, flags
 
 from flaxformer_lite.base.io import write_error
-from flaxformer_lite.experiments import report, results
+from flaxformer_lite.experiments import cli, report, results
+from flaxformer_lite.experiments.rows import blocks_for_cell, rows_for_cell
+from flaxformer_lite.train.run_config import RunConfig
 
 _OUT = flags.DEFINE_string("out", None, "report directory (default: the first RUN_DIR)")
 _TITLE = flags.DEFINE_string("title", None, "the report's heading (default: studies and presets)")
@@ -42,13 +48,21 @@ _ALL_PAIRS = flags.DEFINE_bool("all_pairs", False, "paired differences: every pa
 def main(argv: list[str]) -> None:
     run_dirs = argv[1:]
     if not run_dirs:
-        raise app.UsageError("usage: make_report.py RUN_DIR [RUN_DIR ...] [--out=DIR]")
+        raise app.UsageError(f"usage: {argv[0]} RUN_DIR [RUN_DIR ...] [--out=DIR]")
     for run_dir in run_dirs:
         problem = _not_a_run_dir(run_dir)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
-    run_dirs = [_rows_source(d) for d in run_dirs]
+    made = tempfile.TemporaryDirectory(prefix="flaxformer-lite-report-")
+    try:
+        run_dirs = [_rows_source(d, made.name) for d in run_dirs]
+        _report(argv, run_dirs)
+    finally:
+        made.cleanup()
+
+
+def _report(argv: list[str], run_dirs: list[str]) -> None:
     try:
         rows, problems = results.load_rows(run_dirs, return_problems=True, warn=False)
         blocks = results.load_blocks(run_dirs)
@@ -94,17 +108,40 @@ def main(argv: list[str]) -> None:
         print(report.render_markdown(table), end="")
 
 
-def _rows_source(path: str) -> str:
+def _rows_source(path: str, scratch: str | None = None) -> str:
     """What to read rows from: a study cell's ``rows.jsonl`` when ``path`` is a cell's workdir
-    (``STUDY/runs/<cell>/``: no ``results.jsonl``), else ``path``."""
+    (``STUDY/runs/<cell>/``: no ``results.jsonl``); for a ``train`` workdir (``eval.json``, no
+    rows), the rows made from it under ``scratch``; else ``path``."""
+    if not os.path.isdir(path) or results.results_file(path).exists():
+        return path
     cell_rows = os.path.join(path, "rows.jsonl")
-    if (
-        os.path.isdir(path)
-        and not results.results_file(path).exists()
-        and os.path.isfile(cell_rows)
-    ):
+    if os.path.isfile(cell_rows):
         return cell_rows
+    if scratch is not None and os.path.isfile(os.path.join(path, "eval.json")):
+        return _rows_of_train_workdir(path, scratch)
     return path
+
+
+def _rows_of_train_workdir(path: str, scratch: str) -> str:
+    """Write the rows and block sums of the finished run in ``path`` (its ``eval.json``, as
+    a study cell's would be) under ``scratch``; return the rows file."""
+    name = os.path.basename(os.path.normpath(os.path.abspath(path)))
+    try:
+        with open(os.path.join(path, "eval.json")) as f:
+            summary = json.load(f)
+        run = RunConfig.from_config(summary["config"])
+        command = f"flaxformer-lite train --workdir={path} (from its eval.json)"
+        made = rows_for_cell(run, name, summary, command)
+        block_records = blocks_for_cell(run, name, summary)
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"error: {path}/eval.json is not a finished run's result ({e})", file=sys.stderr)
+        sys.exit(2)
+    out = os.path.join(scratch, f"{len(os.listdir(scratch))}-{name}")
+    os.makedirs(out)
+    for file, records in (("rows.jsonl", made), ("blocks.jsonl", block_records)):
+        with open(os.path.join(out, file), "w") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
+    return os.path.join(out, "rows.jsonl")
 
 
 def _missing_cells(run_dirs: list[str], rows: list[dict]) -> list[str]:
@@ -144,5 +181,10 @@ def _not_a_run_dir(path: str) -> str | None:
     return None
 
 
+def run(argv: list[str] | None = None, prog: str = "flaxformer-lite report") -> None:
+    """Parse ``argv`` (default ``sys.argv``) and write the report (`cli.run_command`)."""
+    cli.run_command(main, doc=__doc__, module=__name__, argv=argv, prog=prog)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    run()

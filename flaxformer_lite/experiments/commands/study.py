@@ -1,28 +1,31 @@
-"""Run a study: every (encoding x seed) cell of an experiment's sweep, then the report.
+r"""Run a study: every cell (encoding x seed x ...) of a study config's sweep, then its report.
 
-    python scripts/run_study.py --config=experiments/extrapolation_lm.py:quick --workdir=runs/quick
-    python scripts/run_study.py --config=experiments/extrapolation_lm.py:cpu --workdir=runs/cpu \
+    flaxformer-lite study --config=extrapolation_lm:quick --workdir=runs/quick
+    flaxformer-lite study --config=experiments/extrapolation_lm.py:cpu --workdir=runs/cpu \
         --only=alibi,rope
-    python scripts/run_study.py --config=experiments/extrapolation_lm.py:cpu \
+    flaxformer-lite study --config=extrapolation_lm:cpu \
         --shard=$SLURM_ARRAY_TASK_ID/4 --workdir=runs/cpu-$SLURM_ARRAY_TASK_ID
-    python scripts/make_report.py runs/cpu-* --out=runs/cpu
+    flaxformer-lite report runs/cpu-* --out=runs/cpu
+
+(``python scripts/run_study.py`` and ``python -m flaxformer_lite study`` are the same command.)
+--config takes a packaged study config by name (NAME:PRESET) or a config file by path
+(FILE.py:PRESET); --helpfull lists the --config.* overrides.
 
 --shard=I/N (0-based, 0 <= I < N) runs a deterministic 1/N of the selected cells, balanced
-by an estimated cost (`sweeps.shard_cells`), each shard into its own workdir; make_report.py
+by an estimated cost (`sweeps.shard_cells`), each shard into its own workdir; ``report``
 merges the shards' workdirs and names the cells that are missing.
 
 Rerunning the same command skips finished cells and resumes an interrupted one; a cell
 whose run differs in what changes its numbers (config, corpus content, versions) is refused
-unless --restart_changed, and a workdir holds one study. A failed
-cell is reported at the end and the exit status is non-zero. A second process on the same
-workdir, a failed write of the study's state (disk full) and SIGINT/SIGTERM each end with one
-line on stderr (`cli.one_line_failures`; status 2, 1, 130/143). The work is
-`flaxformer_lite.experiments.runner.run_study`; this script parses flags and prints.
+unless --restart_changed, and a workdir holds one study. A failed cell is reported at the end
+and the exit status is non-zero. A second process on the same workdir, a failed write of the
+study's state (disk full) and SIGINT/SIGTERM each end with one line on stderr
+(`cli.one_line_failures`; status 2, 1, 130/143). The work is
+`flaxformer_lite.experiments.runner.run_study`; this command parses flags and prints.
 """
 
 from __future__ import annotations
 
-import shlex
 import sys
 
 from absl import app, flags, logging
@@ -32,9 +35,7 @@ from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.experiments import cli, sweeps
 from flaxformer_lite.experiments.runner import run_study
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "experiments/FILE.py:PRESET", lock_config=True
-)
+_CONFIG = config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "the study directory")
 _ONLY = flags.DEFINE_list("only", [], "run only these encodings or cell names, e.g. alibi,rope")
 _PROGRESS = flags.DEFINE_bool("progress", True, "show progress bars")
@@ -48,7 +49,7 @@ _SHARD = flags.DEFINE_string(
     "shard",
     None,
     "I/N: run only shard I (0-based, 0 <= I < N) of N of the selected cells, balanced by "
-    "estimated cost; give each shard its own --workdir and merge them with make_report.py",
+    "estimated cost; give each shard its own --workdir and merge them with the report command",
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> None:
             config,
             _WORKDIR.value,
             only=_ONLY.value,
-            command=shlex.join(["python", "scripts/run_study.py", *sys.argv[1:]]),
+            command=cli.command_line(sys.argv),
             overrides=cli.config_overrides(sys.argv),
             progress=_PROGRESS.value,
             restart_changed=_RESTART.value,
@@ -88,5 +89,10 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
 
 
+def run(argv: list[str] | None = None, prog: str = "flaxformer-lite study") -> None:
+    """Parse ``argv`` (default ``sys.argv``) and run the study (`cli.run_command`)."""
+    cli.run_command(main, doc=__doc__, module=__name__, argv=argv, prog=prog)
+
+
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    run()
