@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -264,3 +265,27 @@ def test_rebuild_model_shares_parameters(trained_model):
     b = nnx.state(other, nnx.Param)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_the_report_command_reads_a_train_workdir(uninterrupted, tmp_path):
+    """`flaxformer-lite report WORKDIR` on a single run's workdir (no rows.jsonl: made from its
+    eval.json) writes the tables with the run's own numbers."""
+    _, workdir, summary = uninterrupted
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_report.py", str(workdir), f"--out={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (workdir / "rows.jsonl").exists()  # the run's workdir is left as it was
+    table = tmp_path / "tables" / "bits_per_byte_nonoverlapping.csv"
+    with open(table) as f:
+        cells = {int(r["eval_length"]): float(r["mean"]) for r in csv.DictReader(f)}
+    expected = {
+        r["eval_length"]: r["bits_per_byte"]
+        for r in summary["eval"]
+        if r["protocol"] == "nonoverlapping"
+    }
+    assert cells == pytest.approx(expected, rel=1e-12)
