@@ -57,6 +57,7 @@ def clean(shared) -> Path:
     def produce(directory: Path) -> None:
         proc = run_study(directory / "study")
         assert proc.returncode == 0, proc.stderr[-3000:]
+        (directory / "stderr.txt").write_text(proc.stderr)  # as test_kill_resume.py's
 
     return shared("kill_resume_clean", produce) / "study"
 

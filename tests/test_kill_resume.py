@@ -80,6 +80,7 @@ def clean(shared) -> Path:
     def produce(directory: Path) -> None:
         proc = run_study(directory / "study")
         assert proc.returncode == 0, proc.stderr[-3000:]
+        (directory / "stderr.txt").write_text(proc.stderr)
 
     workdir = shared("kill_resume_clean", produce) / "study"
     assert {k[0] for k in values(workdir)} == {"alibi", "rope"}
@@ -133,11 +134,20 @@ def test_kill_at_every_point_then_rerun_gives_the_same_results(clean, tmp_path):
     assert values(study) == values(clean)
     assert tables(study) == tables(clean)
 
-    # A further run finds everything finished and changes nothing.
+    # A further run finds everything finished and changes nothing, silently.
     before = (study / "results.jsonl").read_bytes()
     proc = run_study(study)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (study / "results.jsonl").read_bytes() == before
+    assert proc.stderr == "", proc.stderr[-3000:]
+
+
+def test_happy_path_prints_nothing_on_stderr(clean):
+    """With --progress=false, a study that runs without trouble says nothing on stderr: no
+    warning or log line of absl, orbax, jax or Python's warnings (issue 18 item 6). A line
+    here is either noise to silence at its source or something to explain in one line."""
+    stderr = (clean.parent / "stderr.txt").read_text()
+    assert stderr == "", stderr[-3000:]
 
 
 def test_rows_and_blocks_of_both_protocols(clean):

@@ -24,6 +24,16 @@ def test_committed_notebook_has_no_outputs():
             assert cell["outputs"] == [] and cell["execution_count"] is None, cell["source"][:80]
 
 
+def test_no_placeholder_links():
+    """No link to a made-up repository (the project has no known public URL): the notebook's
+    text says how to open it in Colab instead of a badge pointing at ``github/OWNER/``."""
+    nb = json.loads(NOTEBOOK.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            text = "".join(cell["source"])
+            assert "OWNER" not in text and "colab-badge" not in text, text[:200]
+
+
 @pytest.mark.notebook
 def test_notebook_runs_and_shows_a_table_and_figures(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")

@@ -8,20 +8,29 @@ distribution unpacks to, so a copy downloaded by hand works as well as one fetch
 * `pg19`: `train/*.txt`, `validation/*.txt`, `test/*.txt` (split by folder, one book per file);
 * `enwik8`: `enwik8`, 100,000,000 bytes (contiguous 90M / 5M / 5M byte split).
 
-When the files are missing and `download=True`, they are fetched once with the optional
-`datasets` package (`pip install 'flaxformer-lite[corpora]'`), imported only here, and written
-into that layout atomically (temporary name, then rename). Without `datasets`, without network or
-with `download=False`, a FileNotFoundError says what to download and where to put it. Nothing in
-the test suite downloads: tests create small files in these layouts.
+When the files are missing and `download=True` (the default, and what every run config uses),
+they are fetched once with the optional `datasets` package
+(`pip install 'flaxformer-lite[corpora]'`), imported only here, and written into that layout
+atomically (temporary name, then rename). Before a download, one TCP connection to the
+source's host (`_unreachable`, a few seconds at most) tells whether the machine is online:
+offline, the call fails at once instead of after 30 s of the Hugging Face client's retries; during
+a download, that client's log records print once, not also through absl (`_hub_logs_once`).
+Without `datasets`, without network or with `download=False`, a FileNotFoundError says what to
+install or download and where to put it. Nothing in the test suite downloads: tests create
+small files in these layouts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Callable, Iterable
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from flaxformer_lite.data import store
@@ -37,6 +46,10 @@ PG19_HF = "emozilla/pg19"
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_NUM_BYTES = 100_000_000
 EXTRA_HINT = "pip install 'flaxformer-lite[corpora]'"
+HF_ENDPOINT = "https://huggingface.co"  # the hub, unless $HF_ENDPOINT names another
+PROBE_SECONDS = 5.0  # the connectivity probe's timeout
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+_HF_OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 _MANUAL = {
     "wikitext103": (
@@ -61,29 +74,79 @@ def corpus_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     return store.cache_root(cache_dir) / name
 
 
-def _missing(name: str, directory: Path, reason: str) -> FileNotFoundError:
+def _missing(
+    name: str, directory: Path, reason: str, fetch: str = "run again online"
+) -> FileNotFoundError:
+    """The error for a corpus that is not in ``directory``: why (``reason``), how to have it
+    fetched (``fetch``) and how to put a copy there by hand."""
     return FileNotFoundError(
-        f"corpus {name!r} not found in {directory} ({reason}). Either install the optional extra "
-        f"({EXTRA_HINT}) and call again online with download=True, or "
+        f"corpus {name!r} not found in {directory} ({reason}). To have it downloaded once into "
+        f"that folder: {fetch}. Or put a copy there by hand: "
         + _MANUAL[name].format(dir=directory)
-        + ". Set the cache root with cache_dir= or $"
-        + store.CACHE_ENV
-        + "."
+        + f". The cache root ({directory.parent}) is the cache_dir argument (in a run config: "
+        f"config.data.cache_dir), else ${store.CACHE_ENV}, else ~/.cache/flaxformer_lite."
     )
+
+
+def _source_url(name: str) -> str:
+    """Where `name` is downloaded from (the hub's endpoint for the Hugging Face datasets)."""
+    if name == "enwik8":
+        return ENWIK8_URL
+    return os.environ.get("HF_ENDPOINT") or HF_ENDPOINT
+
+
+def _unreachable(url: str, timeout: float = PROBE_SECONDS) -> str | None:
+    """None if a TCP connection to ``url``'s host opens within ``timeout`` seconds, else why
+    not. Also None (not probed) behind a proxy ($HTTPS_PROXY, ...: only the download itself can
+    tell) and in the Hugging Face offline mode ($HF_HUB_OFFLINE: `datasets` reads its own cache)."""
+    if any(os.environ.get(v) for v in _PROXY_ENV + _HF_OFFLINE_ENV):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        return f"offline? cannot reach {parts.hostname}:{port}: {err}"
+    return None
+
+
+@contextlib.contextmanager
+def _hub_logs_once() -> Iterator[None]:
+    """While downloading: records of `huggingface_hub` and `datasets` (a retried request, ...)
+    print once. Both libraries give their logger a stderr handler of its own and let records
+    propagate to the root logger too, where `absl.app` installs its handler: every record
+    would print twice. Loggers with their own handler stop propagating until the download
+    ends."""
+    changed = []
+    for logger in map(logging.getLogger, ("huggingface_hub", "datasets")):
+        if logger.handlers and logger.propagate:
+            logger.propagate = False
+            changed.append(logger)
+    try:
+        yield
+    finally:
+        for logger in changed:
+            logger.propagate = True
 
 
 def _fetch(name: str, directory: Path, download: bool, fetcher: Callable) -> None:
     """Runs `fetcher(datasets_module, directory)`, turning every failure into `_missing`."""
     if not download:
-        raise _missing(name, directory, "download=False")
+        fetch = f"call again with download=True, online, with `datasets` installed ({EXTRA_HINT})"
+        raise _missing(name, directory, "download=False", fetch)
     try:
         import datasets  # optional extra; imported only when a download is needed
     except ImportError:
         reason = "the optional package `datasets` is not installed"
-        raise _missing(name, directory, reason) from None
+        fetch = f"install it ({EXTRA_HINT}) and run again online"
+        raise _missing(name, directory, reason, fetch) from None
+    offline = _unreachable(_source_url(name))
+    if offline is not None:  # fail now, not after the client's retries
+        raise _missing(name, directory, offline, "run again with network access")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fetcher(datasets, directory)
+        with _hub_logs_once():
+            fetcher(datasets, directory)
     except Exception as err:
         raise _missing(name, directory, f"download failed: {type(err).__name__}: {err}") from err
 

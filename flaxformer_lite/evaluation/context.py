@@ -59,20 +59,20 @@ def evaluate_context(
         leave=False,
     )
     batches = split.context_batches(starts, context, block, batch_size)
-    for index, batch in enumerate(batches):
-        batch = dict(batch, positions=positions_fn(index, batch_size, length))
-        out = evaluator(batch)
-        for k in sums:
-            sums[k] += out[k][context - 1 :]
-        ids = np.repeat(
-            ((index * batch_size + np.arange(batch_size)) // per_stat)[:, None], length, 1
-        )
-        mask = batch["loss_mask"] > 0
-        stats.add("loss", ids[mask], out["token_loss"][mask])
-        stats.add("correct", ids[mask], out["token_correct"][mask])
-        stats.add("count", ids[mask], np.ones(int(mask.sum())))
-        bar.update(min(batch_size, len(starts) - index * batch_size))
-    bar.close()
+    with bar:  # closed also when interrupted
+        for index, batch in enumerate(batches):
+            batch = dict(batch, positions=positions_fn(index, batch_size, length))
+            out = evaluator(batch)
+            for k in sums:
+                sums[k] += out[k][context - 1 :]
+            ids = np.repeat(
+                ((index * batch_size + np.arange(batch_size)) // per_stat)[:, None], length, 1
+            )
+            mask = batch["loss_mask"] > 0
+            stats.add("loss", ids[mask], out["token_loss"][mask])
+            stats.add("correct", ids[mask], out["token_correct"][mask])
+            stats.add("count", ids[mask], np.ones(int(mask.sum())))
+            bar.update(min(batch_size, len(starts) - index * batch_size))
     result = summarize(**sums)
     result.update(
         eval_length=context,

@@ -84,21 +84,21 @@ def evaluate_length(
     sums = {k: np.zeros(length, np.float64) for k in ("loss_sum", "correct_sum", "count")}
     blocks = BlockSums(block_tokens, "target bytes")
     bar = tqdm(total=total, desc=f"eval L'={length}", unit="win", disable=not progress, leave=False)
-    for index, batch in enumerate(batches):
-        batch = dict(batch, positions=positions_fn(index, batch_size, length))
-        out = evaluator(batch)
-        for k in sums:
-            sums[k] += out[k]
-        # window w starts at byte w * step; its column j predicts byte w * step + j + 1
-        windows = index * batch_size + np.arange(batch_size)
-        target = windows[:, None] * step + np.arange(length)[None, :] + 1
-        ids = target // block_tokens
-        mask = batch["loss_mask"] > 0
-        blocks.add("loss", ids[mask], out["token_loss"][mask])
-        blocks.add("correct", ids[mask], out["token_correct"][mask])
-        blocks.add("count", ids[mask], np.ones(int(mask.sum())))
-        bar.update(min(batch_size, total - index * batch_size))
-    bar.close()
+    with bar:  # closed also when interrupted: the interrupt's message gets a line of its own
+        for index, batch in enumerate(batches):
+            batch = dict(batch, positions=positions_fn(index, batch_size, length))
+            out = evaluator(batch)
+            for k in sums:
+                sums[k] += out[k]
+            # window w starts at byte w * step; its column j predicts byte w * step + j + 1
+            windows = index * batch_size + np.arange(batch_size)
+            target = windows[:, None] * step + np.arange(length)[None, :] + 1
+            ids = target // block_tokens
+            mask = batch["loss_mask"] > 0
+            blocks.add("loss", ids[mask], out["token_loss"][mask])
+            blocks.add("correct", ids[mask], out["token_correct"][mask])
+            blocks.add("count", ids[mask], np.ones(int(mask.sum())))
+            bar.update(min(batch_size, total - index * batch_size))
     result = summarize(**sums, train_length=train_length)
     result.update(
         eval_length=length,

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
 from flaxformer_lite.evaluation.context import evaluate_context
 from flaxformer_lite.evaluation.corpus import evaluate_length
@@ -105,8 +106,24 @@ def evaluate_cell(
 def evaluate_plan(
     model: nnx.Module, plan: EvalPlan, dataset: Any, *, progress: bool = False
 ) -> list[dict[str, Any]]:
-    """Every cell of ``plan``, in order (``dataset``: the opened corpus or task)."""
-    return [evaluate_cell(model, plan, cell, dataset, progress=progress) for cell in plan.cells]
+    """Every cell of ``plan``, in order (``dataset``: the opened corpus or task).
+
+    ``progress``: a bar of the cells (with the ETA), above the window bar of the current
+    length (`evaluate_length`, `evaluate_context`)."""
+    results = []
+    with tqdm(
+        total=len(plan.cells),
+        desc="evaluate",
+        unit="cell",
+        disable=not progress,
+        leave=False,  # the results follow; in a study, each cell's bars would pile up
+        dynamic_ncols=True,
+    ) as bar:
+        for cell in plan.cells:
+            bar.set_postfix_str(f"{cell.label.encoding} {cell.protocol} L'={cell.length}")
+            results.append(evaluate_cell(model, plan, cell, dataset, progress=progress))
+            bar.update(1)
+    return results
 
 
 def quick_evaluate(model: nnx.Module, plan: EvalPlan, dataset: Any) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Standard corpora from local files in their distribution layout; no download ever happens."""
 
+import logging
 import sys
 import types
 
@@ -17,6 +18,12 @@ def _bytes(corpus, split):
 def no_datasets(monkeypatch):
     """Makes `import datasets` fail even if it were installed."""
     monkeypatch.setitem(sys.modules, "datasets", None)
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """The connectivity probe says every host is reachable (the fake downloads below)."""
+    monkeypatch.setattr(standard, "_unreachable", lambda url: None)
 
 
 def test_wikitext_from_local_files(cache_env, no_datasets):
@@ -86,8 +93,12 @@ def test_missing_offline_error_says_what_and_where(tmp_path, name, no_datasets):
     assert "download=False" in msg and "flaxformer-lite[corpora]" in msg
     expected = {"wikitext103": "wiki.train.raw", "pg19": "/validation/", "enwik8": "enwik8.zip"}
     assert expected[name] in msg
-    with pytest.raises(FileNotFoundError, match="`datasets` is not installed"):
+    with pytest.raises(FileNotFoundError, match="`datasets` is not installed") as info:
         get_corpus(name, cache_dir=tmp_path, download=True)
+    # what a run config's user can do: no download=True (the CLI has no such flag)
+    msg = str(info.value)
+    assert "download=True" not in msg and "flaxformer-lite[corpora]" in msg
+    assert "config.data.cache_dir" in msg and expected[name] in msg
 
 
 class _FakeDatasets(types.ModuleType):
@@ -114,7 +125,7 @@ class _FakeDatasets(types.ModuleType):
         return _Manager()
 
 
-def test_wikitext_download_through_datasets(tmp_path, monkeypatch):
+def test_wikitext_download_through_datasets(tmp_path, monkeypatch, online):
     rows = {s: [{"text": f" = {s} = \n"}, {"text": ""}, {"text": "line \u00e9\n"}] for s in SPLITS}
     fake = _FakeDatasets(tables=rows)
     monkeypatch.setitem(sys.modules, "datasets", fake)
@@ -127,7 +138,7 @@ def test_wikitext_download_through_datasets(tmp_path, monkeypatch):
     assert len(fake.calls) == 1
 
 
-def test_pg19_download_through_datasets(tmp_path, monkeypatch):
+def test_pg19_download_through_datasets(tmp_path, monkeypatch, online):
     rows = {
         s: [
             {"url": f"http://www.gutenberg.org/ebooks/{i + 10}", "text": f"{s} {i} " * 5}
@@ -147,7 +158,7 @@ def test_pg19_download_through_datasets(tmp_path, monkeypatch):
     )
 
 
-def test_enwik8_download_is_verified(tmp_path, monkeypatch, random_bytes):
+def test_enwik8_download_is_verified(tmp_path, monkeypatch, random_bytes, online):
     archive = tmp_path / "extracted"
     archive.mkdir()
     (archive / "enwik8").write_bytes(random_bytes(1000))
@@ -160,11 +171,62 @@ def test_enwik8_download_is_verified(tmp_path, monkeypatch, random_bytes):
     assert corpus.split("test").num_bytes == 50
 
 
-def test_failed_download_names_the_cause(tmp_path, monkeypatch):
+def test_failed_download_names_the_cause(tmp_path, monkeypatch, online):
     fake = _FakeDatasets(fail=ConnectionError("no route to host"))
     monkeypatch.setitem(sys.modules, "datasets", fake)
     with pytest.raises(FileNotFoundError, match="download failed: ConnectionError: no route"):
         standard.wikitext103(cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["wikitext103", "enwik8"])
+def test_offline_fails_at_once_without_the_client(tmp_path, monkeypatch, name):
+    """Offline, `datasets` is never called (its client retried for 30 s, logging each try
+    twice): the probe's failure is the error."""
+    for var in standard._PROXY_ENV + standard._HF_OFFLINE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # .invalid never resolves
+    monkeypatch.setattr(standard, "ENWIK8_URL", "http://enwik8.invalid/enwik8.zip")
+    fake = _FakeDatasets(fail=AssertionError("called"))
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    host = {"wikitext103": "hub.invalid:443", "enwik8": "enwik8.invalid:80"}[name]
+    with pytest.raises(FileNotFoundError, match=f"cannot reach {host}") as info:
+        get_corpus(name, cache_dir=tmp_path)
+    assert fake.calls == []
+    assert "run again with network access" in str(info.value)
+
+
+def test_hub_logs_print_once(tmp_path, monkeypatch, online):
+    """A record of the Hugging Face client (a retried request) is printed by its own handler
+    only, not also by the root logger's handler that absl.app installs."""
+    printed = {"hub": [], "root": []}
+
+    class Keep(logging.Handler):
+        def __init__(self, key):
+            super().__init__()
+            self.key = key
+
+        def emit(self, record):
+            printed[self.key].append(record.getMessage())
+
+    hub, root = logging.getLogger("huggingface_hub"), logging.getLogger()
+    own, absl_like = Keep("hub"), Keep("root")
+    hub.addHandler(own)
+    root.addHandler(absl_like)
+
+    class Retrying(_FakeDatasets):
+        def load_dataset(self, *args):
+            logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s")
+            raise ConnectionError("no route to host")
+
+    monkeypatch.setitem(sys.modules, "datasets", Retrying())
+    try:
+        with pytest.raises(FileNotFoundError, match="download failed"):
+            standard.wikitext103(cache_dir=tmp_path)
+        assert hub.propagate  # restored
+    finally:
+        hub.removeHandler(own)
+        root.removeHandler(absl_like)
+    assert printed == {"hub": ["Retrying in 1s"], "root": []}
 
 
 def test_unknown_corpus_lists_names():
