@@ -1,9 +1,9 @@
-"""Length extrapolation of a decoder-only byte LM: train at length L, evaluate at L x {1..16}.
+r"""Length extrapolation of a decoder-only byte LM: train at length L, evaluate at L x {1..16}.
 
-Usage::
+Usage (installed as ``flaxformer_lite.configs.extrapolation_lm``: by name, or by this path)::
 
-    python scripts/run_study.py --config=experiments/extrapolation_lm.py:quick --workdir=runs/quick
-    python scripts/train.py --config=experiments/extrapolation_lm.py:tiny --workdir=runs/tiny \
+    flaxformer-lite study --config=extrapolation_lm:quick --workdir=runs/quick
+    flaxformer-lite train --config=experiments/extrapolation_lm.py:tiny --workdir=runs/tiny \
         --config.model.positional=rope
 
 Presets (measured wall times: docs/results.md; every study scores the whole validation split
@@ -17,6 +17,16 @@ unless ``eval.max_tokens`` caps it):
           25 trainings alone take ~30 min there; docs/results.md has its measured cost.
   all     every encoding family in the library (+ randomized positions, + RoPE scaling rows
           PI / NTK / dynamic NTK / YaRN at evaluation, + windowed attention), 1 seed.
+  lr      quick's model and training at each peak learning rate of LEARNING_RATES (1e-3,
+          3e-3 = quick's, 1e-2) x the 5 encodings, 1 seed: 15 runs, ~22 min on 2 idle cores
+          (3 x quick's measured 7.2 min: the rate does not change a step's cost). The report
+          picks each encoding's best rate on validation at 1x and tabulates the study there.
+  scaling three model sizes (SCALING_SIZES: 34k, 216k = quick's, 826k parameters with RoPE)
+          x the 5 encodings x 2 seeds, 2000 steps each (4.1M training bytes, 0.45 epochs of
+          the stdlib training split; quick: 2.0M, 0.23), non-overlapping (first 32,768
+          targets) and context (4,096 targets, c = L x {1, 4, 16}) protocols: 30 runs, ~70 min
+          on 2 idle cores (an estimate: see _scaling). The report tabulates and plots the
+          extrapolation gap (4x and 16x minus 1x) against parameters.
   wikitext103_bytes
           a byte-level study on WikiText-103 raw for one accelerator (L = 512 bytes, 25M
           parameters, to 16k bytes). Not the ALiBi paper's setting (a word-level 247M model at
@@ -27,8 +37,9 @@ unless ``eval.max_tokens`` caps it):
           GPU) and ~6 h for the 15 runs, plus evaluation.
 
 The sweep (``config.sweep``) lists the runs as data: every encoding x every seed, plus the
-encodings also trained on randomized positions (``sweep.randomized``); the runner expands it
-(`flaxformer_lite.experiments.sweeps.expand_sweep`).
+encodings also trained on randomized positions (``sweep.randomized``), at each learning rate
+(``sweep.learning_rates``) and model size (``sweep.model_sizes``) when those are given; the
+runner expands it (`flaxformer_lite.experiments.sweeps.expand_sweep`).
 """
 
 from __future__ import annotations
@@ -44,6 +55,15 @@ ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
 ALL_ENCODINGS = (*ENCODINGS, "t5", "xpos", "kerple_log", "kerple_power", "fire")
 # ... and these also trained and evaluated on sorted random positions (Ruoss et al. 2023).
 ALL_RANDOMIZED = ("sinusoidal", "rope")
+# The `lr` preset's grid of peak learning rates (quick's 3e-3 in the middle).
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+# The `scaling` preset's models (d_ff = 4 d_model); parameters with RoPE (no table):
+# 33,664, 216,448 (quick's model) and 826,112, a 24.5x span.
+SCALING_SIZES = (
+    dict(name="d32l2", d_model=32, num_heads=2, d_ff=128, num_decoder_layers=2),
+    dict(name="d64l4", d_model=64, num_heads=4, d_ff=256, num_decoder_layers=4),
+    dict(name="d128l4", d_model=128, num_heads=4, d_ff=512, num_decoder_layers=4),
+)
 
 
 def _model(**overrides) -> ml_collections.ConfigDict:
@@ -142,6 +162,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             encodings=ENCODINGS,  # one run per encoding ...
             seeds=(0,),  # ... and per seed
             randomized=(),  # encodings also run on randomized positions (one run per seed)
+            learning_rates=(),  # peak rates, one run per rate; (): optim.learning_rate
+            model_sizes=(),  # dicts of model overrides with a "name", one run per size
         )
     )
     PRESETS[preset](c)
@@ -230,11 +252,40 @@ def _all(c: ml_collections.ConfigDict) -> None:
     c.eval.rope_scalings = ("pi", "ntk", "dynamic_ntk", "yarn")
 
 
+def _lr(c: ml_collections.ConfigDict) -> None:
+    # quick at three peak rates: is the ranking an artefact of one rate for all encodings?
+    # optim.learning_rate stays 3e-3, the common rate the report compares the ranking with.
+    _quick(c)
+    c.sweep.learning_rates = LEARNING_RATES
+
+
+def _scaling(c: ml_collections.ConfigDict) -> None:
+    # Model size and training length. Cost, from nice'd probes of 20 training steps and one
+    # evaluation per size on the shared 2-core machine, scaled by 0.46 = quick's unshared
+    # 55-60 ms/step (docs/results.md) / its probed CPU time of ~125 ms/step: per step
+    # d32l2 ~15 ms, d64l4 ~57 ms, d128l4 ~115 ms, i.e. 2000 steps x 187 ms = ~6.2 min of
+    # training per encoding x seed; evaluation ~6 / 12 / 16 s per run (compiles included);
+    # 10 encoding x seed pairs -> ~62 min training + ~6 min evaluation + ~3 min start-up
+    # and checkpoints = ~70 min (the calibration's spread, 0.43-0.54, gives 65-85 min).
+    _quick(c)
+    c.train.update(num_steps=2000, checkpoint_every=500)
+    c.sweep.model_sizes = SCALING_SIZES
+    c.sweep.seeds = (0, 1)
+    c.eval.update(
+        protocols=("nonoverlapping", "context"),
+        max_tokens=32768,  # 32 blocks of 1,024 bytes: enough for the paired bootstrap
+        context_multiples=(1, 4, 16),  # the gap table's lengths
+        context_targets=4096,  # 128 windows of S = 32 targets: cheap (t interval over seeds)
+    )
+
+
 PRESETS = {
     "tiny": _tiny,
     "quick": _quick,
     "cpu": _cpu,
     "all": _all,
     "wikitext103_bytes": _wikitext103_bytes,
+    "lr": _lr,
+    "scaling": _scaling,
 }
 RENAMED = {"paper": "wikitext103_bytes"}  # old name -> new name, for the error message

@@ -585,6 +585,7 @@ def test_write_report_files_and_determinism(tmp_path):
     assert "| Seeds | 0, 1, 2 |" in text
     # per run (rope+pi rows belong to the rope runs): 3 x (10 + 11 + 12) train, 9 x 2 eval
     assert "| Wall time (sum over runs) | 117.0 s = 99.0 s training + 18.0 s evaluation |" in text
+    assert "### Cost per encoding" in text  # in REPORT.md only: not results (test_sweep_report)
     assert "moving average over L/8 = 8 positions" in text
     assert "## Problems" not in text
 

@@ -230,3 +230,63 @@ def plot_loss_by_position(
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return save_figure(fig, stem)
+
+
+def _count(n: float) -> str:
+    """``33.7k``, ``1.23M``: a parameter count on an axis."""
+    if n >= 1e6:
+        return f"{n / 1e6:.3g}M"
+    return f"{n / 1e3:.3g}k" if n >= 1e3 else f"{n:.0f}"
+
+
+def plot_vs_params(
+    panels: Mapping[str, Series],
+    stem: str | Path,
+    *,
+    ylabel: str,
+    title: str,
+    styles: Mapping[str, Mapping[str, Any]] | None = None,
+    columns: int = 2,
+) -> list[Path]:
+    """One panel per entry of ``panels`` (``panels[title] = series``, points ``(parameters,
+    mean, ci_half_width_or_None)``): a metric against the number of parameters (log10 axis),
+    one line per encoding with its band, and a dotted line at zero. Saves PNG and PDF."""
+    n = len(panels)
+    if n == 0:
+        raise ValueError("plot_vs_params needs at least one panel; got none")
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.6 * cols, 3.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    handles: dict[str, Any] = {}
+    for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
+        _draw_series(ax, series, styles)
+        ax.axhline(0.0, color="0.3", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=10)
+        # a tick per model size (counts within 5% are one size: a learned table's extra rows)
+        ticks: list[float] = []
+        for x in sorted(p[0] for pts in series.values() for p in pts):
+            if not ticks or x > 1.05 * ticks[-1]:
+                ticks.append(x)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([_count(x) for x in ticks])
+        ax.minorticks_off()
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("parameters")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    fig.legend(
+        list(handles.values()),
+        list(handles.keys()),
+        loc="upper left",
+        bbox_to_anchor=(1.0, 0.95),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout()
+    return save_figure(fig, stem)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from flaxformer_lite.base.io import write_error
-from flaxformer_lite.experiments import paired, plots, results
+from flaxformer_lite.experiments import paired, plots, results, sweep_report
+from flaxformer_lite.experiments.sweeps import learning_rate_tag
 from flaxformer_lite.experiments.tables import (
     CONFIDENCE,
     CSV_FIELDS,
@@ -98,6 +99,7 @@ def _make_plots(
             continue
         stem = f"plots/{t.name}_vs_length"
         where = "".join(f" — {p}" for p in (t.study if len(studies) > 1 else None, t.protocol) if p)
+        where += f", model {t.model_size}" if t.model_size else ""
         context = t.protocol == "context"
         axis = "context length" if context else "evaluation length"
         title = f"{t.info.title} vs {axis}{where}"
@@ -159,7 +161,7 @@ def _position_plots(
     taken = {t.name for t in tables}
     figures = []
     for key, rs in groups.items():
-        study, protocol, _, train_length = key
+        study, protocol, _, train_length, size = key
         longest = max(r["eval_length"] for r in rs)
         rs = [r for r in rs if r["eval_length"] == longest]
         by_encoding = group_by(rs, lambda r: r["encoding"])
@@ -171,6 +173,7 @@ def _position_plots(
             name += "-curve"
         stem = f"plots/{name}"
         where = "".join(f" — {p}" for p in (study if many_studies else None, protocol) if p)
+        where += f", model {size}" if size else ""
         title = f"Loss by position at length {longest}{where}"
         plots.plot_loss_by_position(
             curves,
@@ -189,6 +192,33 @@ def _position_plots(
             f"{smoothing} positions; dashed line: training length L"
             + (f" = {train_length}" if train_length else "")
             + ". Positions right of it see more context than any training window."
+        )
+        figures.append(PlotInfo(stem, title, caption))
+    return figures
+
+
+def _gap_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[PlotInfo]:
+    """The extrapolation gap against parameters of each study with several model sizes."""
+    styles = plots.encoding_styles(encoding_order(rows))
+    groups = sweep_report.gap_panels(rows)
+    figures = []
+    for index, (group, panels) in enumerate(groups):
+        stem = "plots/extrapolation_gap_vs_params" + (f"-{index + 1}" if len(groups) > 1 else "")
+        where = " — " + ", ".join(str(x) for x in group if x) if len(groups) > 1 else ""
+        title = f"Extrapolation gap vs parameters{where}"
+        plots.plot_vs_params(
+            panels, out_dir / stem, ylabel="gap (bits/byte)", title=title, styles=styles
+        )
+        seeds = sorted({r.get("seed") for r in rows if r.get("seed") is not None}, key=str)
+        band = (
+            f"bands: {CONFIDENCE:.0%} Student-t CI across seeds (n = {len(seeds)})"
+            if len(seeds) > 1
+            else "one seed: no bands"
+        )
+        caption = (
+            "Bits per byte at m × L minus at 1 × L per encoding against its parameters (log "
+            "axis), one panel per protocol and m; each run's gap is taken within the run, then "
+            f"averaged over seeds; {band}. Dotted line: no gap."
         )
         figures.append(PlotInfo(stem, title, caption))
     return figures
@@ -243,6 +273,10 @@ def _runs(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             if isinstance(v, int | float) and math.isfinite(v):
                 run[k] = max(run[k], float(v))
     return list(runs.values())
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _number_first(x: Any) -> tuple[int, Any]:
@@ -347,6 +381,22 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     if tasks:
         lines.append(f"| Tasks | {cell(_join(tasks))} |")
+    rates = sorted({r["learning_rate"] for r in rows if _is_number(r.get("learning_rate"))})
+    if rates:
+        tags = _join(learning_rate_tag(x) for x in rates)
+        lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
+    params: dict[Any, list[float]] = {}
+    for r in rows:
+        if _is_number(r.get("num_params")):
+            params.setdefault(r.get("model_size"), []).append(r["num_params"])
+    if params:  # a model size: the smallest and largest count of its encodings
+        sizes = sorted(params.items(), key=lambda kv: min(kv[1]))
+        counts = [
+            ("" if size is None else f"{size}: ")
+            + "–".join(dict.fromkeys(f"{n:,.0f}" for n in (min(ns), max(ns))))
+            for size, ns in sizes
+        ]
+        lines.append(f"| Parameters | {cell('; '.join(counts))} |")
     lines += [
         f"| Runs / rows | {len(runs)} / {len(rows)} |",
         f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
@@ -396,9 +446,11 @@ def render_report(
     title: str | None = None,
     pairs: Sequence[Any] = (),
     missing: Sequence[str] = (),
+    derived: Sequence[sweep_report.TextTable] = (),
 ) -> str:
     """The text of ``REPORT.md`` (links are relative to the report's directory);
-    ``missing``: lines naming a study's cells without results (merged shards), stated."""
+    ``missing``: lines naming a study's cells without results (merged shards), stated;
+    ``derived``: the learning-rate, extrapolation-gap and cost tables (`sweep_report`)."""
     lines = [
         f"# {md_text(title or _default_title(rows))}",
         "",
@@ -455,6 +507,14 @@ def render_report(
             "[Markdown](tables/paired_differences.md)",
             "",
         ]
+    for t in derived:
+        lines += [f"### {md_text(t.title)}", "", sweep_report.render_markdown(t).rstrip("\n"), ""]
+        if t.files:
+            lines += [
+                f"[LaTeX](tables/{t.name}.tex) · [CSV](tables/{t.name}.csv) · "
+                f"[Markdown](tables/{t.name}.md)",
+                "",
+            ]
     if other:
         lines += [
             "Other tables: "
@@ -487,8 +547,15 @@ def write_report(
     reference: str = paired.DEFAULT_REFERENCE,
     all_pairs: bool = False,
     missing: Sequence[str] = (),
+    common_rate: float | None = None,
 ) -> Path:
     """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``.
+
+    Rows of several learning rates per encoding (the ``lr`` preset) are tabulated at each
+    encoding's best rate, with ``tables/learning_rate.*`` showing every rate; rows of several
+    model sizes (``scaling``) get a table per size and ``tables/extrapolation_gap.*`` with
+    its plot; every report with run times has the cost per encoding (`sweep_report`; in
+    ``REPORT.md`` only: wall-clock times, unlike the files in ``tables/``).
 
     Args:
       rows: results rows (`results.load_rows`).
@@ -499,6 +566,9 @@ def write_report(
         intervals, significance marks and ``tables/paired_differences.{md,tex,csv}``.
       reference, all_pairs: the paired-differences table's reference encoding, or all pairs.
       missing: lines naming cells without results (``make_report.py``), stated in the report.
+      common_rate: the learning rate the ranking at each encoding's best rate is compared
+        with (default: the middle rate of the grid; the runner passes the study's
+        ``optim.learning_rate``).
 
     Returns:
       The path of ``REPORT.md``. The same rows give byte-identical tables and ``REPORT.md``.
@@ -511,7 +581,28 @@ def write_report(
         raise ValueError("write_report needs at least one results row; got none")
     out_dir = Path(out_dir)
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
-    tables = build_tables(rows, blocks)
+    choices = sweep_report.select_rates(rows)
+    main_rows = sweep_report.rows_at_best_rates(rows, choices)  # rows itself without a grid
+    tables = build_tables(main_rows, blocks)
+    if choices:
+        tables = [
+            dataclasses.replace(
+                t,
+                note=sweep_report.best_rate_note(
+                    choices, (t.study, t.task, t.train_length, t.model_size)
+                ),
+            )
+            for t in tables
+        ]
+    derived = [sweep_report.learning_rate_table(choices, rows, common_rate)] if choices else []
+    derived += sweep_report.gap_tables(main_rows) + sweep_report.cost_tables(rows)
+    for d in (d for d in derived if d.files):
+        for suffix, render in (
+            (".md", sweep_report.render_markdown),
+            (".tex", sweep_report.render_latex),
+            (".csv", sweep_report.render_csv),
+        ):
+            _write_text(out_dir / "tables" / f"{d.name}{suffix}", render(d))
     for t in tables:
         for suffix, text in (
             (".md", render_markdown(t)),
@@ -527,7 +618,7 @@ def write_report(
             (".csv", paired.render_csv),
         ):
             _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
-    figures = _make_plots(rows, tables, out_dir)
+    figures = _make_plots(main_rows, tables, out_dir) + _gap_plots(main_rows, out_dir)
     report = out_dir / "REPORT.md"
     text = render_report(
         rows,
@@ -537,6 +628,7 @@ def write_report(
         title=title,
         pairs=pairs,
         missing=list(missing),
+        derived=derived,
     )
     _write_text(report, text)
     return report
@@ -556,7 +648,11 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def write_study_report(
-    workdir: str | Path, *, reference: str = paired.DEFAULT_REFERENCE, all_pairs: bool = False
+    workdir: str | Path,
+    *,
+    reference: str = paired.DEFAULT_REFERENCE,
+    all_pairs: bool = False,
+    common_rate: float | None = None,
 ) -> Path | None:
     """The report of a study directory from its ``results.jsonl`` and ``blocks.jsonl``
     (skipped lines are stated in it); None when no cell has finished yet."""
@@ -565,5 +661,11 @@ def write_study_report(
         return None
     blocks = results.load_blocks([workdir])
     return write_report(
-        rows, workdir, problems=problems, blocks=blocks, reference=reference, all_pairs=all_pairs
+        rows,
+        workdir,
+        problems=problems,
+        blocks=blocks,
+        reference=reference,
+        all_pairs=all_pairs,
+        common_rate=common_rate,
     )

@@ -2,15 +2,22 @@
 
 A row's subject is the evaluation plan's label, as separate fields (``encoding`` -- the
 display label --, ``positional``, ``variant``, ``randomized_positions``, and the exact
-``encoding_options``), so tables group and order rows without parsing label strings.
+``encoding_options``), so tables group and order rows without parsing label strings. Its
+setting is recorded beside it: ``learning_rate`` (the peak rate), ``model_size`` (the sweep's
+size name, None when the study sweeps no sizes) and ``num_params`` (the model's parameters),
+so a study sweeping them is tabulated per rate and size; ``train_seconds`` times
+``train_steps`` steps and ``eval_seconds`` every evaluation of the run (the report's cost
+table).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from flaxformer_lite.experiments import results
+from flaxformer_lite.train.memory import count_parameters
 from flaxformer_lite.train.run_config import RunConfig
 
 SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
@@ -32,9 +39,14 @@ def _cell_key(run: RunConfig, name: str, summary: dict[str, Any]) -> dict[str, A
 
 
 def rows_for_cell(
-    run: RunConfig, name: str, summary: dict[str, Any], command: str
+    run: RunConfig,
+    name: str,
+    summary: dict[str, Any],
+    command: str,
+    labels: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Results rows of one finished cell (``summary``: `train_and_evaluate`'s result)."""
+    """Results rows of one finished cell (``summary``: `train_and_evaluate`'s result;
+    ``labels``: the sweep cell's labels, e.g. ``{"model_size": "m"}``)."""
     env = summary["provenance"]
     common = _cell_key(run, name, summary) | {
         "git_commit": env["git_commit"],
@@ -45,7 +57,11 @@ def rows_for_cell(
         "device_count": env["device_count"],
         "data": env["data"],
         "train_seconds": round(summary["train_seconds"], 3),
+        "train_steps": summary.get("train_steps"),  # None in an eval.json from before it
         "eval_seconds": round(summary["eval_seconds"], 3),
+        "learning_rate": run.optim.learning_rate,
+        "model_size": (labels or {}).get("model_size"),
+        "num_params": count_parameters(run.model),
         "command": command,
         "timestamp": summary.get("finished_at"),
     }

@@ -242,7 +242,7 @@ class Study:
         blocks = blocks_for_cell(run, cell["name"], summary)
         text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
         atomic_write_text(self.cell_dir(cell["name"]) / BLOCKS_FILE, text)
-        rows = rows_for_cell(run, cell["name"], summary, self.command)
+        rows = rows_for_cell(run, cell["name"], summary, self.command, cell.get("labels"))
         text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
         atomic_write_text(self.cell_dir(cell["name"]) / "rows.jsonl", text)  # last: done
 
@@ -376,11 +376,13 @@ def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: 
     interrupt.where(phase="writing the report")
     if report is True:
         evals = config.get("eval", {}) if hasattr(config, "get") else {}
+        optim = config.get("optim", {}) if hasattr(config, "get") else {}
         try:
             report_path = write_study_report(
                 study.workdir,
                 reference=evals.get("paired_reference", "alibi"),
                 all_pairs=bool(evals.get("paired_all", False)),
+                common_rate=optim.get("learning_rate"),  # a rate sweep's ranking is compared at it
             )
         except DuplicateRowsError as e:  # two rows of one measurement: never averaged
             failed["report"] = f"{type(e).__name__}: {e}"

@@ -1,22 +1,29 @@
 """A study's cells as data: ``config.sweep`` expanded into one run per encoding x seed (x task).
 
 ``config.sweep`` holds ``encodings`` (registry names), ``seeds``, optionally ``randomized``
-(encodings also trained on randomized positions, Ruoss et al. 2023) and ``tasks`` (synthetic
-tasks; one cell per task). A cell is ``{"name": ..., "overrides": {"model.positional": ...,
-"seed": ..., ...}}``; its run config is the study config with those dotted-path overrides.
+(encodings also trained on randomized positions, Ruoss et al. 2023), ``tasks`` (synthetic
+tasks; one cell per task), ``learning_rates`` (peak rates; one cell per rate, named
+``rope-lr3e-3-seed0``; empty: ``optim.learning_rate`` for every cell) and ``model_sizes``
+(dicts of ``model.*`` overrides, each with a ``name``: one cell per size, named
+``rope-<name>-seed0``; empty: the config's model). A cell is ``{"name": ..., "overrides":
+{"model.positional": ..., "seed": ..., ...}}`` (plus ``"labels": {"model_size": name}`` when
+sizes are swept: the results rows record it); its run config is the study config with those
+dotted-path overrides. Without rates and sizes the cells are exactly those of encoding x seed
+(x task), so the workdirs of studies made before these fields existed stay valid.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.base.checks import ConfigError, fail, is_int
+from flaxformer_lite.base.checks import ConfigError, fail, is_int, is_number
 from flaxformer_lite.train.run_config import MAX_SEED
 
-SWEEP_FIELDS = ("encodings", "seeds", "randomized", "tasks")
+SWEEP_FIELDS = ("encodings", "seeds", "randomized", "tasks", "learning_rates", "model_sizes")
 # A cell name is one directory under STUDY/runs/: a portable file name, nothing that a path
 # resolves (no separators, no "." or ".."), not hidden and not an option-like "-x".
 CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
@@ -29,9 +36,50 @@ def _field(sweep: Any, name: str) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def learning_rate_tag(rate: float) -> str:
+    """``rate`` as it appears in a cell name: ``3e-3`` for 0.003, ``2.5e-4``, ``1e-2``."""
+    mantissa, exponent = f"{float(rate):e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _learning_rates(sweep: Any) -> list[float]:
+    rates = _field(sweep, "learning_rates")
+    if not all(is_number(r) and 0 < r < math.inf for r in rates):
+        fail("config.sweep.learning_rates", rates, "each rate must be a finite number > 0")
+    tags = [learning_rate_tag(r) for r in rates]
+    if len(set(tags)) != len(tags):
+        fail("config.sweep.learning_rates", rates, "each rate must be given once")
+    return [float(r) for r in rates]
+
+
+def _model_sizes(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``[(name, {"model.<field>": value})]`` of ``sweep.model_sizes``, in order."""
+    sizes = _field(sweep, "model_sizes")
+    out: list[tuple[str, dict[str, Any]]] = []
+    allowed = (
+        "each size must be a dict with a 'name' (letters, digits, '.', '_', '+', '=', not "
+        "empty, given once) and at least one model field to override other than positional "
+        "and randomized_positions (the sweep's encodings set those)"
+    )
+    for size in sizes:
+        size = dict(size.items()) if hasattr(size, "items") else None  # dict or ConfigDict
+        name = None if size is None else size.pop("name", None)
+        if (
+            not isinstance(name, str)
+            or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=]*", name)
+            or name in {n for n, _ in out}
+            or not size
+            or {"positional", "randomized_positions"} & set(size)
+        ):
+            fail("config.sweep.model_sizes", sizes, allowed)
+        out.append((name, {f"model.{k}": v for k, v in size.items()}))
+    return out
+
+
 def expand_sweep(config: Any) -> list[dict[str, Any]]:
     """The cells of the study ``config`` (a ConfigDict or dict with a ``sweep`` section),
-    in order: every encoding x seed, then every randomized encoding x seed, for each task."""
+    in order: for each model size, for each learning rate, every encoding x seed, then every
+    randomized encoding x seed; all of it for each task."""
     sweep = config.get("sweep") if hasattr(config, "get") else None
     if sweep is None:
         raise ConfigError("config has no sweep section: it is not a study config")
@@ -52,16 +100,28 @@ def expand_sweep(config: Any) -> list[dict[str, Any]]:
         (f"{e}-randomized", {"model.positional": e, "model.randomized_positions": True})
         for e in _field(sweep, "randomized")
     ]
-    cells = [
-        {"name": f"{name}-seed{seed}", "overrides": overrides | {"seed": seed}}
-        for name, overrides in models
-        for seed in seeds
-    ]
+    sizes: list[tuple[str | None, dict[str, Any]]] = [*_model_sizes(sweep)] or [(None, {})]
+    rates: list[float | None] = [*_learning_rates(sweep)] or [None]
+    cells = []
+    for size, size_overrides in sizes:
+        for rate in rates:
+            setting = [size] if size else []
+            setting += [f"lr{learning_rate_tag(rate)}"] if rate is not None else []
+            rate_override = {} if rate is None else {"optim.learning_rate": rate}
+            for name, overrides in models:
+                for seed in seeds:
+                    cell = {
+                        "name": "-".join([name, *setting, f"seed{seed}"]),
+                        "overrides": overrides | size_overrides | rate_override | {"seed": seed},
+                    }
+                    if size:
+                        cell["labels"] = {"model_size": size}
+                    cells.append(cell)
     tasks = _field(sweep, "tasks")
     if not tasks:
         return cells
     return [
-        {"name": f"{task}-{c['name']}", "overrides": c["overrides"] | {"data.task": task}}
+        c | {"name": f"{task}-{c['name']}", "overrides": c["overrides"] | {"data.task": task}}
         for task in tasks
         for c in cells
     ]
@@ -84,13 +144,21 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
 
 
 def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:
-    """Cells whose name, encoding (``model.positional``) or task is in ``only`` (all if empty)."""
+    """Cells whose name, encoding (``model.positional``), task, model size or learning rate
+    (``lr3e-3``) is in ``only`` (all if empty)."""
     if not only:
         return sweep
 
     def tags(cell: dict) -> set[str]:
         o = cell["overrides"]
-        return {cell["name"], o.get("model.positional"), o.get("data.task")} - {None}
+        rate = o.get("optim.learning_rate")
+        return {
+            cell["name"],
+            o.get("model.positional"),
+            o.get("data.task"),
+            cell.get("labels", {}).get("model_size"),
+            None if rate is None else f"lr{learning_rate_tag(rate)}",
+        } - {None}
 
     known = set().union(*(tags(c) for c in sweep))
     unknown = sorted(set(only) - known)

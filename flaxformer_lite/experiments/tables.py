@@ -1,8 +1,9 @@
 """Results tables from rows: grouping, mean ± 95% CI per cell, Markdown / LaTeX / CSV.
 
 * `build_tables` groups rows into `Table` s: one per metric x protocol (x task, x train
-  length or study when several are present). Rows = encodings, in the order they first appear
-  with each model's variants (RoPE scaling, randomized positions) right after it
+  length, study or model size -- the rows' ``model_size`` -- when several are present).
+  Rows = encodings, in the order they first appear with each model's variants (RoPE
+  scaling, randomized positions) right after it
   (`encoding_order`, from the rows' ``positional`` and ``variant`` fields);
   columns = evaluation lengths ("2× (128)"), or window-offset buckets at the longest length for
   ``bucket_loss``; cells = mean ± 95% Student-t CI across seeds (`stats.mean_ci`).
@@ -126,6 +127,8 @@ class Table:
     method: str = "t"  # "bootstrap" (seeds x blocks) or "t" (Student t over seeds)
     blocks: tuple[int, int, str] | None = None  # (number, size, unit) of the data blocks
     context_block: int | None = None  # the context protocol's scored block S
+    model_size: str | None = None  # the rows' model_size (a study sweeping model sizes)
+    note: str = ""  # a sentence ending the caption (e.g. which learning rates the rows have)
 
     @property
     def info(self) -> MetricInfo:
@@ -137,6 +140,8 @@ class Table:
         if self.metric == "bucket_loss" and self.eval_length:
             parts[0] += f" at length {self.eval_length}"
         where = [p for p in (self.task, None if self.task else self.protocol) if p]
+        if self.model_size:
+            where.append(f"model {self.model_size}")
         if where:
             parts.append(", ".join(where))
         return " — ".join(parts)
@@ -152,6 +157,8 @@ class Table:
             setting.append(f"study {self.study}")
         if self.task:
             setting.append(f"task {self.task}")
+        if self.model_size:
+            setting.append(f"model size {self.model_size}")
         if self.protocol and self.protocol != "task":
             protocol = f"protocol {self.protocol}"
             if self.protocol == "sliding" and self.strides:
@@ -182,6 +189,8 @@ class Table:
         reasons = sorted({c.na for c in self.cells.values() if c.na})
         if reasons:
             text.append(f"{NOT_APPLICABLE}: {'; '.join(reasons)}.")
+        if self.note:
+            text.append(self.note)
         return " ".join(text)
 
     def n_note(self) -> str:
@@ -292,23 +301,31 @@ def _bucket_lo(bucket: str) -> tuple[float, str]:
 
 
 def group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (row.get("study"), row.get("protocol"), row.get("task"), row.get("train_length"))
+    """``(study, protocol, task, train_length, model_size)``: the rows of one table."""
+    return (
+        row.get("study"),
+        row.get("protocol"),
+        row.get("task"),
+        row.get("train_length"),
+        row.get("model_size"),
+    )
 
 
 def table_names(keys: Iterable[tuple[str, tuple[Any, ...]]]) -> dict[tuple[str, Any], str]:
-    """File stems for ``(metric, (study, protocol, task, train_length))`` keys.
+    """File stems for ``(metric, (study, protocol, task, train_length, model_size))`` keys.
 
     ``metric[_protocol][_task]`` (protocol ``task`` is implied by a task name), prefixed by the
-    study and suffixed by ``_L<train length>`` only where that is needed to tell keys apart,
-    so a single-study report has stable names like ``bits_per_byte_nonoverlapping``.
+    study and suffixed by ``_L<train length>`` and ``_<model size>`` only where that is needed
+    to tell keys apart, so a single-study report has stable names like
+    ``bits_per_byte_nonoverlapping``.
     """
     keys = list(dict.fromkeys(keys))
     families: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
-    for metric, (study, protocol, task, train_length) in keys:
-        families.setdefault((metric, protocol, task), []).append((study, train_length))
+    for metric, (study, protocol, task, train_length, size) in keys:
+        families.setdefault((metric, protocol, task), []).append((study, train_length, size))
     names = {}
     for metric, key in keys:
-        study, protocol, task, train_length = key
+        study, protocol, task, train_length, size = key
         members = families[(metric, protocol, task)]
         parts = [str(study)] if study and len({m[0] for m in members}) > 1 else []
         parts.append(metric)
@@ -318,6 +335,8 @@ def table_names(keys: Iterable[tuple[str, tuple[Any, ...]]]) -> dict[tuple[str, 
             parts.append(str(task))
         if train_length and len({m[1] for m in members}) > 1:
             parts.append(f"L{train_length}")
+        if size and len({m[2] for m in members}) > 1:
+            parts.append(str(size))
         names[(metric, key)] = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(parts))
     return names
 
@@ -419,6 +438,7 @@ def build_tables(
             if bootstrap
             else None,
             context_block=next(iter(context_blocks)) if len(context_blocks) == 1 else None,
+            model_size=key[4],
         )
         if bootstrap:
             table = dataclasses.replace(table, marks=_marks(table))
