@@ -198,3 +198,29 @@ def test_change_with_length_for_the_window_protocols():
     md = paired.render_markdown([change])
     assert "**Change with length in bits per byte (L' − L) — nonoverlapping.**" in md
     assert "| rope (L') − rope (64) | +0.433 [" in md and "early token curse" in md
+
+
+def test_an_all_zero_exact_match_keeps_its_blocks_and_its_bootstrap_interval():
+    """A task nobody solved at a length is a measurement of 0 in every block: its block record
+    keeps ``exact`` (zeros), and records written before (``exact`` dropped) read as zeros, so the
+    table keeps the bootstrap over seeds and blocks instead of falling back to Student t."""
+    from flaxformer_lite.evaluation.blocks import BlockSums
+    from flaxformer_lite.experiments import significance
+
+    sums = BlockSums(8, "examples")
+    ids = np.arange(96) // 8
+    sums.add("exact", ids, np.zeros(96))
+    sums.add("examples", ids, np.ones(96))
+    record = sums.to_dict()
+    assert record["exact"] == [0.0] * 12 and record["examples"] == [8.0] * 12
+    assert "loss" not in record  # never measured: still left out
+
+    key = dict(study="s", seed=0, positional="rope", protocol="task", train_length=4, task="copy")
+    key |= dict(eval_length=4, encoding="rope")
+    rows, blocks = [], []
+    for seed in (0, 1):
+        rows.append(key | {"run": f"copy-rope-seed{seed}", "seed": seed, "value": 0.0})
+        old = {k: v for k, v in record.items() if k != "exact"} if seed else record
+        blocks.append(key | {"run": f"copy-rope-seed{seed}", "seed": seed, "blocks": old})
+    grid = significance.BlockIndex(blocks).grid(rows, "exact_match")
+    assert grid is not None and grid.values.shape == (2, 12) and not grid.values.any()

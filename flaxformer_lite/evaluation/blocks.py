@@ -25,6 +25,7 @@ class BlockSums:
     def __init__(self, size: int, unit: str):
         self.size, self.unit = int(size), unit
         self.sums = {f: np.zeros(0, np.float64) for f in FIELDS}
+        self.added: set[str] = set()  # fields measured (an all-zero one is still a measurement)
 
     def _grow(self, n: int) -> None:
         for f, a in self.sums.items():
@@ -35,12 +36,15 @@ class BlockSums:
         """Add ``values`` (any shape) into the blocks ``block_ids`` (same shape, int >= 0)."""
         block_ids = np.asarray(block_ids, np.int64).reshape(-1)
         values = np.asarray(values, np.float64).reshape(-1)
+        self.added.add(field)
         if block_ids.size:
             self._grow(int(block_ids.max()) + 1)
             np.add.at(self.sums[field], block_ids, values)
 
     def to_dict(self) -> dict[str, Any]:
-        used = [f for f in FIELDS if self.sums[f].any()] or ["count"]
+        # Every measured field, zeros included: a task nobody solved has "exact" all 0 (it
+        # used to be dropped with the unmeasured fields, and its table lost its intervals).
+        used = [f for f in FIELDS if f in self.added] or ["count"]
         return {"size": self.size, "unit": self.unit} | {
             f: [float(v) for v in self.sums[f]] for f in used
         }

@@ -90,6 +90,14 @@ class BlockIndex:
             return None
         field, count_field, scale, transform = spec
         records = [self._records.get(block_key(r)) for r in rows]
+        # Records written before all-zero fields were kept drop them: with its count field
+        # present, a missing field was measured as zero in every block.
+        records = [
+            b | {field: [0.0] * len(b[count_field])}
+            if b is not None and field not in b and count_field in b
+            else b
+            for b in records
+        ]
         seeds = tuple(r.get("seed") for r in rows)
         if any(b is None or field not in b or count_field not in b for b in records):
             return None
