@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -39,9 +40,14 @@ def installed(tmp_path_factory) -> Path:
     """A fresh venv with the wheel of this checkout installed: its ``bin`` directory."""
     tmp = tmp_path_factory.mktemp("wheel")
     dist = tmp / "dist"
+    # Build from a copy of the source: an in-tree build would write build/ and *.egg-info into
+    # the checkout, and a stale build/ could put removed modules into the wheel.
+    source = tmp / "source"
+    skip = (".*", "runs", "build", "dist", "*.egg-info", "__pycache__", "notebooks", "docs")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skip))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     build = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist, ROOT],
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist, source],
         capture_output=True,
         text=True,
         timeout=300,
