@@ -81,6 +81,10 @@ def _report(argv: list[str], run_dirs: list[str]) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
+    # Rows in the studies' cell order (the sweep's), whatever order the RUN_DIRs came in: the
+    # merged shards of a study give the unsharded study's tables, rows in the same order.
+    order = {cell: i for i, cell in enumerate(_study_cells(argv[1:]))}
+    rows = sorted(rows, key=lambda r: order.get(r.get("run"), len(order)))
     missing = _missing_cells(argv[1:], rows)
     for line in missing:
         print(f"warning: {line}", file=sys.stderr)
@@ -144,9 +148,29 @@ def _rows_of_train_workdir(path: str, scratch: str) -> str:
     return os.path.join(out, "rows.jsonl")
 
 
+def _study_cells(run_dirs: list[str]) -> list[str]:
+    """The selected cells of the studies among ``run_dirs``, in their sweep order."""
+    return [c for cells in _selected_cells(run_dirs).values() for c in cells]
+
+
 def _missing_cells(run_dirs: list[str], rows: list[dict]) -> list[str]:
     """One line per study (``study.json`` in a RUN_DIR) naming its selected cells that have no
     results row, e.g. the cells of a shard not merged."""
+    expected = _selected_cells(run_dirs)
+    have = {(r.get("study"), r.get("preset") or "", r.get("run")) for r in rows}
+    lines = []
+    for (name, preset), cells in expected.items():
+        absent = [c for c in cells if (name, preset or "", c) not in have]
+        if absent:
+            lines.append(
+                f"{len(absent)} cell(s) of study {name} (preset {preset}) have no results: "
+                f"{', '.join(absent)}"
+            )
+    return lines
+
+
+def _selected_cells(run_dirs: list[str]) -> dict[tuple, list[str]]:
+    """(study, preset) -> the cells its ``study.json`` files selected, in sweep order."""
     expected: dict[tuple, list[str]] = {}
     for run_dir in run_dirs:
         try:
@@ -159,16 +183,7 @@ def _missing_cells(run_dirs: list[str], rows: list[dict]) -> list[str]:
             continue  # not a study dir (or an unreadable record): nothing expected
         names = expected.setdefault(key, [])
         names += [c for c in cells if isinstance(c, str) and c not in names]
-    have = {(r.get("study"), r.get("preset") or "", r.get("run")) for r in rows}
-    lines = []
-    for (name, preset), cells in expected.items():
-        absent = [c for c in cells if (name, preset or "", c) not in have]
-        if absent:
-            lines.append(
-                f"{len(absent)} cell(s) of study {name} (preset {preset}) have no results: "
-                f"{', '.join(absent)}"
-            )
-    return lines
+    return expected
 
 
 def _not_a_run_dir(path: str) -> str | None:
