@@ -301,7 +301,8 @@ def test_train_and_evaluate_on_two_processes(tmp_path):
 # ----------------------------------------------------------------------------- worker
 
 
-def _worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
+def _join(port: int, pid: int) -> None:
+    """Join the 2-process JAX runtime (coordinator on 127.0.0.1:``port``, gloo collectives)."""
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -311,6 +312,12 @@ def _worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
         process_id=pid,
         initialization_timeout=60,
     )
+
+
+def _worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
+    import jax
+
+    _join(port, pid)
     from jax._src import distributed
     from jax.experimental import multihost_utils
 
@@ -363,13 +370,7 @@ def _loop_worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
     run of another identity (refused); what each returned or raised goes to ``out_dir``."""
     import jax
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=PROCESSES,
-        process_id=pid,
-        initialization_timeout=60,
-    )
+    _join(port, pid)
     from jax.experimental import multihost_utils
 
     from flaxformer_lite.base.checks import ConfigError

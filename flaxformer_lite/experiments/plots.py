@@ -152,19 +152,7 @@ def plot_task_panels(
         ax.set_ylabel(ylabel)
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
-    fig.suptitle(title, fontsize=11)
-    fig.legend(
-        list(handles.values()),
-        list(handles.keys()),
-        loc="upper left",
-        bbox_to_anchor=(1.0, 0.95),
-        fontsize=8,
-        frameon=False,
-    )
-    fig.tight_layout()
-    return save_figure(fig, stem)
+    return _finish_panels(fig, axes, n, handles, title, stem)
 
 
 def mean_curve(curves: Sequence[Sequence[float | None]]) -> np.ndarray:
@@ -277,6 +265,12 @@ def plot_vs_params(
         ax.grid(True, alpha=0.3)
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
+    return _finish_panels(fig, axes, n, handles, title, stem)
+
+
+def _finish_panels(fig, axes, n: int, handles: dict[str, Any], title: str, stem) -> list[Path]:
+    """Hide the unused panels past the first ``n``, add the title and one legend for every
+    panel's series (``handles``: label -> artist) beside the figure, and save it."""
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
