@@ -70,16 +70,16 @@ def test_existing_presets_keep_their_cells_names_and_hashes():
 def test_lr_preset_cells_are_rate_x_encoding_named_by_the_rate():
     config = extrapolation_lm.get_config("lr")
     cells = sweeps.expand_sweep(config)
-    tags = ("1e-3", "3e-3", "1e-2")
+    tags = ("1e-3", "3e-3", "1e-2", "3e-2")
     assert [c["name"] for c in cells] == [f"{e}-lr{t}-seed0" for t in tags for e in ENCODINGS]
     rates = [_run(config, c).optim.learning_rate for c in cells]
-    assert rates == [r for r in (1e-3, 3e-3, 1e-2) for _ in ENCODINGS]
+    assert rates == [r for r in (1e-3, 3e-3, 1e-2, 3e-2) for _ in ENCODINGS]
     assert all("labels" not in c for c in cells)
     # its 3e-3 cells are quick's runs (same identity) under another study name
     for cell in cells[5:10]:
         assert _run(config, cell).hash() == QUICK_HASHES[cell["name"].replace("-lr3e-3", "")]
     assert config.optim.learning_rate == 3e-3  # the common rate the report compares with
-    assert sweeps.select_cells(cells, ["lr1e-2"]) == cells[10:]
+    assert sweeps.select_cells(cells, ["lr1e-2"]) == cells[10:15]
 
 
 def test_scaling_preset_spans_ten_times_the_parameters_and_labels_the_size():
