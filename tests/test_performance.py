@@ -56,3 +56,35 @@ def test_train_step_donates_the_whole_state(tiny_config):
     jax.block_until_ready(metrics)
     assert old and all(x.is_deleted() for x in old)
     assert not any(x.is_deleted() for x in jax.tree.leaves(new_state))
+
+
+def _train_speed_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_speed.py"
+    spec = importlib.util.spec_from_file_location("train_speed_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # importing it configures nothing (main() does)
+    return module
+
+
+def test_benchmark_targets_are_judged_from_the_runs_own_medians():
+    targets = _train_speed_module().targets
+    med = {  # seconds per step
+        "JAX float32": 0.400,
+        "PyTorch float32": 0.430,  # 1.075x: below 1.1x
+        "JAX bfloat16": 0.250,
+        "PyTorch bfloat16 (autocast)": 0.250,  # exactly 1.0x: met
+        "JAX float32 sinusoidal": 0.041,
+        "PyTorch float32 sinusoidal": 0.040,  # JAX slower: missed
+    }
+    got = targets(med)
+    assert [status for _, _, status in got] == ["missed", "met", "missed"]
+    assert got[0][1].startswith("1.07x (400.0 vs 430.0 ms/step)")
+    # a contestant that did not run leaves its target out; another implementation's labels
+    assert targets({"JAX float32": 0.4}) == []
+    cudnn = targets({"JAX float32 (cudnn)": 0.2, "PyTorch float32": 0.3}, "cudnn")
+    assert [(s, m[:5]) for _, m, s in cudnn] == [("met", "1.50x")]
