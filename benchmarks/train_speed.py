@@ -223,8 +223,8 @@ class TorchWorker:
     over a pipe, so its rounds interleave with the JAX ones exactly as in-process ones would.
     """
 
-    def __init__(self, specs: list[str], *, default_malloc: bool):
-        cmd = [sys.executable, __file__, "--torch-worker", *specs]
+    def __init__(self, specs: list[str], *, default_malloc: bool, python: str | None = None):
+        cmd = [python or sys.executable, __file__, "--torch-worker", *specs]
         if default_malloc:
             cmd.append("--default-malloc")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -359,6 +359,18 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def _torch_version(python: str | None) -> str | None:
+    """The torch version the worker will import (``python``'s, or this interpreter's)."""
+    if python is None:
+        try:
+            return importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    code = "import importlib.metadata as m; print(m.version('torch'))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def _versions() -> str:
     """``jax X, jaxlib Y, flax Z``: the installed versions (the speed depends on jaxlib)."""
     found = []
@@ -395,11 +407,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--impl", default="xla", help="attention implementation of the JAX models")
     p.add_argument("--positional", default="sinusoidal", help="reference model's encoding")
     p.add_argument("--quick-positional", nargs="+", default=["alibi", "rope", "sinusoidal"])
+    p.add_argument(
+        "--xla-flags",
+        default="",
+        help="extra XLA flags for the JAX side (appended to $XLA_FLAGS before JAX's CPU client "
+        "starts), e.g. '--xla_cpu_use_onednn=true'; printed with the results",
+    )
+    p.add_argument(
+        "--torch-python",
+        help="interpreter of the PyTorch worker (default: this one), e.g. another venv's python "
+        "when this one's Python has no CPU wheel of the torch version to compare with; the "
+        "worker must be able to import this file's imports (jax, flax)",
+    )
     p.add_argument("--torch-worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.torch_worker:
         return torch_worker(args.torch_worker)
+    if args.xla_flags:
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
     if not args.default_malloc:
         # As train_and_evaluate does, before JAX's CPU client exists (importing jax does not
         # start it). PyTorch runs in a worker process with glibc's defaults: the tuning (one
@@ -408,14 +434,17 @@ def main(argv: list[str] | None = None) -> None:
         configure_host_allocator()
     torch = None  # the installed PyTorch version; PyTorch itself is only imported by the worker
     if not args.no_torch:
-        try:
-            torch = importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
+        torch = _torch_version(args.torch_python)
+        if torch is None:
             print("PyTorch is not installed: PyTorch rows left out.", file=sys.stderr)
 
     load_before = os.getloadavg()
     specs = [f"reference:{dt}" for dt in args.dtypes] + ([] if args.no_quick else ["quick:float32"])
-    worker = TorchWorker(specs, default_malloc=args.default_malloc) if torch else None
+    worker = (
+        TorchWorker(specs, default_malloc=args.default_malloc, python=args.torch_python)
+        if torch
+        else None
+    )
     ref: list[Contestant] = []
     for i, dtype in enumerate(args.dtypes):
         ref.append(JaxTrainer(REFERENCE, positional=args.positional, dtype=dtype, impl=args.impl))
@@ -466,9 +495,11 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
         f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
         f"{_versions()}"
         + (f", torch {torch}" if torch is not None else "")
+        + (f" (worker: {args.torch_python})" if torch and args.torch_python else "")
         + f"; commit {_git_commit()}; JAX malloc "
         + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)")
-        + "; PyTorch in a worker process with glibc defaults",
+        + "; PyTorch in a worker process with glibc defaults"
+        + (f"; XLA_FLAGS={os.environ['XLA_FLAGS']!r}" if os.environ.get("XLA_FLAGS") else ""),
         f"- Load average (1 min) before / after: {load_before[0]:.1f} / {load_after[0]:.1f}; "
         f"{args.rounds} interleaved rounds of ~{args.seconds:g} s per contestant, medians.",
         f"- f32 `jnp.dot` 2048^2 ceiling: {peak:.0f} GFLOP/s (median of rounds, "

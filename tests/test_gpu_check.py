@@ -1,0 +1,120 @@
+"""The ready GPU check (benchmarks/gpu_check.py and .sh) works where there is no GPU.
+
+It is run on a GPU machine rarely and in a hurry, so the parts that can be checked here are:
+the shell script parses, the CPU fallback runs every check end to end and prints the table
+with the statuses it promises (the cuDNN row skipped, never passed, without a GPU), and the
+MFU arithmetic matches a hand computation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_shell_script_parses():
+    proc = subprocess.run(
+        ["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def _table(stdout: str) -> dict[str, tuple[str, str]]:
+    """``{check: (result, status)}`` from the Markdown table (``\\|`` is a literal bar)."""
+    rows = {}
+    for line in stdout.splitlines():
+        if not line.startswith("| ") or line.startswith("| check |"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        assert len(cells) == 4, line
+        check, result, seconds, status = cells
+        float(seconds)  # every check is timed
+        rows[check] = (result, status)
+    return rows
+
+
+def test_the_cpu_fallback_runs_every_check_and_reports_honestly():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-fallback"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    head = proc.stdout.splitlines()[0]
+    assert "no GPU: CPU fallback, tiny sizes" in head, head
+    for part in ("jax ", "jaxlib ", "flax ", "Python ", "commit ", "backend=cpu"):
+        assert part in head, (part, head)
+    rows = _table(proc.stdout)
+    cudnn = rows["attention cudnn vs xla (bfloat16, causal)"]
+    assert cudnn[1] == "skipped: no GPU (backend=cpu)", cudnn
+    assert "ValueError" in cudnn[0], cudnn
+    for impl in ("auto", "chunked"):
+        for dtype in ("bfloat16", "float32"):
+            result, status = rows[f"attention {impl} vs xla ({dtype}, causal)"]
+            assert status == "pass", (impl, dtype, result)
+            assert "max \\|diff\\|" in result
+    assert "path: fallback" in rows["attention auto vs xla (bfloat16, causal)"][0]
+    bf16 = rows["bf16 train step vs f32"]
+    assert bf16[1] == "pass", bf16
+    mfu_result, mfu_status = rows["MFU (bf16, auto)"]
+    assert mfu_status == "n/a on CPU", mfu_result
+    assert "tok/s" in mfu_result
+    study_result, study_status = rows["study attention_impl=auto"]
+    assert study_status == "pass", study_result
+    assert "5/5 encodings" in study_result, study_result
+    for encoding in ("alibi", "learned", "none", "rope", "sinusoidal"):
+        assert encoding in study_result
+    tests = rows["tests (attention, chunked, mixed precision)"]
+    assert tests[1] == "skipped: CPU fallback (pass --with-tests)", tests
+    assert not any(status == "fail" for _, status in rows.values())
+    assert re.search(r"^Total \d+ s \(within the budget of 480 s", proc.stdout, re.MULTILINE)
+
+
+def test_mfu_arithmetic_matches_a_hand_computation():
+    # The MFU model: 12 layers, d_model 896, d_ff 3584, seq 1024, 256 bytes, tied output layer.
+    matmul = 12 * (4 * 896 * 896 + 2 * 896 * 3584) + 896 * 256
+    assert matmul == 115_834_880
+    per_token = 6 * matmul + 12 * 12 * 1024 * 896  # + attention scores and values
+    assert per_token == 827_129_856
+    shape = gpu_check._train_speed().Shape("mfu", batch=8, **gpu_check.MFU_DIMS)
+    assert shape.model_flops_per_token() == per_token
+    # 500k tokens/s on an H200: 827,129,856 x 5e5 / 989e12 = 41.8%
+    value = gpu_check.mfu(per_token, 500_000, gpu_check.peak_flops("NVIDIA H200"))
+    assert value == pytest.approx(827_129_856 * 500_000 / 989e12)
+    assert value == pytest.approx(0.41817, abs=1e-5)
+    assert gpu_check.mfu_status(value, 0.45, on_gpu=True) == "missed"
+    assert gpu_check.mfu_status(value, 0.40, on_gpu=True) == "met"
+    assert gpu_check.mfu_status(value, 0.40, on_gpu=False) == "n/a on CPU"
+    assert gpu_check.mfu_status(None, 0.45, on_gpu=True) == "unknown peak: pass --peak-tflops"
+    with pytest.raises(ValueError, match="peak"):
+        gpu_check.mfu(per_token, 1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("device_kind", "peak"),
+    [
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),  # not the L4's
+        ("Tesla T4", None),
+        ("cpu", None),
+    ],
+)
+def test_peak_flops_by_device_name(device_kind, peak):
+    assert gpu_check.peak_flops(device_kind) == peak
