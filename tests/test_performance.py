@@ -8,6 +8,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import train_speed
 from flaxformer_lite.core import attention
 from flaxformer_lite.evaluation.step import argmax_last
 from flaxformer_lite.nn.models import DecoderOnlyLM
@@ -58,21 +59,8 @@ def test_train_step_donates_the_whole_state(tiny_config):
     assert not any(x.is_deleted() for x in jax.tree.leaves(new_state))
 
 
-def _train_speed_module():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_speed.py"
-    spec = importlib.util.spec_from_file_location("train_speed_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)  # importing it configures nothing (main() does)
-    return module
-
-
 def test_benchmark_targets_are_judged_from_the_runs_own_medians():
-    targets = _train_speed_module().targets
+    targets = train_speed.targets  # importing the benchmark configures nothing (main() does)
     med = {  # seconds per step
         "JAX float32": 0.400,
         "PyTorch float32": 0.430,  # 1.075x: below 1.1x
