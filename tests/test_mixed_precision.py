@@ -1,4 +1,5 @@
-"""mixed_precision.dense: bf16 operands, float32 accumulation, float32 parameter gradients."""
+"""mixed_precision.dense: bf16 operands, float32 accumulation, float32 parameter gradients;
+float32 kernel gradients as one untransposed product."""
 
 from __future__ import annotations
 
@@ -32,6 +33,82 @@ def test_float32_is_the_plain_product():
     y = mixed_precision.dense(jnp.asarray(x), jnp.asarray(k), jnp.asarray(b))
     np.testing.assert_allclose(y, x @ k + b, rtol=1e-6, atol=1e-6)
     assert y.dtype == jnp.float32
+
+
+def test_float32_gradients_match_float64_numpy():
+    """The custom float32 gradient (2-D kernel product over the flattened leading axes)
+    against numpy in float64, for 3-D and 2-D inputs, with and without a bias."""
+    for shape, use_bias in (((2, 5, 8), True), ((7, 8), False)):
+        x, k, b, g = _inputs(3, shape=shape)
+        bias = jnp.asarray(b) if use_bias else None
+        _, vjp = jax.vjp(
+            lambda x, k, b: mixed_precision.dense(x, k, b), jnp.asarray(x), jnp.asarray(k), bias
+        )
+        dx, dk, db = vjp(jnp.asarray(g))
+        assert dx.dtype == dk.dtype == jnp.float32
+        lead = tuple(range(len(shape) - 1))
+        x64, k64, g64 = (a.astype(np.float64) for a in (x, k, g))
+        np.testing.assert_allclose(dx, g64 @ k64.T, rtol=1e-5, atol=1e-5)
+        dk64 = np.tensordot(x64, g64, axes=(lead, lead))
+        np.testing.assert_allclose(dk, dk64, rtol=1e-5, atol=1e-5)
+        if use_bias:
+            np.testing.assert_allclose(db, g64.sum(axis=lead), rtol=1e-5, atol=1e-5)
+        else:
+            assert db is None
+
+
+def test_float32_kernel_gradient_is_one_untransposed_product():
+    """Issue 15: autodiff of the plain ``x @ kernel`` makes XLA:CPU copy ``g`` into a
+    transposed buffer and contract its second axis (Eigen's slowest form); the custom
+    gradient contracts the first axis of both operands, with the result already
+    ``[d_in, d_out]``. Checked on the compiled CPU program (the layouts are XLA's choice)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the layout this test checks is XLA:CPU's")
+    x, k, b, g = (jnp.asarray(a) for a in _inputs(4, shape=(4, 32, 16), d_out=48))
+
+    def loss(x, k, b, g):
+        return jnp.vdot(mixed_precision.dense(x, k, b), g)
+
+    text = jax.jit(jax.grad(loss, argnums=1)).lower(x, k, b, g).compile().as_text()
+    kernel_dots = [
+        line for line in text.splitlines() if re.search(r"= f32\[16,48\]\{1,0\} dot\(", line)
+    ]
+    assert len(kernel_dots) == 1, text
+    assert "lhs_contracting_dims={0}, rhs_contracting_dims={0}" in kernel_dots[0], kernel_dots
+
+
+def test_float32_dense_layer_is_nnx_linear_forward_and_close_backward(tiny_config):
+    """The model's dense layer in float32: the forward value of ``nnx.Linear`` bit for bit
+    (the same product and bias add), the input gradient too; the kernel gradient sums the
+    same products in another order (float32 rounding only)."""
+    from flaxformer_lite.nn import layers
+
+    cfg = tiny_config("rope", vocab_size=256, num_encoder_layers=0, norm="pre")
+    dense = layers._dense(cfg, 8, 6, ("embed", "mlp"), rngs=nnx.Rngs(0))
+    x, _, _, g = _inputs(5)
+    x, g = jnp.asarray(x), jnp.asarray(g)
+
+    graphdef, state = nnx.split(dense)
+
+    def run(call):
+        def f(x, state):
+            return call(nnx.merge(graphdef, state), x)
+
+        y, vjp = jax.vjp(f, x, state)
+        dx, dstate = vjp(g)
+        grads = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(dstate)}
+        assert len(grads) == 2, grads
+        dkernel = next(v for p, v in grads.items() if "kernel" in p)
+        dbias = next(v for p, v in grads.items() if "bias" in p)
+        return y, dx, dkernel, dbias
+
+    ours = run(lambda m, x: m(x))
+    plain = run(lambda m, x: nnx.Linear.__call__(m, x))
+    for name, a, b in zip(("y", "dx", "dkernel", "dbias"), ours, plain, strict=True):
+        if name == "dkernel":
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 def test_bf16_forward_rounds_once_after_a_float32_sum():

@@ -29,15 +29,17 @@ Array = jax.Array
 
 
 class _Dense(nnx.Linear):
-    """``nnx.Linear``; in bfloat16/float16 compute every product accumulates in float32.
+    """``nnx.Linear`` (same parameters and metadata) computed by `mixed_precision.dense`.
 
-    Float32 compute is ``nnx.Linear`` unchanged. Lower precision goes through
-    `mixed_precision.dense` (fast ``bf16 x bf16 -> f32`` products forward and backward,
-    float32 bias add and parameter gradients), same parameters and metadata.
+    Float32 compute: the same forward value as ``nnx.Linear``; the kernel gradient is one 2-D
+    product XLA:CPU runs without transposing copies (~1.13x faster training step, issue 15).
+    Lower precision: fast ``bf16 x bf16 -> f32`` products forward and backward, float32 bias
+    add and parameter gradients. ``nnx.Linear`` itself runs only when asked for an
+    ``out_sharding`` or when no compute dtype is set (it then follows the input's).
     """
 
     def __call__(self, inputs: Array, out_sharding=None) -> Array:
-        if self.dtype is None or jnp.dtype(self.dtype).itemsize >= 4:
+        if self.dtype is None or out_sharding is not None or jnp.dtype(self.dtype).itemsize > 4:
             return super().__call__(inputs, out_sharding)
         bias = None if self.bias is None else self.bias[...]
         return mixed_precision.dense(inputs.astype(self.dtype), self.kernel[...], bias)
