@@ -342,6 +342,98 @@ def test_attend_with_bias_fn_matches_numpy(implementation):
     np.testing.assert_array_equal(np.asarray(out)[0, 2], 0.0)
 
 
+def _alibi_like(slopes):
+    def bias_fn(qpos, kpos):
+        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
+        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
+
+    return bias_fn
+
+
+@pytest.mark.parametrize("blocks", [2, 3, 4])
+@pytest.mark.parametrize("mask_shape", [None, (B, 1, 10, 10), (1, 1, 1, 10), (10, 10)])
+def test_causal_query_blocks_match_numpy_and_the_full_square(monkeypatch, blocks, mask_shape):
+    """The "xla" causal path split into query blocks (forced here: 10 queries in 2, 3 or 4
+    uneven blocks) against the float64 reference, with a positional ``bias_fn`` per block and
+    padding masks of every broadcast shape (a fully masked row included); its gradients
+    against the unsplit `dot_product_attention`'s."""
+    monkeypatch.setattr(attention, "causal_query_blocks", lambda n: blocks)
+    q, k, v = _qkv(20 + blocks, lq=10, lk=10)
+    qp = np.stack([np.arange(10), np.arange(10) + 7]).astype(np.int32)
+    slopes = np.array([0.5, 0.25, 0.125], np.float32)
+    bias_fn = _alibi_like(slopes)
+    mask = None
+    if mask_shape is not None:
+        mask = np.random.default_rng(blocks).random(mask_shape) > 0.25
+        if mask_shape[-2] == 10:
+            mask[(0,) * (mask.ndim - 2) + (6,)] = False  # query 6 sees nothing: a zero row
+        else:
+            mask[..., 0] = False  # key 0 hidden: causal query 0 sees nothing
+    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
+    _, _, ref, _ = np_attention(q, k, v, mask=mask, bias=ref_bias, causal=True)
+
+    def blocked(q, k, v):
+        return attention.attend(
+            q, k, v, q_positions=qp, k_positions=qp, bias_fn=bias_fn, mask=mask, causal=True
+        )
+
+    def full(q, k, v):
+        bias = bias_fn(jnp.asarray(qp), jnp.asarray(qp))
+        return attention.dot_product_attention(q, k, v, mask=mask, bias=bias, causal=True)
+
+    out = blocked(q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    if mask is not None:
+        np.testing.assert_array_equal(np.asarray(out)[0, 6 if mask_shape[-2] == 10 else 0], 0.0)
+    w = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    grads = [
+        jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, k, v)
+        for f in (blocked, full)
+    ]
+    for name, a, b in zip("qkv", *grads, strict=True):
+        assert np.isfinite(np.asarray(a)).all(), name
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_causal_query_blocks_rule_and_skipped_work():
+    """1 block below 64 tokens, 2 below 256, then 4; and the program really skips the upper
+    triangle: 64 causal tokens give score products of 32 x 32 and 32 x 64, never 64 x 64."""
+    assert [attention.causal_query_blocks(n) for n in (1, 63, 64, 255, 256, 4096)] == [
+        1,
+        1,
+        2,
+        2,
+        4,
+        4,
+    ]
+    with pytest.raises(ValueError, match="length=0"):
+        attention.causal_query_blocks(0)
+    q, k, v = (jnp.asarray(a) for a in _qkv(30, lq=64, lk=64))
+    pos = jnp.arange(64)
+
+    def run(causal, window=None):
+        return attention.attend(
+            q, k, v, q_positions=pos, k_positions=pos, causal=causal, window=window
+        )
+
+    def score_shapes(causal, window=None):
+        jaxpr = jax.make_jaxpr(lambda: run(causal, window))()
+        return {
+            tuple(eq.outvars[0].aval.shape[2:])
+            for eq in jaxpr.eqns
+            if eq.primitive.name == "dot_general"
+            and eq.outvars[0].aval.shape[:2] == (B, H)
+            and D not in eq.outvars[0].aval.shape[2:]  # the scores, not weights x values
+        }
+
+    assert score_shapes(True) == {(32, 32), (32, 64)}
+    assert score_shapes(False) == {(64, 64)}  # bidirectional: one square
+    assert score_shapes(True, window=8) == {(64, 64)}  # a window keeps the square (and its mask)
+    np.testing.assert_allclose(
+        run(True), np_attention(q, k, v, causal=True)[2], rtol=1e-5, atol=1e-5
+    )
+
+
 def test_invalid_arguments_raise_clear_errors():
     q, k, v = _qkv(10)
     with pytest.raises(ValueError, match="implementation='nope'"):
