@@ -250,7 +250,7 @@ def causal_query_blocks(length: int) -> int:
     The result is the same function (each row's softmax runs over the keys it can see; the
     keys it skips had weight exactly 0), equal to float32 rounding. Measured on a 2-core CPU
     (issue 15, docs/performance.md): training step of the reference model (L = 256, 4 blocks)
-    ~1.08x faster with jax 0.10, ~1.02x with jax 0.12; quick model (L = 64, 2 blocks) ~1.04x.
+    ~1.1x faster with jax 0.10.2, ~1.02x with jax 0.12; quick model (L = 64, 2 blocks) ~1.05x.
     More blocks mean more, smaller products and longer compiles; below 64 tokens one block.
     """
     length = check_positive_int("length", length)

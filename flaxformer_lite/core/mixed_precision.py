@@ -23,7 +23,7 @@ whose result is ``[d_out, d_in]`` followed by a transpose, and XLA:CPU lays that
 ``g`` into a transposed buffer and running Eigen's slowest form of the product (both operands
 transposed). Here the leading axes are flattened and ``dW`` is one 2-D product contracting the
 first axis of both operands with the result already ``[d_in, d_out]``: no copy, and the
-reference training step of docs/benchmarks.md runs ~1.13x faster on a 2-core CPU (docs/
+reference training step of docs/benchmarks.md runs ~1.1x faster on a 2-core CPU (docs/
 performance.md, issue 15). The forward pass and ``dx`` are the same operations as autodiff's;
 ``dW`` sums the same products in another order, so float32 training is not bit-identical to
 the plain product's (differences ~1e-6 after a few steps). Low precision keeps the form below
