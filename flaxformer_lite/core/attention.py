@@ -229,12 +229,7 @@ def dot_product_attention(
     Returns:
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``. Rows with no visible key are zeros.
     """
-    _check_rank("v", v, 4)
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"v has shape {v.shape} but k has shape {k.shape}; they must agree on "
-            "[batch, kv_len, heads]"
-        )
+    _check_v(v, k)
     weights = attention_weights(
         q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
     )
@@ -377,12 +372,7 @@ def attend(
     if causal and window is None and q.shape[1] == k.shape[1]:
         blocks = causal_query_blocks(q.shape[1])
         if blocks > 1:
-            _check_rank("v", v, 4)
-            if v.shape[:3] != k.shape[:3]:
-                raise ValueError(
-                    f"v has shape {v.shape} but k has shape {k.shape}; they must agree on "
-                    "[batch, kv_len, heads]"
-                )
+            _check_v(v, k)
             return _blocked_causal_attention(
                 q,
                 k,
@@ -568,6 +558,15 @@ def _check_mask(mask: Array, shape: tuple[int, ...]) -> Array:
     mask = as_rank4(mask)
     check_broadcastable("mask", mask.shape, shape)
     return mask
+
+
+def _check_v(v: Array, k: Array) -> None:
+    _check_rank("v", v, 4)
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"v has shape {v.shape} but k has shape {k.shape}; they must agree on "
+            "[batch, kv_len, heads]"
+        )
 
 
 def _check_qk(q: Array, k: Array) -> None:
