@@ -272,7 +272,7 @@ def _blocked_causal_attention(
     outs = []
     for i in range(blocks):
         lo, hi = i * length // blocks, (i + 1) * length // blocks
-        block_mask = (jnp.arange(hi)[None, :] <= jnp.arange(lo, hi)[:, None])[None, None]
+        block_mask = causal_mask(hi, hi)[lo:][None, None]  # rows lo..hi-1 of the triangle
         if mask is not None:
             m = mask[:, :, lo:hi] if mask.shape[2] > 1 else mask
             m = m[..., :hi] if mask.shape[3] > 1 else m
