@@ -307,6 +307,19 @@ def test_causal_outputs_have_zero_gradient_wrt_future_inputs(with_bias):
                 assert np.abs(past).max() > 0, (name, t)
 
 
+def _alibi_like(qp):
+    """An ALiBi-shaped ``bias_fn`` (one slope per head, ``-m_h |i - j|`` of the positions) and,
+    computed separately in numpy, its bias for queries and keys both at positions ``qp``."""
+    slopes = np.array([0.5, 0.25, 0.125], np.float32)
+
+    def bias_fn(qpos, kpos):
+        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
+        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
+
+    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
+    return bias_fn, ref_bias
+
+
 # Every implementation that runs on any backend ("cudnn" is GPU-only and takes no bias_fn;
 # tests/test_chunked_attention.py covers it).
 PORTABLE = [impl for impl in attention.IMPLEMENTATIONS if impl != "cudnn"]
@@ -319,13 +332,7 @@ def test_attend_with_bias_fn_matches_numpy(implementation):
     rng = np.random.default_rng(9)
     mask = rng.random((B, 1, 6, 6)) > 0.2
     mask[0, 0, 2] = False  # a fully masked row: zeros in every implementation
-    slopes = np.array([0.5, 0.25, 0.125], np.float32)
-
-    def bias_fn(qpos, kpos):
-        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
-        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
-
-    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
+    bias_fn, ref_bias = _alibi_like(qp)
     _, _, ref, _ = np_attention(q, k, v, mask=mask, bias=ref_bias, causal=True)
     out = attention.attend(
         q,
@@ -342,14 +349,6 @@ def test_attend_with_bias_fn_matches_numpy(implementation):
     np.testing.assert_array_equal(np.asarray(out)[0, 2], 0.0)
 
 
-def _alibi_like(slopes):
-    def bias_fn(qpos, kpos):
-        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
-        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
-
-    return bias_fn
-
-
 @pytest.mark.parametrize(
     ("blocks", "mask_shape"),
     [(2, None), (3, (B, 1, 10, 10)), (4, (1, 1, 1, 10)), (3, (10, 10)), (4, None)],
@@ -362,8 +361,7 @@ def test_causal_query_blocks_match_numpy_and_the_full_square(monkeypatch, blocks
     monkeypatch.setattr(attention, "causal_query_blocks", lambda n: blocks)
     q, k, v = _qkv(20 + blocks, lq=10, lk=10)
     qp = np.stack([np.arange(10), np.arange(10) + 7]).astype(np.int32)
-    slopes = np.array([0.5, 0.25, 0.125], np.float32)
-    bias_fn = _alibi_like(slopes)
+    bias_fn, ref_bias = _alibi_like(qp)
     mask = None
     if mask_shape is not None:
         mask = np.random.default_rng(blocks).random(mask_shape) > 0.25
@@ -371,7 +369,6 @@ def test_causal_query_blocks_match_numpy_and_the_full_square(monkeypatch, blocks
             mask[(0,) * (mask.ndim - 2) + (6,)] = False  # query 6 sees nothing: a zero row
         else:
             mask[..., 0] = False  # key 0 hidden: causal query 0 sees nothing
-    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
     _, _, ref, _ = np_attention(q, k, v, mask=mask, bias=ref_bias, causal=True)
 
     def blocked(q, k, v):
@@ -565,13 +562,7 @@ def test_attend_with_window_matches_numpy(implementation):
     valid = np.ones((B, lk), bool)
     valid[0, 3:6] = False  # batch 0, query 5 sees keys 3..5: all padding -> zeros
     mask = valid[:, None, None, :]
-    slopes = np.array([0.5, 0.25, 0.125], np.float32)
-
-    def bias_fn(qpos, kpos):
-        rel = (qpos[:, :, None] - kpos[:, None, :]).astype(jnp.float32)
-        return -jnp.asarray(slopes)[None, :, None, None] * jnp.abs(rel)[:, None, :, :]
-
-    ref_bias = -slopes[None, :, None, None] * np.abs(qp[:, :, None] - qp[:, None, :])[:, None]
+    bias_fn, ref_bias = _alibi_like(qp)
     band = np_window_mask(lq, lk, window)[None, None] & mask
     _, _, ref, _ = np_attention(q, k, v, mask=band, bias=ref_bias)
     kw = dict(q_positions=qp, k_positions=qp, mask=mask, causal=True, window=window)
