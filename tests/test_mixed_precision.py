@@ -37,8 +37,10 @@ def test_float32_is_the_plain_product():
 
 def test_float32_gradients_match_float64_numpy():
     """The custom float32 gradient (2-D kernel product over the flattened leading axes)
-    against numpy in float64, for 3-D and 2-D inputs, with and without a bias."""
-    for shape, use_bias in (((2, 5, 8), True), ((7, 8), False)):
+    against numpy in float64, for 3-D and 2-D inputs, with and without a bias, with
+    ``d_in`` larger (8 -> 6: on CPU the product taken the other way round) and smaller
+    (5 -> 6) than ``d_out``."""
+    for shape, use_bias in (((2, 5, 8), True), ((7, 8), False), ((3, 4, 5), True)):
         x, k, b, g = _inputs(3, shape=shape)
         bias = jnp.asarray(b) if use_bias else None
         _, vjp = jax.vjp(
@@ -57,24 +59,26 @@ def test_float32_gradients_match_float64_numpy():
             assert db is None
 
 
-def test_float32_kernel_gradient_is_one_untransposed_product():
+@pytest.mark.parametrize("d_in, d_out", [(16, 48), (48, 16)])
+def test_float32_kernel_gradient_is_one_untransposed_product(d_in, d_out):
     """Issue 15: autodiff of the plain ``x @ kernel`` makes XLA:CPU copy ``g`` into a
     transposed buffer and contract its second axis (Eigen's slowest form); the custom
-    gradient contracts the first axis of both operands, with the result already
-    ``[d_in, d_out]``. Checked on the compiled CPU program (the layouts are XLA's choice)."""
+    gradient contracts the first axis of both operands, with the narrower operand on the
+    left: the product's result is ``[16, 48]`` both for a ``16 -> 48`` layer
+    (``[d_in, d_out]``) and for a ``48 -> 16`` one (``[d_out, d_in]``, then transposed).
+    Checked on the compiled CPU program (the layouts are XLA's choice)."""
     if jax.default_backend() != "cpu":
         pytest.skip("the layout this test checks is XLA:CPU's")
-    x, k, b, g = (jnp.asarray(a) for a in _inputs(4, shape=(4, 32, 16), d_out=48))
+    x, k, b, g = (jnp.asarray(a) for a in _inputs(4, shape=(4, 32, d_in), d_out=d_out))
 
     def loss(x, k, b, g):
         return jnp.vdot(mixed_precision.dense(x, k, b), g)
 
     text = jax.jit(jax.grad(loss, argnums=1)).lower(x, k, b, g).compile().as_text()
-    kernel_dots = [
-        line for line in text.splitlines() if re.search(r"= f32\[16,48\]\{1,0\} dot\(", line)
-    ]
-    assert len(kernel_dots) == 1, text
-    assert "lhs_contracting_dims={0}, rhs_contracting_dims={0}" in kernel_dots[0], kernel_dots
+    dots = [line for line in text.splitlines() if re.search(r"= f32\[\d+,\d+\]\{1,0\} dot\(", line)]
+    assert len(dots) == 1, text
+    assert "= f32[16,48]{1,0} dot(" in dots[0], dots
+    assert "lhs_contracting_dims={0}, rhs_contracting_dims={0}" in dots[0], dots
 
 
 def test_float32_dense_layer_is_nnx_linear_forward_and_close_backward(tiny_config):
