@@ -162,6 +162,44 @@ def test_bf16_inputs_give_float32_accurate_logits():
     np.testing.assert_allclose(np.asarray(out, np.float32), ref_out, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_low_precision_attend_on_cpu_is_the_float32_computation(causal):
+    """bf16 ``q, k, v`` through ``attend`` ("xla") on CPU are computed in float32, products
+    included, and rounded once: the output equals the float32 computation on the same (bf16)
+    values, rounded to bf16, bit for bit (a bf16 product path would round the weights before
+    the weights x values product and differ). Causal: 64 tokens, the query-block path;
+    bidirectional: with a padding mask. Gradients come back in bf16, close to the float32
+    path's."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the float32 computation of low-precision inputs is XLA:CPU's")
+    q, k, v = _qkv(40, lq=64, lk=64)
+    qb, kb, vb = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
+    q32, k32, v32 = (a.astype(jnp.float32) for a in (qb, kb, vb))
+    pos = jnp.arange(64)
+    mask = None if causal else np.random.default_rng(3).random((B, 1, 1, 64)) > 0.2
+
+    def run(q, k, v):
+        return attention.attend(q, k, v, q_positions=pos, k_positions=pos, causal=causal, mask=mask)
+
+    out = jax.jit(run)(qb, kb, vb)
+    assert out.dtype == jnp.bfloat16
+    ref = jax.jit(run)(q32, k32, v32).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+
+    w = jnp.asarray(np.random.default_rng(4).standard_normal(out.shape), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return jnp.sum(run(q, k, v).astype(jnp.bfloat16).astype(jnp.float32) * w)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qb, kb, vb)
+    grads32 = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q32, k32, v32)
+    for name, a, b in zip("qkv", grads, grads32, strict=True):
+        assert a.dtype == jnp.bfloat16, name
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b), rtol=1e-2, atol=1e-2, err_msg=name
+        )
+
+
 def _fully_masked_mask(lq, lk):
     mask = np.ones((B, 1, lq, lk), bool)
     mask[0, 0, 1, :] = False  # one query row of batch 0 sees nothing

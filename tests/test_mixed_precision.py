@@ -145,6 +145,58 @@ def test_bf16_gradients_are_float32_sums_of_bf16_operands():
     )
 
 
+def _np_gelu_tanh(x):
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def test_elementwise_in_float32_rounds_once():
+    """A bf16 activation through `elementwise_in_float32`: GELU evaluated in float32 and
+    rounded once, so every value is within half a bf16 ulp (+1 % for float32 error) of the
+    float64 GELU of the same bf16 input; the op-by-op bf16 chain it replaces is not.
+    Float32 (and integer) input is ``fn(x)`` itself; gradients come back in the input dtype."""
+    x = jnp.asarray(np.linspace(-6, 6, 4001), jnp.bfloat16)
+    out = mixed_precision.elementwise_in_float32(jax.nn.gelu, x)
+    assert out.dtype == jnp.bfloat16
+    ref = _np_gelu_tanh(np.asarray(x, np.float32))
+    big = np.abs(ref) > 1e-3
+    half_ulp = 2.0 ** (np.floor(np.log2(np.abs(ref[big]))) - 8)
+    err = np.abs(np.asarray(out, np.float64)[big] - ref[big])
+    assert (err <= half_ulp * 1.01).all(), (err / half_ulp).max()
+    chain = np.abs(np.asarray(jax.nn.gelu(x), np.float64)[big] - ref[big])
+    assert (chain > half_ulp * 1.01).sum() > 100  # what rounding at every op costs
+
+    x32 = jnp.asarray(np.linspace(-3, 3, 11), jnp.float32)
+    np.testing.assert_array_equal(
+        mixed_precision.elementwise_in_float32(jax.nn.gelu, x32), jax.nn.gelu(x32)
+    )
+    ints = jnp.arange(5)
+    np.testing.assert_array_equal(
+        mixed_precision.elementwise_in_float32(lambda a: a * 2, ints), ints * 2
+    )
+    dx = jax.grad(lambda x: mixed_precision.elementwise_in_float32(jax.nn.gelu, x).sum())(x)
+    assert dx.dtype == jnp.bfloat16
+
+
+def test_bf16_feed_forward_takes_its_activation_in_float32(tiny_config):
+    """The model's feed-forward block in bf16: ``wo(round(gelu(float32(wi(x)))))``, not the
+    GELU chain in bf16 (the two differ on this input)."""
+    from flaxformer_lite.nn import layers
+
+    cfg = tiny_config(
+        "rope", vocab_size=256, num_encoder_layers=0, dtype="bfloat16", activation="gelu"
+    )
+    ff = layers.FeedForward(cfg, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(7).standard_normal((2, 9, cfg.d_model)), jnp.bfloat16)
+    h = ff.wi(x)
+    ours = ff(x)
+    assert ours.dtype == jnp.bfloat16
+    expected = ff.wo(jax.nn.gelu(h.astype(jnp.float32)).astype(jnp.bfloat16))
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(expected, np.float32))
+    old = ff.wo(jax.nn.gelu(h))
+    assert not np.array_equal(np.asarray(ours, np.float32), np.asarray(old, np.float32))
+
+
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match=r"x \[\.\.\., d_in\] and kernel \[d_in, d_out\]"):
         mixed_precision.dense(jnp.ones((2, 3)), jnp.ones((4, 5)))

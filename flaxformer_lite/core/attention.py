@@ -10,7 +10,8 @@ The formula is Vaswani et al. 2017, "Attention Is All You Need", Eq. 1::
     Attention(Q, K, V) = softmax(Q K^T * scale + bias) V,   scale = 1 / sqrt(head_dim)
 
 Logits and the softmax are always computed in float32, whatever the input dtype, because
-bfloat16 cannot resolve the small differences a softmax over long rows depends on. Masks are
+bfloat16 cannot resolve the small differences a softmax over long rows depends on (and on CPU,
+`attend` computes bfloat16 / float16 inputs entirely in float32, see its docstring). Masks are
 boolean with ``True`` meaning "may attend". A query row whose keys are all masked produces
 zero weights and a zero output, never NaN.
 
@@ -327,6 +328,13 @@ def attend(
       chunked_threshold: the key count above which "auto" chunks (`choose_implementation`).
 
     All implementations agree to float32 tolerance; masked-out rows are zeros in each.
+
+    bfloat16 / float16 ``q``, ``k``, ``v`` with "xla" on CPU are computed in float32 (products
+    included) and the output rounded to ``v.dtype``: XLA:CPU has no fast low-precision path for
+    the gradient of this function (its products take float32 cotangents, the per-block key
+    gradients are summed in bfloat16 one rounded add at a time), and the bf16 reference
+    training step of docs/benchmarks.md runs ~1.25x faster this way (docs/performance.md,
+    issue 15). On GPU / TPU the low-precision products stay low precision.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -369,25 +377,37 @@ def attend(
             window=window,
             scale=scale,
         )
-    if causal and window is None and q.shape[1] == k.shape[1]:
-        blocks = causal_query_blocks(q.shape[1])
-        if blocks > 1:
-            _check_v(v, k)
-            return _blocked_causal_attention(
-                q,
-                k,
-                v,
-                q_positions=q_positions,
-                k_positions=k_positions,
-                bias_fn=bias_fn,
-                mask=mask,
-                scale=scale,
-                blocks=blocks,
-            )
-    bias = None if bias_fn is None else bias_fn(q_positions, k_positions)
-    return dot_product_attention(
-        q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale
-    )
+
+    def materialised(q: Array, k: Array, v: Array) -> Array:
+        if causal and window is None and q.shape[1] == k.shape[1]:
+            blocks = causal_query_blocks(q.shape[1])
+            if blocks > 1:
+                _check_v(v, k)
+                return _blocked_causal_attention(
+                    q,
+                    k,
+                    v,
+                    q_positions=q_positions,
+                    k_positions=k_positions,
+                    bias_fn=bias_fn,
+                    mask=mask,
+                    scale=scale,
+                    blocks=blocks,
+                )
+        bias = None if bias_fn is None else bias_fn(q_positions, k_positions)
+        return dot_product_attention(
+            q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+        )
+
+    if all(jnp.dtype(x.dtype).itemsize >= 4 for x in (q, k, v)):
+        return materialised(q, k, v)
+
+    def in_float32(q: Array, k: Array, v: Array) -> Array:
+        f32 = jnp.float32
+        return materialised(q.astype(f32), k.astype(f32), v.astype(f32)).astype(v.dtype)
+
+    # bfloat16 / float16 on CPU: computed in float32 (`attend`'s docstring)
+    return jax.lax.platform_dependent(q, k, v, cpu=in_float32, default=materialised)
 
 
 def choose_implementation(

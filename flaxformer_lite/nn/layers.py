@@ -323,7 +323,12 @@ class MultiHeadAttention(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-    """Position-wise feed-forward ``W2 act(W1 x + b1) + b2`` (paper §3.3, ReLU; GELU option)."""
+    """Position-wise feed-forward ``W2 act(W1 x + b1) + b2`` (paper §3.3, ReLU; GELU option).
+
+    In a bfloat16 / float16 model the activation is evaluated in float32 and rounded once
+    (`mixed_precision.elementwise_in_float32`): more accurate, and on CPU faster than the
+    op-by-op low-precision chain.
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.wi = _dense(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), rngs=rngs)
@@ -332,7 +337,8 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x: Array) -> Array:
         act = jax.nn.relu if self.activation == "relu" else jax.nn.gelu
-        return self.wo(act(self.wi(x)))
+        # low-precision compute: the activation in float32, rounded once
+        return self.wo(mixed_precision.elementwise_in_float32(act, self.wi(x)))
 
 
 class AddNorm(nnx.Module):
