@@ -332,9 +332,9 @@ def attend(
     bfloat16 / float16 ``q``, ``k``, ``v`` with "xla" on CPU are computed in float32 (products
     included) and the output rounded to ``v.dtype``: XLA:CPU has no fast low-precision path for
     the gradient of this function (its products take float32 cotangents, the per-block key
-    gradients are summed in bfloat16 one rounded add at a time), and the bf16 reference
-    training step of docs/benchmarks.md runs ~1.25x faster this way (docs/performance.md,
-    issue 15). On GPU / TPU the low-precision products stay low precision.
+    gradients are summed in bfloat16 one rounded add at a time); the bf16 reference training
+    step of docs/benchmarks.md ran 1.26x faster with this change alone in an A/B on a 2-core
+    CPU (docs/performance.md, issue 15). On GPU / TPU the low-precision products stay.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(

@@ -38,6 +38,8 @@ returns ``[..., d_out]`` in ``x.dtype``. For float32 ``x`` the value is exactly
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -130,7 +132,7 @@ def dense(x: Array, kernel: Array, bias: Array | None = None) -> Array:
     return _dense(x, kernel, bias)
 
 
-def elementwise_in_float32(fn, x: Array) -> Array:
+def elementwise_in_float32(fn: Callable[[Array], Array], x: Array) -> Array:
     """``fn(x)`` evaluated in float32 and rounded to ``x.dtype`` once; for float32 (or wider)
     ``x`` just ``fn(x)``.
 
