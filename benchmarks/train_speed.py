@@ -26,11 +26,11 @@ by the measured f32 ``jnp.dot`` ceiling of the same run.
     .venv/bin/python benchmarks/train_speed.py                  # everything, 5 rounds
     .venv/bin/python benchmarks/train_speed.py --rounds 3 --no-torch
 
-Prints a Markdown table (machine, load average, Python / jax / jaxlib / flax / torch versions
-and git commit) on stdout, then issue 15's targets with "met" / "missed" from this run's
-medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32, reference bf16 >= 1.0x
+Prints a Markdown table (machine and its boot time, load average, Python / jax / jaxlib / flax /
+torch versions and git commit) on stdout, then issue 15's targets with "met" / "missed" from this
+run's medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32, reference bf16 >= 1.0x
 PyTorch bf16 autocast, quick-model ms/step <= PyTorch's. docs/benchmarks.md counts a target as
-met only when two sessions' machines meet it. PyTorch is optional
+met only when runs on two different machines (different boot times) meet it. PyTorch is optional
 (``pip install -e '.[bench]'``); without it the PyTorch rows and the targets are left out.
 """
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import importlib.metadata
 import os
 import platform
@@ -392,6 +393,22 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def _booted() -> str:
+    """The machine's boot time (Linux ``/proc/stat`` ``btime``) as ``YYYY-MM-DD HH:MM:SS UTC``,
+    or "unknown". Two runs come from different machines only if this differs (issue 15 counts
+    a target as met when runs on two different machines meet it; a new session can land on the
+    previous session's machine)."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    booted = datetime.datetime.fromtimestamp(int(line.split()[1]), datetime.UTC)
+                    return booted.strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OSError, ValueError):
+        pass
+    return "unknown"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
@@ -492,7 +509,8 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
     flops = REFERENCE.model_flops_per_token()
     tok = REFERENCE.batch * REFERENCE.length
     lines = [
-        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
+        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs, booted {_booted()}; "
+        f"Python {platform.python_version()}, "
         f"{_versions()}"
         + (f", torch {torch}" if torch is not None else "")
         + (f" (worker: {args.torch_python})" if torch and args.torch_python else "")

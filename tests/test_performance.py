@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
+import os
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from benchmarks import train_speed
@@ -76,3 +81,17 @@ def test_benchmark_targets_are_judged_from_the_runs_own_medians():
     assert targets({"JAX float32": 0.4}) == []
     cudnn = targets({"JAX float32 (cudnn)": 0.2, "PyTorch float32": 0.3}, "cudnn")
     assert [(s, m[:5]) for _, m, s in cudnn] == [("met", "1.50x")]
+
+
+def test_benchmark_names_the_machine_by_its_boot_time():
+    """Runs count as two machines' only if their boot times differ (issue 15): the printed
+    boot time is ``now - /proc/uptime`` (computed here independently) to the second."""
+    if not os.path.exists("/proc/uptime"):
+        pytest.skip("Linux /proc only")
+    booted = train_speed._booted()
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    expected = time.time() - uptime
+    got = datetime.datetime.strptime(booted, "%Y-%m-%d %H:%M:%S UTC")
+    got = got.replace(tzinfo=datetime.UTC).timestamp()
+    assert abs(got - expected) < 3, (booted, expected)
