@@ -150,6 +150,15 @@ def _np_gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
+def test_is_low_precision_names_floats_narrower_than_float32():
+    """The one test of "low precision" that `elementwise_in_float32` and `attention.attend`
+    share: bfloat16 and float16 are, float32 / float64 and integers / booleans are not."""
+    assert [
+        mixed_precision.is_low_precision(d)
+        for d in (jnp.bfloat16, jnp.float16, jnp.float32, np.float64, jnp.int8, jnp.int32, bool)
+    ] == [True, True, False, False, False, False, False]
+
+
 def test_elementwise_in_float32_rounds_once():
     """A bf16 activation through `elementwise_in_float32`: GELU evaluated in float32 and
     rounded once, so every value is within half a bf16 ulp (+1 % for float32 error) of the

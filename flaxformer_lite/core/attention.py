@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core import chunked_attention as _chunked
+from flaxformer_lite.core import mixed_precision
 from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
 from flaxformer_lite.core.chunked_attention import check_window
 from flaxformer_lite.core.positions import as_batched_positions
@@ -399,7 +400,7 @@ def attend(
             q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale
         )
 
-    if all(jnp.dtype(x.dtype).itemsize >= 4 for x in (q, k, v)):
+    if not any(mixed_precision.is_low_precision(x.dtype) for x in (q, k, v)):
         return materialised(q, k, v)
 
     def in_float32(q: Array, k: Array, v: Array) -> Array:

@@ -28,8 +28,8 @@ performance.md, issue 15). On CPU a layer with ``d_in > d_out`` takes the produc
 way round and transposes its small result (`_kernel_gradient`, another ~3 %). The forward
 pass and ``dx`` are the same operations as autodiff's; ``dW`` sums the same products in another
 order, so float32 training is not bit-identical to the plain product's (differences ~1e-6
-after a few steps). Low precision keeps the form below
-(measured: the 2-D form is slower there, as XLA then cannot hand the product to YNNPACK).
+after a few steps). Low precision keeps the form below (measured: the 2-D form is slower
+there, as XLA then cannot hand the product to YNNPACK).
 
 Shapes: ``x`` ``[..., d_in]``, ``kernel`` ``[d_in, d_out]``, ``bias`` ``[d_out]`` or None;
 returns ``[..., d_out]`` in ``x.dtype``. For float32 ``x`` the value is exactly
@@ -132,6 +132,11 @@ def dense(x: Array, kernel: Array, bias: Array | None = None) -> Array:
     return _dense(x, kernel, bias)
 
 
+def is_low_precision(dtype) -> bool:
+    """True for floating dtypes narrower than float32 (bfloat16, float16, float8 ...)."""
+    return bool(jnp.issubdtype(dtype, jnp.floating)) and jnp.dtype(dtype).itemsize < 4
+
+
 def elementwise_in_float32(fn: Callable[[Array], Array], x: Array) -> Array:
     """``fn(x)`` evaluated in float32 and rounded to ``x.dtype`` once; for float32 (or wider)
     ``x`` just ``fn(x)``.
@@ -143,6 +148,6 @@ def elementwise_in_float32(fn: Callable[[Array], Array], x: Array) -> Array:
     On accelerators the float32 chain costs the same inside one fused kernel. Gradients flow
     through the casts (float32 inside, ``x.dtype`` outside).
     """
-    if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype).itemsize >= 4:
+    if not is_low_precision(x.dtype):
         return fn(x)
     return fn(x.astype(jnp.float32)).astype(x.dtype)
