@@ -64,7 +64,7 @@ VARIANTS = {
 
 
 @contextlib.contextmanager
-def _swapped(patches):
+def swapped(patches):
     old = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     try:
         for obj, name, new in patches:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         # `attend` reads is_low_precision through the module at trace time: the swap holds
         # for the trainer's first (tracing) step, which its constructor runs
-        with _swapped(VARIANTS[name.removesuffix("-again")]):
+        with swapped(VARIANTS[name.removesuffix("-again")]):
             trainer = train_speed.JaxTrainer(shape, positional="sinusoidal", dtype=args.dtype)
         trainer.label = name
         trainers[name] = trainer

@@ -17,8 +17,8 @@ calls of a jitted function after a warm-up call) for the figures docs/performanc
   at six shapes, and whether the two agree bit for bit;
 * bf16: GELU forward on ``[16, 256, 1024]`` as the bf16 chain, through float32
   (`mixed_precision.elementwise_in_float32`) and for float32 input; causal attention forward
-  + backward on bf16 ``[16, 256, 4, 64]`` with bf16 products (the "xla" path called on the bf16
-  arrays) and as `attend` computes it on CPU (in float32).
+  + backward on bf16 ``[16, 256, 4, 64]`` with bf16 products (`attend` as before ``8a8333d``,
+  `ab_step`'s "bf16-before" variant) and as `attend` computes it on CPU (in float32).
 
     .venv/bin/python benchmarks/parts.py                 # everything, 7 rounds (~3 min)
     .venv/bin/python benchmarks/parts.py --rounds 5 --no-torch
@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import train_speed
+from benchmarks import ab_step, train_speed
 
 B, T, D_MODEL, HEADS, HEAD_DIM, D_FF = 16, 256, 256, 4, 64, 1024
 KERNEL_SHAPES = [(4096, 1024, 256), (2048, 256, 64), (4096, 256, 64), (4096, 512, 256)]
@@ -155,13 +155,9 @@ def jax_parts(rounds: int, calls: int) -> dict[str, float]:
         return lambda: g(modules, x)
 
     def attend_grad(blocks):
-        def loss(q, k, v):
-            old = attention.causal_query_blocks
-            attention.causal_query_blocks = lambda n: blocks  # traced once, under jit
-            try:
+        def loss(q, k, v):  # the block count swapped while jit traces it
+            with ab_step.swapped([(attention, "causal_query_blocks", lambda n: blocks)]):
                 out = attention.attend(q, k, v, q_positions=pos, k_positions=pos, causal=True)
-            finally:
-                attention.causal_query_blocks = old
             return jnp.sum(out)
 
         g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
@@ -231,23 +227,14 @@ def bf16_parts(rounds: int, calls: int) -> dict[str, float]:
     h = h32.astype(bf16)
     keys = jax.random.split(jax.random.key(1), 3)
     q, k, v = (jax.random.normal(kk, (B, T, HEADS, HEAD_DIM)).astype(bf16) for kk in keys)
-    pos = jnp.arange(T)[None]
-
-    def bf16_products(q, k, v):  # the "xla" query-block path called on the bf16 arrays
-        return attention._blocked_causal_attention(
-            q,
-            k,
-            v,
-            q_positions=pos,
-            k_positions=pos,
-            bias_fn=None,
-            mask=None,
-            scale=None,
-            blocks=attention.causal_query_blocks(T),
-        )
+    pos = jnp.arange(T)
 
     def library(q, k, v):
-        return attention.attend(q, k, v, q_positions=pos[0], k_positions=pos[0], causal=True)
+        return attention.attend(q, k, v, q_positions=pos, k_positions=pos, causal=True)
+
+    def bf16_products(q, k, v):  # `attend` as before 8a8333d (swapped while it is traced)
+        with ab_step.swapped(ab_step.VARIANTS["bf16-before"]):
+            return library(q, k, v)
 
     def grad(f):
         g = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32)), argnums=(0, 1, 2)))
