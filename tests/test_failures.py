@@ -333,6 +333,78 @@ def test_a_signal_inside_a_deferred_section_waits_for_its_end():
     assert [signal.getsignal(s) for s in interrupt.SIGNALS] == before
 
 
+HANGING_COMMAND = """
+import os, signal, sys, threading, time
+from flaxformer_lite.base import interrupt
+from flaxformer_lite.experiments import cli
+
+MODE = sys.argv[1]  # run_command replaces sys.argv
+
+def main(argv):
+    with cli.one_line_failures():
+        interrupt.where(run="cell x", phase="evaluating")
+        if MODE == "shutdown":  # a thread that interpreter exit waits for, for ever
+            threading.Thread(target=threading.Event().wait).start()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+        finally:
+            if MODE == "cleanup":  # a finally block that never ends
+                threading.Event().wait()
+
+cli.run_command(main, doc="test", module=__name__, argv=["hang"])
+"""
+
+
+@pytest.mark.parametrize("hang", ["cleanup", "shutdown"])
+def test_an_interrupted_command_ends_even_when_its_cleanup_hangs(tmp_path, hang):
+    """A command ends ``FLAXFORMER_LITE_EXIT_GRACE`` seconds after SIGTERM with status 143
+    and the one line, though a ``finally`` block or a thread at interpreter exit never ends."""
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING_COMMAND)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(script), hang],
+        cwd=ROOT,
+        env=env(**{interrupt.GRACE_ENV: "1"}),
+        capture_output=True,
+        text=True,
+        timeout=120,  # without the watchdog: TimeoutExpired
+    )
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 60
+    lines = proc.stderr.strip().splitlines()
+    line = "interrupted (SIGTERM) while evaluating cell x; rerun the same command to resume"
+    assert lines[-1] == line and lines.count(line) == 1, proc.stderr[-3000:]
+    warned = "warning: the process did not end within 1 s of SIGTERM"
+    # the command printed its line before exit hung: the watchdog adds nothing
+    assert any(x.startswith(warned) for x in lines) is (hang == "cleanup"), lines
+
+
+def test_exit_grace_is_read_from_its_variable(monkeypatch):
+    monkeypatch.delenv(interrupt.GRACE_ENV, raising=False)
+    assert interrupt.exit_grace() == interrupt.DEFAULT_GRACE_S == 60.0
+    monkeypatch.setenv(interrupt.GRACE_ENV, " 2.5 ")
+    assert interrupt.exit_grace() == 2.5
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        monkeypatch.setenv(interrupt.GRACE_ENV, bad)
+        with pytest.raises(ValueError, match=rf"{interrupt.GRACE_ENV}='{bad}': must be a positive"):
+            interrupt.exit_grace()
+    with pytest.raises(ValueError, match="exit_after=0"):
+        with interrupt.handling_signals(exit_after=0):
+            pass
+
+
+def test_without_exit_after_an_interruption_arms_no_watchdog():
+    """In-process use (a notebook, these tests) catches `Interrupted` and goes on: nothing may
+    end the process later."""
+    with interrupt.handling_signals():
+        with pytest.raises(interrupt.Interrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert interrupt._watchdog is None
+
+
 def test_sigint_and_sigterm_end_with_one_line_and_a_rerun_finishes(clean, tmp_path):
     """At exact points: mid-training, inside a checkpoint save and an atomic write (both
     completed before the process stops), during evaluation."""

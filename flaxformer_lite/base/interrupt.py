@@ -13,6 +13,16 @@
   into e.g. ``interrupted (SIGINT) at step 5 of cell rope-seed0 (8 steps; resumes from its
   checkpoint at step 4); rerun the same command to resume``.
 
+- `handling_signals(exit_after=S)` (what the commands use, via `cli.one_line_failures`) also
+  bounds the time an interrupted process takes to end: S seconds after `Interrupted` is raised,
+  a watchdog thread ends the process with the same status (128 + the signal number) and, if the
+  command has not printed it yet (`report`), the `describe` line. The cleanup an interruption
+  runs (``finally`` blocks, closing the checkpointer, joining threads at interpreter exit)
+  takes well under a second; an exception raised at an arbitrary point can still leave a
+  thread waiting for ever, and an interrupted run must end. Everything the process writes is
+  atomic (files, checkpoints), so ending it then loses nothing the interruption did not.
+  ``FLAXFORMER_LITE_EXIT_GRACE`` sets S for the commands (default 60 seconds).
+
 Outside `handling_signals` nothing changes: SIGINT raises Python's KeyboardInterrupt and SIGTERM
 ends the process, as usual. Standard library only.
 """
@@ -20,12 +30,16 @@ ends the process, as usual. Standard library only.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_ENV = "FLAXFORMER_LITE_EXIT_GRACE"
+DEFAULT_GRACE_S = 60.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -44,6 +58,9 @@ class Interrupted(KeyboardInterrupt):
 _defer_depth = 0
 _pending: int | None = None
 _where: dict[str, Any] = {}
+_exit_after: float | None = None  # seconds: the watchdog's deadline (`handling_signals`)
+_watchdog: threading.Timer | None = None
+_reported = False
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -51,17 +68,77 @@ def _handler(signum: int, frame: Any) -> None:
     if _defer_depth and _pending is None:
         _pending = signum
         return
+    _raise(signum)
+
+
+def _raise(signum: int) -> None:
+    global _watchdog
+    if _exit_after is not None and _watchdog is None:
+        _watchdog = threading.Timer(_exit_after, _end_process, args=(signum, _exit_after))
+        _watchdog.daemon = True
+        _watchdog.start()
     raise Interrupted(signum)
 
 
+def _end_process(signum: int, seconds: float) -> None:
+    """The watchdog: the interrupted process has not ended ``seconds`` after `Interrupted`."""
+    if not _reported:
+        name = signal.Signals(signum).name
+        print(
+            f"warning: the process did not end within {seconds:g} s of {name}; "
+            f"ending it now (set {GRACE_ENV} to wait longer)",
+            file=sys.stderr,
+        )
+        print(describe(signum), file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)
+
+
+def exit_grace() -> float:
+    """Seconds from ``FLAXFORMER_LITE_EXIT_GRACE`` (default 60), for ``exit_after``.
+
+    Raises:
+      ValueError: naming the variable and its value, when it is not a positive number.
+    """
+    text = os.environ.get(GRACE_ENV, "").strip()
+    if not text:
+        return DEFAULT_GRACE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{GRACE_ENV}={text!r}: must be a positive number of seconds")
+    return seconds
+
+
+def report(signum: int) -> None:
+    """Print the `describe` line to stderr (once: the watchdog then prints nothing)."""
+    global _reported
+    _reported = True
+    print(describe(signum), file=sys.stderr)
+
+
 @contextlib.contextmanager
-def handling_signals() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into `Interrupted` inside (a no-op off the main thread)."""
-    global _pending
+def handling_signals(exit_after: float | None = None) -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `Interrupted` inside (a no-op off the main thread).
+
+    Args:
+      exit_after: seconds; if given, the process ends with status ``128 + signum`` this long
+        after an `Interrupted` is raised, whatever it is doing then (see the module
+        docstring). Only for a process that exits on an interruption anyway (the commands);
+        None (default) for code that catches `Interrupted` and goes on.
+    """
+    global _pending, _exit_after
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if exit_after is not None and not exit_after > 0:
+        raise ValueError(f"exit_after={exit_after!r}: must be a positive number of seconds")
     old = {s: signal.getsignal(s) for s in SIGNALS}
+    old_exit_after, _exit_after = _exit_after, exit_after
     for s in SIGNALS:
         signal.signal(s, _handler)
     try:
@@ -70,6 +147,7 @@ def handling_signals() -> Iterator[None]:
         for s, handler in old.items():
             signal.signal(s, handler)
         _pending = None
+        _exit_after = old_exit_after
 
 
 @contextlib.contextmanager
@@ -83,7 +161,7 @@ def deferred() -> Iterator[None]:
         _defer_depth -= 1
         if _defer_depth == 0 and _pending is not None:
             signum, _pending = _pending, None
-            raise Interrupted(signum)
+            _raise(signum)
 
 
 def where(**fields: Any) -> None:

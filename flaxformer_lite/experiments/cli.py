@@ -44,6 +44,9 @@ def fail(message: str) -> typing.NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
+_running_a_command = False  # set by `run_command`: this process is a command line
+
+
 @contextlib.contextmanager
 def one_line_failures() -> typing.Iterator[None]:
     """Run the body with SIGINT/SIGTERM handled (`interrupt.handling_signals`); end the
@@ -52,16 +55,26 @@ def one_line_failures() -> typing.Iterator[None]:
     - `ConfigError` (a bad value, a workdir another process holds): ``error: ...``, status 2;
     - an OS error (`io.StateWriteError` when writing state: disk full, quota, read-only):
       ``error: cannot write FILE: [Errno N] reason; free space and rerun ...``, status 1;
-    - SIGINT / SIGTERM: ``interrupted ... ; rerun the same command to resume``, status 130/143.
+    - SIGINT / SIGTERM: ``interrupted ... ; rerun the same command to resume``, status 130/143;
+      in a command (`run_command`) the process ends at most ``FLAXFORMER_LITE_EXIT_GRACE``
+      seconds (default 60) after the signal even if its cleanup hangs
+      (`interrupt.handling_signals`'s ``exit_after``); called from Python, e.g. a notebook,
+      the watchdog is not armed.
     """
+    grace = None
+    if _running_a_command:  # a process that exits on an interruption anyway
+        try:
+            grace = interrupt.exit_grace()
+        except ValueError as e:
+            fail(str(e))
     try:
-        with interrupt.handling_signals():
+        with interrupt.handling_signals(exit_after=grace):
             yield
     except ConfigError as e:
         fail(str(e))
     except KeyboardInterrupt as e:  # `interrupt.Interrupted`, or a SIGINT before the handler
         signum = getattr(e, "signum", signal.SIGINT)
-        print(interrupt.describe(signum), file=sys.stderr)
+        interrupt.report(signum)
         sys.exit(128 + signum)
     except OSError as e:
         error = e if isinstance(e, StateWriteError) else write_error(e, e.filename or "a file")
@@ -98,6 +111,8 @@ def run_command(
             absl_logging.set_verbosity(absl_logging.WARNING)
         main(args)
 
+    global _running_a_command
+    _running_a_command = True  # absl's app.run ends the process when main returns
     try:
         app.run(quiet_main, argv=argv, flags_parser=flags_parser or parse_flags)
     except SystemExit as e:
