@@ -15,12 +15,14 @@ OS error at an exact point (``FLAXFORMER_LITE_FAULT=<point>:<n>:SIGINT|ENOSPC|..
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -393,6 +395,35 @@ def test_exit_grace_is_read_from_its_variable(monkeypatch):
     with pytest.raises(ValueError, match="exit_after=0"):
         with interrupt.handling_signals(exit_after=0):
             pass
+
+
+def test_a_signal_handled_inside_a_gc_callback_is_not_lost():
+    """Python ignores an exception raised in a garbage-collector callback (JAX registers one):
+    a signal whose handler runs there is sent again and raised in ordinary code."""
+    ran = []
+
+    def callback(phase, info):
+        if phase == "start" and not ran:
+            ran.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # bytecode to run the handler on, inside the callback
+                pass
+
+    hook = sys.unraisablehook
+    gc.callbacks.append(callback)
+    try:
+        with interrupt.handling_signals():
+            with pytest.raises(interrupt.Interrupted) as raised:
+                gc.collect()
+                for _ in range(100):
+                    time.sleep(0.01)
+            assert raised.value.exit_status == 143
+            assert ran == [True]
+            # the signal came back through the hook, not from the callback's own frame
+            assert "callback" not in [f.name for f in traceback.extract_tb(raised.tb)]
+    finally:
+        gc.callbacks.remove(callback)
+    assert sys.unraisablehook is hook
 
 
 def test_without_exit_after_an_interruption_arms_no_watchdog():

@@ -13,6 +13,11 @@
   into e.g. ``interrupted (SIGINT) at step 5 of cell rope-seed0 (8 steps; resumes from its
   checkpoint at step 4); rerun the same command to resume``.
 
+- A signal whose handler runs inside code where Python ignores exceptions (a garbage-collector
+  callback such as JAX's ``_xla_gc_callback``, a ``__del__``, a weakref callback) would be lost:
+  the interpreter prints "Exception ignored in ..." and goes on. Inside `handling_signals`, such
+  a lost `Interrupted` has its signal sent again (from a helper thread), so that it is raised
+  at the next point of ordinary code.
 - `handling_signals(exit_after=S)` (what the commands use, via `cli.one_line_failures`) also
   bounds the time an interrupted process takes to end: S seconds after `Interrupted` is raised,
   a watchdog thread ends the process with the same status (128 + the signal number) and, if the
@@ -29,11 +34,13 @@ ends the process, as usual. Standard library only.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,6 +85,23 @@ def _raise(signum: int) -> None:
         _watchdog.daemon = True
         _watchdog.start()
     raise Interrupted(signum)
+
+
+def _unraisable(hook: Any, unraisable: Any) -> None:
+    """``sys.unraisablehook`` inside `handling_signals`: an `Interrupted` that Python would drop
+    (raised in a gc callback, ``__del__`` ...) is sent again as its signal; the rest goes to the
+    previous hook."""
+    if isinstance(unraisable.exc_value, Interrupted):
+        # Sent from here, or from a thread this hook waits for (`Thread.start` waits), the
+        # handler would run at once, inside the hook, and its exception would be dropped again.
+        _thread.start_new_thread(_send_again, (unraisable.exc_value.signum,))
+        return
+    hook(unraisable)
+
+
+def _send_again(signum: int) -> None:
+    time.sleep(0.01)  # the main thread leaves the code that dropped it (it retries if not)
+    os.kill(os.getpid(), signum)
 
 
 def _end_process(signum: int, seconds: float) -> None:
@@ -139,6 +163,8 @@ def handling_signals(exit_after: float | None = None) -> Iterator[None]:
         raise ValueError(f"exit_after={exit_after!r}: must be a positive number of seconds")
     old = {s: signal.getsignal(s) for s in SIGNALS}
     old_exit_after, _exit_after = _exit_after, exit_after
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: _unraisable(old_hook, unraisable)
     for s in SIGNALS:
         signal.signal(s, _handler)
     try:
@@ -146,6 +172,7 @@ def handling_signals(exit_after: float | None = None) -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        sys.unraisablehook = old_hook
         _pending = None
         _exit_after = old_exit_after
 
