@@ -426,6 +426,30 @@ def test_a_signal_handled_inside_a_gc_callback_is_not_lost():
     assert sys.unraisablehook is hook
 
 
+SESSION_COMMAND = """
+import sys, types
+from flaxformer_lite.experiments import cli
+
+shell = types.ModuleType("IPython")  # imported (tqdm.auto imports it); a shell only if running
+shell.get_ipython = (lambda: object()) if sys.argv[1] == "shell" else (lambda: None)
+sys.modules["IPython"] = shell
+cli.run_command(lambda argv: print(cli._running_a_command), doc="test", module=__name__, argv=["p"])
+"""
+
+
+def test_an_interactive_session_never_arms_the_watchdog(tmp_path):
+    """`run_command` in IPython / a notebook: its SystemExit does not end the kernel, so no
+    watchdog may end it later; a command line arms it."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION_COMMAND)
+    for session, armed in (("shell", "False"), ("none", "True")):
+        proc = subprocess.run(
+            [sys.executable, str(script), session], cwd=ROOT, env=env(), capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0 and proc.stdout.strip() == armed, proc.stderr[-3000:]
+
+
 def test_without_exit_after_an_interruption_arms_no_watchdog():
     """In-process use (a notebook, these tests) catches `Interrupted` and goes on: nothing may
     end the process later."""

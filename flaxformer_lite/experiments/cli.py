@@ -44,7 +44,7 @@ def fail(message: str) -> typing.NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-_running_a_command = False  # set by `run_command`: this process is a command line
+_running_a_command = False  # set by `run_command`: this process is a command line (it exits)
 
 
 @contextlib.contextmanager
@@ -112,13 +112,24 @@ def run_command(
         main(args)
 
     global _running_a_command
-    _running_a_command = True  # absl's app.run ends the process when main returns
+    # absl's app.run ends the process when main returns; an interactive session (IPython, a
+    # notebook, `python -i`) survives its SystemExit, so the interrupt watchdog stays off there
+    _running_a_command = not _interactive()
     try:
         app.run(quiet_main, argv=argv, flags_parser=flags_parser or parse_flags)
     except SystemExit as e:
         if help_asked and e.code == 1:  # absl ends --help with status 1; asked for, it is 0
             raise SystemExit(0) from None
         raise
+
+
+def _interactive() -> bool:
+    """Whether this is an interactive session: ``python -i``, the REPL, or a running IPython
+    shell or kernel (merely importing IPython, as ``tqdm.auto`` does, is not one)."""
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        return True
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    return get_ipython is not None and get_ipython() is not None
 
 
 HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
