@@ -29,7 +29,7 @@
   ``FLAXFORMER_LITE_EXIT_GRACE`` sets S for the commands (default 60 seconds).
 
 Outside `handling_signals` nothing changes: SIGINT raises Python's KeyboardInterrupt and SIGTERM
-ends the process, as usual. Standard library only.
+ends the process, as usual. Standard library only (and `base.checks`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from flaxformer_lite.base.checks import check_positive_number
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_ENV = "FLAXFORMER_LITE_EXIT_GRACE"
@@ -124,18 +126,16 @@ def exit_grace() -> float:
     """Seconds from ``FLAXFORMER_LITE_EXIT_GRACE`` (default 60), for ``exit_after``.
 
     Raises:
-      ValueError: naming the variable and its value, when it is not a positive number.
+      ValueError: naming the variable and its value, when it is not a finite number > 0.
     """
     text = os.environ.get(GRACE_ENV, "").strip()
     if not text:
         return DEFAULT_GRACE_S
     try:
-        seconds = float(text)
+        value: Any = float(text)
     except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{GRACE_ENV}={text!r}: must be a positive number of seconds")
-    return seconds
+        value = text
+    return check_positive_number(GRACE_ENV, value)
 
 
 def report(signum: int) -> None:
@@ -159,8 +159,8 @@ def handling_signals(exit_after: float | None = None) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if exit_after is not None and not exit_after > 0:
-        raise ValueError(f"exit_after={exit_after!r}: must be a positive number of seconds")
+    if exit_after is not None:
+        exit_after = check_positive_number("exit_after", exit_after)
     old = {s: signal.getsignal(s) for s in SIGNALS}
     old_exit_after, _exit_after = _exit_after, exit_after
     old_hook = sys.unraisablehook
