@@ -29,9 +29,12 @@ by the measured f32 ``jnp.dot`` ceiling of the same run.
 Prints a Markdown table (machine and its boot time, load average, Python / jax / jaxlib / flax /
 torch versions and git commit) on stdout, then issue 15's targets with "met" / "missed" from this
 run's medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32, reference bf16 >= 1.0x
-PyTorch bf16 autocast, quick-model ms/step <= PyTorch's. docs/benchmarks.md counts a target as
-met only when runs on two different machines (different boot times) meet it. PyTorch is optional
-(``pip install -e '.[bench]'``); without it the PyTorch rows and the targets are left out.
+PyTorch bf16 autocast, quick-model ms/step <= PyTorch's; next to each ratio, the range of the
+per-round ratios (the two contestants' timed blocks of one round, run within seconds of each
+other), which shows how far the machine's drift moved it within the run. docs/benchmarks.md
+counts a target as met only when runs on two different machines (different boot times) meet it.
+PyTorch is optional (``pip install -e '.[bench]'``); without it the PyTorch rows and the targets
+are left out.
 """
 
 from __future__ import annotations
@@ -574,15 +577,22 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
         "| target | measured | this run |",
         "|---|---|---|",
     ]
-    lines += [f"| {name} | {got} | {status} |" for name, got, status in targets(med, args.impl)]
+    lines += [
+        f"| {name} | {got} | {status} |" for name, got, status in targets(med, args.impl, times)
+    ]
     return "\n".join(lines)
 
 
-def targets(med: dict[str, float], impl: str = "xla") -> list[tuple[str, str, str]]:
+def targets(
+    med: dict[str, float], impl: str = "xla", times: dict[str, list[float]] | None = None
+) -> list[tuple[str, str, str]]:
     """(target, measured, "met" / "missed") for each of issue 15's targets whose contestants
     ran (``med``: label -> median seconds per step; ``impl``: the JAX attention
     implementation, part of the JAX reference labels). Ratios are PyTorch time / JAX time,
-    so > 1 means JAX is faster."""
+    so > 1 means JAX is faster. The verdict is the medians' ratio; with ``times`` (label ->
+    seconds per step of each round) the measured column also gives the range of the
+    per-round ratios (round r's two timed blocks ran within seconds of each other), so a
+    reader sees how far the machine's drift moved the ratio within the run."""
     out = []
     suffix = "" if impl == "xla" else f" ({impl})"
     pairs = (
@@ -603,7 +613,11 @@ def targets(med: dict[str, float], impl: str = "xla") -> list[tuple[str, str, st
     for mine, other, goal, name in pairs:
         if mine in med and other in med:
             ratio = med[other] / med[mine]
-            measured = f"{ratio:.2f}x ({med[mine] * 1e3:.1f} vs {med[other] * 1e3:.1f} ms/step)"
+            measured = f"{ratio:.2f}x ({med[mine] * 1e3:.1f} vs {med[other] * 1e3:.1f} ms/step"
+            if times and len(times.get(mine, ())) == len(times.get(other, ())) > 1:
+                rounds = [o / m for m, o in zip(times[mine], times[other], strict=True)]
+                measured += f"; rounds {min(rounds):.2f}-{max(rounds):.2f}x"
+            measured += ")"
             out.append((name, measured, "met" if ratio >= goal else "missed"))
     return out
 

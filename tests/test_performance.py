@@ -81,6 +81,15 @@ def test_benchmark_targets_are_judged_from_the_runs_own_medians():
     assert targets({"JAX float32": 0.4}) == []
     cudnn = targets({"JAX float32 (cudnn)": 0.2, "PyTorch float32": 0.3}, "cudnn")
     assert [(s, m[:5]) for _, m, s in cudnn] == [("met", "1.50x")]
+    # with the rounds: the verdict stays the medians'; the spread is of paired rounds
+    times = {"JAX float32": [0.40, 0.38, 0.50], "PyTorch float32": [0.43, 0.456, 0.45]}
+    (_, measured, status), *_ = targets({k: sorted(v)[1] for k, v in times.items()}, "xla", times)
+    # medians 0.45 / 0.40 = 1.125: met (the median of the paired rounds' ratios, 1.075, is not)
+    assert status == "met"
+    assert measured == "1.12x (400.0 vs 450.0 ms/step; rounds 0.90-1.20x)"
+    # a contestant with fewer rounds (or one round) gives no range
+    one = {"JAX float32": [0.4], "PyTorch float32": [0.43]}
+    assert "rounds" not in targets(med, "xla", one)[0][1]
 
 
 def test_benchmark_names_the_machine_by_its_boot_time():
