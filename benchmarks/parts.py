@@ -7,8 +7,10 @@ calls of a jitted function after a warm-up call) for the figures docs/performanc
   1024 -> 256, residual) and attention sublayer (pre-LN, projections, causal attention, out
   projection, residual) of the reference model of `train_speed` at ``[16, 256, 256]``, of the
   causal attention core at ``[16, 256, 4, 64]`` (JAX with 1, 2 and 4 query blocks), of a layer
-  norm and a tanh-GELU; and the per-layer / rest split of the whole train step from 1- and
-  4-layer models (``(t4 - t1) / 3`` and ``t1 - that``). PyTorch eager's same parts
+  norm and a tanh-GELU, of one whole decoder block and of four blocks chained (per block: what a
+  block costs inside a deeper stack); the train step with 0 layers (embedding, positions, final
+  norm, tied logits, loss and their optimizer update), with 4, and the per-layer / rest split
+  from 1- and 4-layer steps (``(t4 - t1) / 3`` and ``t1 - that``). PyTorch eager's same parts
   (``F.scaled_dot_product_attention(is_causal=True)``, a fused q/k/v projection as in
   `train_speed`) run in a child process (``--torch-python``, default this interpreter);
   ``--no-torch`` leaves them out.
@@ -61,12 +63,21 @@ def _timed(fns: dict, *, rounds: int, calls: int, block) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+STEP_LAYERS = (0, 1, 4)
+CHAINED = "4 decoder blocks chained, per block"
+
+
 def _step_split(trainers: dict[int, object], rounds: int) -> dict[str, float]:
-    """Per-layer and rest ms of a train step from 1- and 4-layer trainers."""
+    """ms of a train step with 0 and 4 layers, and the per-layer / rest split from 1 and 4."""
     ms = train_speed.measure(list(trainers.values()), rounds=rounds, steps=lambda c: 2)
-    t1, t4 = (statistics.median(ms[trainers[n].label]) * 1e3 for n in (1, 4))
+    t0, t1, t4 = (statistics.median(ms[trainers[n].label]) * 1e3 for n in STEP_LAYERS)
     per_layer = (t4 - t1) / 3
-    return {"step per layer": per_layer, "step rest": t1 - per_layer}
+    return {
+        "train step, 0 layers": t0,
+        "train step, 4 layers": t4,
+        "step per layer": per_layer,
+        "step rest": t1 - per_layer,
+    }
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -91,12 +102,22 @@ def torch_parts(rounds: int, calls: int) -> dict[str, float]:
         a = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
         return x + out(a.transpose(1, 2).reshape(b, t, D_MODEL))
 
+    blocks = train_speed._torch_model(train_speed.REFERENCE).blocks  # the benchmark's own
+
+    def chained():
+        y = x
+        for block in blocks:
+            y = block(y)
+        return y
+
     forwards = {
         "feed-forward sublayer": lambda: x + wo(F.gelu(wi(ln2(x)), approximate="tanh")),
         "attention sublayer": attention_sublayer,
         "attention core": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "layer norm [16,256,256]": lambda: ln1(x),
         "tanh-GELU [16,256,1024]": lambda: F.gelu(h, approximate="tanh"),
+        "decoder block": lambda: blocks[0](x),
+        CHAINED: chained,
     }
 
     def fwd_bwd(f):
@@ -110,11 +131,12 @@ def torch_parts(rounds: int, calls: int) -> dict[str, float]:
     got = _timed(
         {n: fwd_bwd(f) for n, f in forwards.items()}, rounds=rounds, calls=calls, block=lambda y: y
     )
+    got[CHAINED] /= len(blocks)
     trainers = {
         n: train_speed.TorchTrainer(
             dataclasses.replace(train_speed.REFERENCE, num_layers=n), dtype="float32"
         )
-        for n in (1, 4)
+        for n in STEP_LAYERS
     }
     for n, tr in trainers.items():
         tr.label = f"{n} layers"
@@ -142,7 +164,9 @@ def jax_parts(rounds: int, calls: int) -> dict[str, float]:
     h = jax.random.normal(next(keys), (B, T, D_FF))
     q, k, v = (jax.random.normal(next(keys), (B, T, HEADS, HEAD_DIM)) for _ in range(3))
     pos = jnp.arange(T)
-    pe = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)).decoder.pe
+    decoder = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)).decoder  # 4 blocks, as train_speed's
+    pe, stack = decoder.pe, decoder.blocks
+    positions = jnp.broadcast_to(pos, (B, T))  # as the model passes them to its blocks
     block = layers.DecoderBlock(cfg, cross_attention=False, rngs=rngs)
     ff, ff_norm = layers.FeedForward(cfg, rngs=rngs), block.ffn_norm
     ln = block.self_attention_norm.norm
@@ -163,6 +187,11 @@ def jax_parts(rounds: int, calls: int) -> dict[str, float]:
         g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
         return lambda: g(q, k, v)
 
+    def chained(blocks, x):
+        for b in blocks:
+            x = b(x, positions, pe=pe, deterministic=True)
+        return x
+
     causal = dict(q_positions=pos, pe=pe, causal=True)
     gelu_grad = jax.jit(jax.grad(lambda h: jnp.sum(jax.nn.gelu(h))))
     fns = {
@@ -178,15 +207,20 @@ def jax_parts(rounds: int, calls: int) -> dict[str, float]:
         "attention core, 1 block": attend_grad(1),
         "layer norm [16,256,256]": sublayer_grad(ln, lambda m, x: m(x)),
         "tanh-GELU [16,256,1024]": lambda: gelu_grad(h),
+        "decoder block": sublayer_grad(
+            block, lambda m, x: m(x, positions, pe=pe, deterministic=True)
+        ),
+        CHAINED: sublayer_grad(stack, chained),
     }
     got = _timed(fns, rounds=rounds, calls=calls, block=jax.block_until_ready)
+    got[CHAINED] /= len(stack)
     trainers = {
         n: train_speed.JaxTrainer(
             dataclasses.replace(train_speed.REFERENCE, num_layers=n),
             positional="sinusoidal",
             dtype="float32",
         )
-        for n in (1, 4)
+        for n in STEP_LAYERS
     }
     for n, tr in trainers.items():
         tr.label = f"{n} layers"
