@@ -169,12 +169,14 @@ def test_batch_not_divisible_is_a_clear_error(eight_devices):
     assert "config.data.batch_size=12" in msg and "divisible by the 8 data-parallel" in msg
 
 
-def test_train_and_evaluate_on_the_mesh_matches_one_device(eight_devices):
-    single, sharded = eight_devices["run_single"], eight_devices["run_sharded"]
-    assert len(single["train_loss"]) == len(sharded["train_loss"]) >= 2
+@pytest.mark.parametrize("run", ["run_sharded", "run_sharded_two_per_call"])
+def test_train_and_evaluate_on_the_mesh_matches_one_device(eight_devices, run):
+    single, sharded = eight_devices["run_single"], eight_devices[run]
+    assert len(single["train_loss"]) == len(sharded["train_loss"]) == 4
     np.testing.assert_allclose(sharded["train_loss"], single["train_loss"], rtol=1e-5)
     np.testing.assert_allclose(sharded["eval_loss"], single["eval_loss"], rtol=1e-5)
     assert sharded["checkpoint_steps"] == single["checkpoint_steps"]
+    assert sharded["stacked_calls"] == ([2, 2] if run == "run_sharded_two_per_call" else [])
 
 
 # ----------------------------------------------------------------------------- worker
@@ -190,7 +192,7 @@ def _worker(workdir: Path) -> dict:
     from flax import nnx
 
     from flaxformer_lite.train import batches as train_batches
-    from flaxformer_lite.train import sharding
+    from flaxformer_lite.train import loop, sharding
     from flaxformer_lite.train.loop import build_model, train_and_evaluate
     from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
     from flaxformer_lite.train.step import init_train_state, make_train_step
@@ -263,14 +265,25 @@ def _worker(workdir: Path) -> dict:
     except ConfigError as e:
         out["indivisible"] = str(e)
 
-    # The whole loop: 4 steps on one device, then on the 2 x 4 mesh; same numbers.
-    for name, mesh in (
-        ("single", {"data": 1, "fsdp": 1}),
-        ("sharded", {"data": DATA, "fsdp": FSDP}),
+    stacked_calls = []  # the steps of each several-step call
+    stack = loop._stack
+
+    def counted_stack(batches):
+        stacked_calls.append(len(batches))
+        return stack(batches)
+
+    loop._stack = counted_stack
+    # The whole loop: 4 steps on one device, then on the 2 x 4 mesh (one step per call, and
+    # two: stacked batches split along their second axis); same numbers.
+    for name, mesh, steps_per_call in (
+        ("single", {"data": 1, "fsdp": 1}, 1),
+        ("sharded", {"data": DATA, "fsdp": FSDP}, 1),
+        ("sharded_two_per_call", {"data": DATA, "fsdp": FSDP}, 2),
     ):
         c = _tiny(**mesh)
-        c.train.update(num_steps=4, log_every=1, checkpoint_every=2)
+        c.train.update(num_steps=4, log_every=1, checkpoint_every=2, steps_per_call=steps_per_call)
         c.eval.update(length_multiples=(1, 2), max_tokens=512)
+        stacked_calls.clear()
         summary = train_and_evaluate(c, workdir / name)
         lines = (workdir / name / "metrics.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
@@ -278,6 +291,7 @@ def _worker(workdir: Path) -> dict:
             "train_loss": [r["loss"] for r in rows if r.get("split") == "train"],
             "eval_loss": [r["loss"] for r in summary["eval"]],
             "checkpoint_steps": sorted(os.listdir(workdir / name / "checkpoints")),
+            "stacked_calls": list(stacked_calls),
         }
     return out
 

@@ -130,7 +130,55 @@ def test_deterministic_and_exact_resume(uninterrupted, corpus_file, tmp_path, mo
         np.testing.assert_array_equal(a, b)
 
 
-def test_nan_guard_names_step_and_metric(corpus_file, tmp_path, monkeypatch):
+def test_several_steps_per_call_train_the_same_steps(
+    uninterrupted, corpus_file, tmp_path, monkeypatch
+):
+    """``train.steps_per_call=4``: one `lax.scan` over 4 batches per compiled call. With 12
+    steps and checkpoints at 6 the calls run steps 1-4, 5, 6 (one each: 4 do not fit before
+    the checkpoint), 7-10, 11, 12 -- both programs. Losses of every step, checkpoints and
+    parameters equal one step per call bit for bit, and a run interrupted with one step per
+    call resumes with four."""
+    c, workdir_a, summary_a = uninterrupted
+    calls = []
+    original_stack = loop._stack
+
+    def counting(batches):
+        calls.append(len(batches))
+        return original_stack(batches)
+
+    monkeypatch.setattr(loop, "_stack", counting)
+    c4 = tiny_config(corpus_file, num_steps=12, log_every=1, checkpoint_every=6, steps_per_call=4)
+    summary = loop.train_and_evaluate(c4, tmp_path / "four")
+    assert calls == [4, 4]  # steps 1-4 and 7-10; the other four ran one per call
+    assert read_losses(tmp_path / "four") == read_losses(workdir_a)
+    assert sorted(p.name for p in (tmp_path / "four" / "checkpoints").iterdir()) == ["12", "6"]
+    for a, b in zip(params_of(workdir_a, c), params_of(tmp_path / "four", c4), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert summary["eval"] == summary_a["eval"]
+    assert summary["config_hash"] == summary_a["config_hash"]  # not part of the identity
+
+    # interrupted at step 8 with one step per call (checkpoint at 6), resumed with four
+    original = TrainBatches.__call__
+
+    def dying(self, step):
+        if step == 8:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, step)
+
+    monkeypatch.setattr(TrainBatches, "__call__", dying)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train_and_evaluate(c, tmp_path / "mixed")
+    monkeypatch.setattr(TrainBatches, "__call__", original)
+    calls.clear()
+    loop.train_and_evaluate(c4, tmp_path / "mixed")
+    assert calls == [4]  # steps 7-10
+    assert read_losses(tmp_path / "mixed") == read_losses(workdir_a)
+    for a, b in zip(params_of(workdir_a, c), params_of(tmp_path / "mixed", c4), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 4])  # 4: step 3 is the third of a call's four
+def test_nan_guard_names_step_and_metric(corpus_file, tmp_path, monkeypatch, steps_per_call):
     original = TrainBatches.__call__
 
     def poisoned(self, step):
@@ -140,7 +188,7 @@ def test_nan_guard_names_step_and_metric(corpus_file, tmp_path, monkeypatch):
         return batch
 
     monkeypatch.setattr(TrainBatches, "__call__", poisoned)
-    c = tiny_config(corpus_file, num_steps=6, checkpoint_every=6)
+    c = tiny_config(corpus_file, num_steps=6, checkpoint_every=6, steps_per_call=steps_per_call)
     with pytest.raises(FloatingPointError, match=r"'loss' is nan at step 3"):
         loop.train_and_evaluate(c, tmp_path / "run")
 
@@ -207,6 +255,7 @@ def test_bucket_losses_edges():
         ("model.positional", "bogus", r"positional='bogus'.*allowed"),
         ("model.num_heads", 3, r"num_heads=3"),
         ("train.num_steps", 1.5, r"config\.train\.num_steps=1\.5: must be an int"),
+        ("train.steps_per_call", 0, r"config\.train\.steps_per_call=0: must be > 0"),
     ],
 )
 def test_bad_config_values_name_the_field(path, value, match):

@@ -6,7 +6,8 @@
 or a scheduler would) or an errno name (``ENOSPC``, ``EIO``: raised there as an `OSError`, as
 a full or failing disk would). Points:
 
-- ``train_step``: a training step has been dispatched, before its metrics are logged;
+- ``train_step``: a compiled training call (one step, or ``train.steps_per_call`` steps) has
+  been dispatched, before its metrics are logged;
 - ``checkpoint_save``: orbax has written a checkpoint step into its temporary directory, before
   the rename that commits it;
 - ``eval_batch``: an evaluation batch is about to be scored;

@@ -24,8 +24,9 @@ afresh in place. Decisions:
   same path is refused. The content hash covers file names (they decide a multi-file
   corpus's split), so a renamed single file counts as another corpus.
 * Left out of ``config`` (they do not change a number in ``eval.json``): where and how
-  visibly a run is computed (``mesh``, ``train.progress``, ``train.log_every``), when state
-  is saved (``train.checkpoint_every``, ``train.keep_checkpoints``: a resume is exact),
+  visibly a run is computed (``mesh``, ``train.progress``, ``train.log_every``,
+  ``train.steps_per_call``: the same steps, grouped into compiled calls), when state is
+  saved (``train.checkpoint_every``, ``train.keep_checkpoints``: a resume is exact),
   ``train.eval_every`` (validation curves in ``metrics.jsonl`` only), how attention is
   computed (``model.attention_impl``, ``model.chunked_threshold``: equal to float32
   tolerance), the names ``study`` and ``preset`` (the study directory records those:

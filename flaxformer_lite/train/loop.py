@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -56,8 +57,8 @@ from flaxformer_lite.train import (
 )
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
-from flaxformer_lite.train.run_config import ConfigError, RunConfig
-from flaxformer_lite.train.step import init_train_state, make_train_step
+from flaxformer_lite.train.run_config import ConfigError, RunConfig, TrainConfig
+from flaxformer_lite.train.step import init_train_state, make_multi_step, make_train_step
 from flaxformer_lite.train.writer import MetricsWriter
 
 log = logging.getLogger(__name__)
@@ -338,10 +339,20 @@ def _evaluation_model(graphdef, state, placement) -> nnx.Module:
 
 def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement=None):
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
+    several = run.train.steps_per_call
+    # each jit compiles on its first call: a run that never calls one never compiles it
+    multi_step = None
     if placement is None:
-        train_step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
+        one_step = make_train_step(graphdef, tx, schedule)
+        train_step = jax.jit(one_step, donate_argnums=0)
+        if several > 1:
+            multi_step = jax.jit(make_multi_step(one_step), donate_argnums=0)
     else:
         train_step = placement.jit_train_step(graphdef, tx, schedule, state)
+        if several > 1:
+            multi_step = placement.jit_train_step(
+                graphdef, tx, schedule, state, steps_per_call=several
+            )
     # the run's logs are process 0's: the other processes compute the same metrics
     writer = MetricsWriter(workdir, resume_step=start) if multihost.is_primary() else _NoWriter()
     bar = tqdm(
@@ -352,29 +363,38 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
         disable=not (run.train.progress and multihost.is_primary()),
         dynamic_ncols=True,
     )
-    pending = None  # (step, device metrics) of the previous step, read while this one runs
+    pending = None  # (last step, device metrics, stacked) of the previous call: read in this one
     t0 = time.perf_counter()
     interrupt.where(phase="training")
     try:
-        for step in range(start, run.train.num_steps):
-            batch = train_data(step)
-            if placement is not None:
-                batch = placement.shard_batch(batch)
-            state, metrics = train_step(state, batch)
-            interrupt.where(step=step + 1)  # dispatched
+        step = start
+        while step < run.train.num_steps:
+            n = _steps_this_call(run.train, step)
+            if n == 1:
+                batch = train_data(step)
+                if placement is not None:
+                    batch = placement.shard_batch(batch)
+                state, metrics = train_step(state, batch)
+            else:
+                batch = _stack([train_data(t) for t in range(step, step + n)])
+                if placement is not None:
+                    batch = placement.shard_batch(batch, stacked=True)
+                state, metrics = multi_step(state, batch)
+            step += n
+            interrupt.where(step=step)  # dispatched
             faults.hit("train_step")
             if pending is not None:
-                _log_step(run, writer, bar, *pending)
-            pending = (step + 1, metrics)
-            if (step + 1) % run.train.checkpoint_every == 0 or step + 1 == run.train.num_steps:
-                _log_step(run, writer, bar, *pending)
+                _log_steps(run, writer, bar, *pending)
+            pending = (step, metrics, n > 1)
+            if step % run.train.checkpoint_every == 0 or step == run.train.num_steps:
+                _log_steps(run, writer, bar, *pending)
                 pending = None
-                ckpt.save(step + 1, state)
-            if run.train.eval_every and (step + 1) % run.train.eval_every == 0:
+                ckpt.save(step, state)
+            if run.train.eval_every and step % run.train.eval_every == 0:
                 model = _evaluation_model(graphdef, state, placement)
-                writer.write(step + 1, "validation", validate(model))
+                writer.write(step, "validation", validate(model))
         if pending is not None:
-            _log_step(run, writer, bar, *pending)
+            _log_steps(run, writer, bar, *pending)
     finally:
         bar.close()
         writer.close()
@@ -385,13 +405,42 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
     }
 
 
-def _log_step(run, writer, bar, step, metrics) -> None:
-    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    _check_finite(step, values)
-    bar.update(step - bar.n)
-    if step % run.train.log_every == 0 or step == run.train.num_steps:
-        writer.write(step, "train", values)
-        bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
+def _steps_this_call(train: TrainConfig, step: int) -> int:
+    """How many steps the call starting after ``step`` runs: ``train.steps_per_call`` when
+    that many fit before the next checkpoint, validation or the end (so those fall on the
+    steps they name), else 1. A run whose cadences are multiples of ``steps_per_call``
+    (resumed from one of its checkpoints too) compiles only the several-step call."""
+    if train.steps_per_call == 1:
+        return 1
+    stop = train.num_steps
+    for every in (train.checkpoint_every, train.eval_every):
+        if every:
+            stop = min(stop, (step // every + 1) * every)
+    return train.steps_per_call if stop - step >= train.steps_per_call else 1
+
+
+def _stack(batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """``[steps, batch, ...]`` arrays of a list of batches (`make_multi_step`'s input)."""
+    return {k: jnp.stack([b[k] for b in batches]) for k in batches[0]}
+
+
+def _log_steps(run, writer, bar, last: int, metrics, stacked: bool) -> None:
+    """Check and log the metrics of the steps up to ``last`` (``stacked``: one row per step
+    along their leading axis, the steps of one several-step call)."""
+    host = jax.device_get(metrics)
+    rows = (
+        [{k: v[i] for k, v in host.items()} for i in range(len(host["loss"]))]
+        if stacked
+        else [host]
+    )
+    for i, row in enumerate(rows):
+        step = last - len(rows) + 1 + i
+        values = {k: float(v) for k, v in row.items()}
+        _check_finite(step, values)
+        bar.update(step - bar.n)
+        if step % run.train.log_every == 0 or step == run.train.num_steps:
+            writer.write(step, "train", values)
+            bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
 
 
 class _NoWriter:

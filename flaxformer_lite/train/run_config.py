@@ -50,6 +50,9 @@ class TrainConfig:
     checkpoint_every: int = 250  # save a checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 2  # how many recent checkpoints to keep
     progress: bool = True  # show a tqdm progress bar
+    # optimizer steps per compiled call (a `lax.scan` over that many batches): the same
+    # numbers, less per-call overhead for small models (docs/performance.md); 1: one step
+    steps_per_call: int = 1
 
 
 MESH_AXES = ("data", "fsdp")
@@ -129,8 +132,8 @@ class RunConfig:
         with the corpus content hash and the versions. Left out (`NOT_IDENTITY_FIELDS`, the
         reasons in `train.identity`): the names ``study`` and ``preset``, the device
         ``mesh``, the corpus's paths (its content hash stands for them), logging,
-        checkpointing and validation cadences, how attention is computed, and the report's
-        comparison settings.
+        checkpointing and validation cadences, how many steps one compiled call runs, how
+        attention is computed, and the report's comparison settings.
         """
         d = self.to_dict()
         for name in ("study", "preset", "mesh"):
@@ -156,7 +159,14 @@ class RunConfig:
 NOT_IDENTITY_FIELDS = {
     "model": ("attention_impl", "chunked_threshold"),  # how attention is computed, not what
     "data": ("path", "cache_dir"),  # where the corpus is: its content hash is the identity
-    "train": ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "progress"),
+    "train": (
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "progress",
+        "steps_per_call",  # how the steps are grouped into compiled calls, not what they compute
+    ),
     "eval": ("paired_reference", "paired_all"),  # what the report compares
 }
 
@@ -244,6 +254,7 @@ def _validate(run: RunConfig) -> None:
     _positive("config.train.log_every", t.log_every)
     _positive("config.train.checkpoint_every", t.checkpoint_every)
     _positive("config.train.keep_checkpoints", t.keep_checkpoints)
+    _positive("config.train.steps_per_call", t.steps_per_call)
     if t.eval_every < 0:
         fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _validate_mesh(run)

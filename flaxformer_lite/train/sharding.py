@@ -39,7 +39,12 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from flaxformer_lite.train.run_config import MESH_AXES, ConfigError, MeshConfig, RunConfig
-from flaxformer_lite.train.step import TrainState, init_train_state, make_train_step
+from flaxformer_lite.train.step import (
+    TrainState,
+    init_train_state,
+    make_multi_step,
+    make_train_step,
+)
 
 log = logging.getLogger(__name__)
 Rules = Mapping[str, tuple[str, ...]]
@@ -202,9 +207,16 @@ class Plan:
     @property
     def batch_sharding(self) -> NamedSharding:
         """Batch arrays ``[batch, ...]``: the batch dimension over the ``batch`` rule's axes."""
+        return self._batch_sharding(stacked=False)
+
+    def _batch_sharding(self, *, stacked: bool) -> NamedSharding:
+        """``stacked``: arrays ``[steps, batch, ...]`` (`step.make_multi_step`'s batches),
+        the steps axis not split."""
         axes = tuple(a for a in self.rules.get("batch", ()) if self.mesh.shape[a] > 1)
         first = None if not axes else (axes[0] if len(axes) == 1 else axes)
-        return NamedSharding(self.mesh, PartitionSpec(first))
+        return NamedSharding(
+            self.mesh, PartitionSpec(None, first) if stacked else PartitionSpec(first)
+        )
 
     def shardings(self, state: Any) -> Any:
         return state_shardings(state, self.mesh, self.rules)
@@ -235,13 +247,16 @@ class Plan:
         whole = jax.jit(_identity, out_shardings=NamedSharding(self.mesh, PartitionSpec()))(tree)
         return jax.tree.map(lambda x: x.addressable_data(0), whole)
 
-    def shard_batch(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """Global batch arrays split over the data axes.
+    def shard_batch(
+        self, batch: Mapping[str, Any], *, stacked: bool = False
+    ) -> dict[str, jax.Array]:
+        """Global batch arrays split over the data axes (``stacked``: ``[steps, batch, ...]``
+        arrays for several steps in one call, the batch axis second).
 
         Every process holds the whole host batch (it is a pure function of the step) and
         transfers only the rows of its own devices, so this is also right on several hosts.
         """
-        sharding = self.batch_sharding
+        sharding = self._batch_sharding(stacked=stacked)
         out = {}
         for k, v in batch.items():
             host = np.asarray(v)
@@ -254,13 +269,20 @@ class Plan:
         tx: optax.GradientTransformation,
         schedule: optax.Schedule,
         state: TrainState,
+        *,
+        steps_per_call: int = 1,
     ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
-        """`make_train_step` jitted with the state's shardings in and out, state donated."""
+        """`make_train_step` jitted with the state's shardings in and out, state donated;
+        ``steps_per_call > 1``: `make_multi_step` of it, taking `shard_batch`'s stacked
+        batches."""
         state_sh = self.shardings(state)
         replicated = NamedSharding(self.mesh, PartitionSpec())
+        fn = make_train_step(graphdef, tx, schedule)
+        if steps_per_call > 1:
+            fn = make_multi_step(fn)
         return jax.jit(
-            make_train_step(graphdef, tx, schedule),
-            in_shardings=(state_sh, self.batch_sharding),
+            fn,
+            in_shardings=(state_sh, self._batch_sharding(stacked=steps_per_call > 1)),
             out_shardings=(state_sh, replicated),
             donate_argnums=0,
         )
