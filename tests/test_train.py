@@ -103,6 +103,21 @@ def test_loss_goes_down(corpus_file, tmp_path):
     assert last < 0.6 * first, (first, last)
 
 
+def killed_at_step_8(c, workdir: Path, monkeypatch) -> None:
+    """Train ``c`` in ``workdir`` until building the batch of step 8 raises KeyboardInterrupt."""
+    original = TrainBatches.__call__
+
+    def dying(self, step):
+        if step == 8:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, step)
+
+    with monkeypatch.context() as m:
+        m.setattr(TrainBatches, "__call__", dying)
+        with pytest.raises(KeyboardInterrupt):
+            loop.train_and_evaluate(c, workdir)
+
+
 def test_deterministic_and_exact_resume(uninterrupted, corpus_file, tmp_path, monkeypatch):
     c, workdir_a, _ = uninterrupted
     losses_a = read_losses(workdir_a)
@@ -112,18 +127,8 @@ def test_deterministic_and_exact_resume(uninterrupted, corpus_file, tmp_path, mo
     assert read_losses(tmp_path / "b") == losses_a
 
     # Interrupted after step 8 (checkpoint at 6), then resumed.
-    original = TrainBatches.__call__
-
-    def dying(self, step):
-        if step == 8:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, step)
-
-    monkeypatch.setattr(TrainBatches, "__call__", dying)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train_and_evaluate(c, tmp_path / "c")
+    killed_at_step_8(c, tmp_path / "c", monkeypatch)
     assert max(read_losses(tmp_path / "c")) == 7  # rows past the checkpoint at 6 exist
-    monkeypatch.setattr(TrainBatches, "__call__", original)
     loop.train_and_evaluate(c, tmp_path / "c")
     assert read_losses(tmp_path / "c") == losses_a  # no duplicated or changed rows
     for a, b in zip(params_of(workdir_a, c), params_of(tmp_path / "c", c), strict=True):
@@ -158,17 +163,7 @@ def test_several_steps_per_call_train_the_same_steps(
     assert summary["config_hash"] == summary_a["config_hash"]  # not part of the identity
 
     # interrupted at step 8 with one step per call (checkpoint at 6), resumed with four
-    original = TrainBatches.__call__
-
-    def dying(self, step):
-        if step == 8:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, step)
-
-    monkeypatch.setattr(TrainBatches, "__call__", dying)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train_and_evaluate(c, tmp_path / "mixed")
-    monkeypatch.setattr(TrainBatches, "__call__", original)
+    killed_at_step_8(c, tmp_path / "mixed", monkeypatch)
     calls.clear()
     loop.train_and_evaluate(c4, tmp_path / "mixed")
     assert calls == [4]  # steps 7-10

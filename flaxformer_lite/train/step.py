@@ -89,10 +89,10 @@ def make_multi_step(
     ``batches`` holds every batch array with a leading steps axis, e.g. ``inputs`` int32
     ``[steps, batch, length]``; each metric comes back with that axis, ``[steps]``. The steps
     are exactly ``train_step``'s, in order: on CPU the resulting parameters equal those of
-    ``steps`` separate calls bit for bit (tested). It saves the per-call overhead (argument
-    handling of ~220 state arrays, a dispatch) that a small model's step of a few
-    milliseconds pays on every call (docs/performance.md, issue 15). Jit it with the state
-    donated, as the single step.
+    ``steps`` separate calls bit for bit (tested). It pays once per call the host time every
+    call costs (flattening the state, 222 arrays for the quick preset, and dispatching it:
+    ~3 ms against the quick step's ~37 ms on 2 CPU cores; docs/performance.md, issue 15).
+    Jit it with the state donated, as the single step.
     """
 
     def multi_step(state: TrainState, batches: dict[str, Array]):
