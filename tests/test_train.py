@@ -251,6 +251,11 @@ def test_bucket_losses_edges():
         ("model.num_heads", 3, r"num_heads=3"),
         ("train.num_steps", 1.5, r"config\.train\.num_steps=1\.5: must be an int"),
         ("train.steps_per_call", 0, r"config\.train\.steps_per_call=0: must be > 0"),
+        (
+            "train.steps_per_call",
+            11,
+            r"steps_per_call=11: must be <= config\.train\.checkpoint_every=10",
+        ),
     ],
 )
 def test_bad_config_values_name_the_field(path, value, match):

@@ -51,7 +51,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # how many recent checkpoints to keep
     progress: bool = True  # show a tqdm progress bar
     # optimizer steps per compiled call (a `lax.scan` over that many batches): the same
-    # numbers, less per-call overhead for small models (docs/performance.md); 1: one step
+    # numbers, less per-call overhead for small models (docs/performance.md); 1: one step.
+    # Steps before a checkpoint or validation that do not fill a call run one per call.
     steps_per_call: int = 1
 
 
@@ -255,6 +256,17 @@ def _validate(run: RunConfig) -> None:
     _positive("config.train.checkpoint_every", t.checkpoint_every)
     _positive("config.train.keep_checkpoints", t.keep_checkpoints)
     _positive("config.train.steps_per_call", t.steps_per_call)
+    cadences = {"num_steps": t.num_steps, "checkpoint_every": t.checkpoint_every}
+    if t.eval_every:
+        cadences["eval_every"] = t.eval_every
+    shortest = min(cadences, key=cadences.get)
+    if t.steps_per_call > cadences[shortest]:  # no call could run that many steps
+        fail(
+            "config.train.steps_per_call",
+            t.steps_per_call,
+            f"must be <= config.train.{shortest}={cadences[shortest]}: the steps of one call "
+            "end before a checkpoint, a validation or the end",
+        )
     if t.eval_every < 0:
         fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _validate_mesh(run)
