@@ -15,7 +15,9 @@ allocator settings of `flaxformer_lite.train.allocator`, each framework at its b
   float32 and in bf16 compute (JAX: ``ModelConfig.dtype="bfloat16"``, float32 parameters,
   float32 accumulation; PyTorch: ``torch.autocast("cpu", dtype=torch.bfloat16)``);
 * the study's quick-preset model (d_model 64, 4 layers, 4 heads, d_ff 256, L=64,
-  batch 32): ms per step (JAX, float32, per positional encoding);
+  batch 32): ms per step (JAX, float32, per positional encoding), one step per call as in
+  every run since issue 7 (the preset itself trains 10 steps per compiled call,
+  ``train.steps_per_call``; that gain is measured by benchmarks/steps_per_call.py);
 * compile time (JAX: lower + compile of the train step; PyTorch: its first step).
 
 MFU counts model FLOPs the usual way (Kaplan et al. 2020 / PaLM appendix B): 6 x matmul
@@ -138,7 +140,8 @@ class Contestant:
 
 
 class JaxTrainer(Contestant):
-    """`make_train_step` jitted with the state donated, exactly as `train.loop` runs it."""
+    """`make_train_step` jitted with the state donated, exactly as `train.loop` runs it with
+    one step per call (``train.steps_per_call=1``)."""
 
     def __init__(self, shape: Shape, *, positional: str, dtype: str, impl: str = "xla"):
         self.label = f"JAX {dtype}" + ("" if impl == "xla" else f" ({impl})")
