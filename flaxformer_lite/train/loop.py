@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -363,7 +364,7 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
         disable=not (run.train.progress and multihost.is_primary()),
         dynamic_ncols=True,
     )
-    pending = None  # (last step, device metrics, stacked) of the previous call: read in this one
+    pending = None  # (last step, device metrics) of the previous call, read while this one runs
     t0 = time.perf_counter()
     interrupt.where(phase="training")
     try:
@@ -371,21 +372,18 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
         while step < run.train.num_steps:
             n = _steps_this_call(run.train, step)
             if n == 1:
-                batch = train_data(step)
-                if placement is not None:
-                    batch = placement.shard_batch(batch)
-                state, metrics = train_step(state, batch)
+                batch, call = train_data(step), train_step
             else:
-                batch = _stack([train_data(t) for t in range(step, step + n)])
-                if placement is not None:
-                    batch = placement.shard_batch(batch, stacked=True)
-                state, metrics = multi_step(state, batch)
+                batch, call = _stack([train_data(t) for t in range(step, step + n)]), multi_step
+            if placement is not None:
+                batch = placement.shard_batch(batch, stacked=n > 1)
+            state, metrics = call(state, batch)
             step += n
             interrupt.where(step=step)  # dispatched
             faults.hit("train_step")
             if pending is not None:
                 _log_steps(run, writer, bar, *pending)
-            pending = (step, metrics, n > 1)
+            pending = (step, metrics)
             if step % run.train.checkpoint_every == 0 or step == run.train.num_steps:
                 _log_steps(run, writer, bar, *pending)
                 pending = None
@@ -410,8 +408,6 @@ def _steps_this_call(train: TrainConfig, step: int) -> int:
     that many fit before the next checkpoint, validation or the end (so those fall on the
     steps they name), else 1. A run whose cadences are multiples of ``steps_per_call``
     (resumed from one of its checkpoints too) compiles only the several-step call."""
-    if train.steps_per_call == 1:
-        return 1
     stop = train.num_steps
     for every in (train.checkpoint_every, train.eval_every):
         if every:
@@ -424,18 +420,14 @@ def _stack(batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
     return {k: jnp.stack([b[k] for b in batches]) for k in batches[0]}
 
 
-def _log_steps(run, writer, bar, last: int, metrics, stacked: bool) -> None:
-    """Check and log the metrics of the steps up to ``last`` (``stacked``: one row per step
-    along their leading axis, the steps of one several-step call)."""
-    host = jax.device_get(metrics)
-    rows = (
-        [{k: v[i] for k, v in host.items()} for i in range(len(host["loss"]))]
-        if stacked
-        else [host]
-    )
-    for i, row in enumerate(rows):
-        step = last - len(rows) + 1 + i
-        values = {k: float(v) for k, v in row.items()}
+def _log_steps(run, writer, bar, last: int, metrics) -> None:
+    """Check and log the metrics of one call's steps, the last of them ``last``: scalars of
+    one step, or ``[steps]`` arrays of a several-step call."""
+    host = {k: np.reshape(v, -1) for k, v in jax.device_get(metrics).items()}
+    n = len(host["loss"])
+    for i in range(n):
+        step = last - n + 1 + i
+        values = {k: float(v[i]) for k, v in host.items()}
         _check_finite(step, values)
         bar.update(step - bar.n)
         if step % run.train.log_every == 0 or step == run.train.num_steps:

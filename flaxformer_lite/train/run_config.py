@@ -255,6 +255,8 @@ def _validate(run: RunConfig) -> None:
     _positive("config.train.log_every", t.log_every)
     _positive("config.train.checkpoint_every", t.checkpoint_every)
     _positive("config.train.keep_checkpoints", t.keep_checkpoints)
+    if t.eval_every < 0:
+        fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _positive("config.train.steps_per_call", t.steps_per_call)
     cadences = {"num_steps": t.num_steps, "checkpoint_every": t.checkpoint_every}
     if t.eval_every:
@@ -267,8 +269,6 @@ def _validate(run: RunConfig) -> None:
             f"must be <= config.train.{shortest}={cadences[shortest]}: the steps of one call "
             "end before a checkpoint, a validation or the end",
         )
-    if t.eval_every < 0:
-        fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _validate_mesh(run)
     run.eval_plan()  # the encoding covers every evaluation length, variants exist, ...
 

@@ -204,14 +204,9 @@ class Plan:
             return None
         return cls(mesh=mesh, rules=run.mesh.parsed_rules())
 
-    @property
-    def batch_sharding(self) -> NamedSharding:
-        """Batch arrays ``[batch, ...]``: the batch dimension over the ``batch`` rule's axes."""
-        return self._batch_sharding(stacked=False)
-
-    def _batch_sharding(self, *, stacked: bool) -> NamedSharding:
-        """``stacked``: arrays ``[steps, batch, ...]`` (`step.make_multi_step`'s batches),
-        the steps axis not split."""
+    def batch_sharding(self, *, stacked: bool = False) -> NamedSharding:
+        """Batch arrays ``[batch, ...]``: the batch dimension over the ``batch`` rule's axes
+        (``stacked``: ``[steps, batch, ...]``, `step.make_multi_step`'s, the steps axis whole)."""
         axes = tuple(a for a in self.rules.get("batch", ()) if self.mesh.shape[a] > 1)
         first = None if not axes else (axes[0] if len(axes) == 1 else axes)
         return NamedSharding(
@@ -256,7 +251,7 @@ class Plan:
         Every process holds the whole host batch (it is a pure function of the step) and
         transfers only the rows of its own devices, so this is also right on several hosts.
         """
-        sharding = self._batch_sharding(stacked=stacked)
+        sharding = self.batch_sharding(stacked=stacked)
         out = {}
         for k, v in batch.items():
             host = np.asarray(v)
@@ -282,7 +277,7 @@ class Plan:
             fn = make_multi_step(fn)
         return jax.jit(
             fn,
-            in_shardings=(state_sh, self._batch_sharding(stacked=steps_per_call > 1)),
+            in_shardings=(state_sh, self.batch_sharding(stacked=steps_per_call > 1)),
             out_shardings=(state_sh, replicated),
             donate_argnums=0,
         )
