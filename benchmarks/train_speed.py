@@ -27,6 +27,7 @@ by the measured f32 ``jnp.dot`` ceiling of the same run.
 
     .venv/bin/python benchmarks/train_speed.py                  # everything, 5 rounds
     .venv/bin/python benchmarks/train_speed.py --rounds 3 --no-torch
+    .venv/bin/python benchmarks/train_speed.py --rounds 3 --record docs/benchmark_runs.jsonl
 
 Prints a Markdown table (machine and its boot time, load average, Python / jax / jaxlib / flax /
 torch versions and git commit) on stdout, then issue 15's targets with "met" / "missed" from this
@@ -34,7 +35,9 @@ run's medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32, referen
 PyTorch bf16 autocast, quick-model ms/step <= PyTorch's; next to each ratio, the range of the
 per-round ratios (the two contestants' timed blocks of one round, run within seconds of each
 other), which shows how far the machine's drift moved it within the run. docs/benchmarks.md
-counts a target as met only when runs on two different machines (different boot times) meet it.
+counts a target as met only when runs on two different machines (different boot times) meet it;
+``--record FILE`` also appends the run as one JSON line (`run_record`), from which
+benchmarks/target_status.py prints every machine's runs and each target's status.
 PyTorch is optional (``pip install -e '.[bench]'``); without it the PyTorch rows and the targets
 are left out.
 """
@@ -45,6 +48,7 @@ import argparse
 import dataclasses
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
@@ -378,15 +382,21 @@ def _torch_version(python: str | None) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _versions() -> str:
-    """``jax X, jaxlib Y, flax Z``: the installed versions (the speed depends on jaxlib)."""
-    found = []
+def _version_map() -> dict[str, str | None]:
+    """The installed jax, jaxlib and flax versions (None: not installed); the speed depends
+    on jaxlib."""
+    found: dict[str, str | None] = {}
     for name in ("jax", "jaxlib", "flax"):
         try:
-            found.append(f"{name} {importlib.metadata.version(name)}")
+            found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            found.append(f"{name} not installed")
-    return ", ".join(found)
+            found[name] = None
+    return found
+
+
+def _versions() -> str:
+    """``jax X, jaxlib Y, flax Z``: the installed versions, as the report prints them."""
+    return ", ".join(f"{k} {v or 'not installed'}" for k, v in _version_map().items())
 
 
 def _cpu_name() -> str:
@@ -441,6 +451,13 @@ def main(argv: list[str] | None = None) -> None:
         help="interpreter of the PyTorch worker (default: this one), e.g. another venv's python "
         "when this one's Python has no CPU wheel of the torch version to compare with; the "
         "worker must be able to import this file's imports (jax, flax)",
+    )
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="also append this run as one JSON line to FILE (created if missing): provenance, "
+        "every contestant's per-round ms/step and each target's ratio and verdict; "
+        "benchmarks/target_status.py judges the targets across machines from such rows",
     )
     p.add_argument("--torch-worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -505,7 +522,11 @@ def main(argv: list[str] | None = None) -> None:
     load_after = os.getloadavg()
     if worker is not None:
         worker.close()
-    print(report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after))
+    run = (args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after)
+    print(report(*run))
+    if args.record:
+        append_record(Path(args.record), run_record(*run))
+        print(f"recorded to {args.record}", file=sys.stderr)
 
 
 def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after) -> str:
@@ -586,43 +607,124 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
     return "\n".join(lines)
 
 
+TARGETS = (
+    # (JAX label, {impl}: the attention implementation's suffix; PyTorch label; goal; name)
+    ("JAX float32{impl}", "PyTorch float32", 1.1, "reference f32 >= 1.1x PyTorch eager f32"),
+    (
+        "JAX bfloat16{impl}",
+        "PyTorch bfloat16 (autocast)",
+        1.0,
+        "reference bf16 (f32 accumulation) >= 1.0x PyTorch bf16 autocast",
+    ),
+    (
+        "JAX float32 sinusoidal",
+        "PyTorch float32 sinusoidal",
+        1.0,
+        "quick model ms/step <= PyTorch's (same model: sinusoidal)",
+    ),
+)
+
+
+def target_results(
+    med: dict[str, float], impl: str = "xla", times: dict[str, list[float]] | None = None
+) -> list[dict]:
+    """Issue 15's targets whose contestants ran, as numbers: ``name``, ``goal``, the two
+    ``contestants`` (JAX, PyTorch), their median ``jax_ms`` / ``pytorch_ms``, ``ratio``
+    (PyTorch time / JAX time, > 1: JAX faster), ``met`` (``ratio >= goal``) and, with
+    ``times`` (label -> seconds per step of each round) of two rounds or more, the range
+    ``rounds_min`` / ``rounds_max`` of the per-round ratios (round r's two timed blocks ran
+    within seconds of each other). ``med``: label -> median seconds per step; ``impl``: the
+    JAX attention implementation, part of the JAX reference labels."""
+    out = []
+    suffix = "" if impl == "xla" else f" ({impl})"
+    for mine, other, goal, name in TARGETS:
+        mine = mine.format(impl=suffix)
+        if mine not in med or other not in med:
+            continue
+        result = {
+            "name": name,
+            "goal": goal,
+            "contestants": [mine, other],
+            "jax_ms": med[mine] * 1e3,
+            "pytorch_ms": med[other] * 1e3,
+            "ratio": med[other] / med[mine],
+        }
+        result["met"] = result["ratio"] >= goal
+        if times and len(times.get(mine, ())) == len(times.get(other, ())) > 1:
+            rounds = [o / m for m, o in zip(times[mine], times[other], strict=True)]
+            result["rounds_min"], result["rounds_max"] = min(rounds), max(rounds)
+        out.append(result)
+    return out
+
+
 def targets(
     med: dict[str, float], impl: str = "xla", times: dict[str, list[float]] | None = None
 ) -> list[tuple[str, str, str]]:
     """(target, measured, "met" / "missed") for each of issue 15's targets whose contestants
-    ran (``med``: label -> median seconds per step; ``impl``: the JAX attention
-    implementation, part of the JAX reference labels). Ratios are PyTorch time / JAX time,
-    so > 1 means JAX is faster. The verdict is the medians' ratio; with ``times`` (label ->
-    seconds per step of each round) the measured column also gives the range of the
-    per-round ratios (round r's two timed blocks ran within seconds of each other), so a
+    ran, as the report prints them (`target_results` has the numbers). The verdict is the
+    medians' ratio; the measured column adds the range of the per-round ratios, so a
     reader sees how far the machine's drift moved the ratio within the run."""
     out = []
-    suffix = "" if impl == "xla" else f" ({impl})"
-    pairs = (
-        ("JAX float32" + suffix, "PyTorch float32", 1.1, "reference f32 >= 1.1x PyTorch eager f32"),
-        (
-            "JAX bfloat16" + suffix,
-            "PyTorch bfloat16 (autocast)",
-            1.0,
-            "reference bf16 (f32 accumulation) >= 1.0x PyTorch bf16 autocast",
-        ),
-        (
-            "JAX float32 sinusoidal",
-            "PyTorch float32 sinusoidal",
-            1.0,
-            "quick model ms/step <= PyTorch's (same model: sinusoidal)",
-        ),
-    )
-    for mine, other, goal, name in pairs:
-        if mine in med and other in med:
-            ratio = med[other] / med[mine]
-            measured = f"{ratio:.2f}x ({med[mine] * 1e3:.1f} vs {med[other] * 1e3:.1f} ms/step"
-            if times and len(times.get(mine, ())) == len(times.get(other, ())) > 1:
-                rounds = [o / m for m, o in zip(times[mine], times[other], strict=True)]
-                measured += f"; rounds {min(rounds):.2f}-{max(rounds):.2f}x"
-            measured += ")"
-            out.append((name, measured, "met" if ratio >= goal else "missed"))
+    for t in target_results(med, impl, times):
+        measured = f"{t['ratio']:.2f}x ({t['jax_ms']:.1f} vs {t['pytorch_ms']:.1f} ms/step"
+        if "rounds_min" in t:
+            measured += f"; rounds {t['rounds_min']:.2f}-{t['rounds_max']:.2f}x"
+        out.append((t["name"], measured + ")", "met" if t["met"] else "missed"))
     return out
+
+
+def run_record(
+    args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after
+) -> dict:
+    """This run as one JSON-serialisable row (what ``--record`` appends): when it finished,
+    the machine (its boot time tells machines apart), the software, commit and settings,
+    the load, the ceilings, every contestant's ms/step of each round and compile seconds,
+    and `target_results`. benchmarks/target_status.py reads these rows."""
+    med = {label: statistics.median(ts) for label, ts in times.items()}
+    return {
+        "benchmark": "train_speed",
+        "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "booted_utc": _booted()},
+        "software": {
+            "python": platform.python_version(),
+            **_version_map(),
+            "torch": torch,
+            "torch_python": args.torch_python,
+        },
+        "commit": _git_commit(),
+        "settings": {
+            "rounds": args.rounds,
+            "seconds": args.seconds,
+            "impl": args.impl,
+            "positional": args.positional,
+            "dtypes": list(args.dtypes),
+            "quick_positional": [] if args.no_quick else list(args.quick_positional),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "jax_malloc": "glibc defaults" if args.default_malloc else "tuned",
+        },
+        "load_1min": {"before": load_before[0], "after": load_after[0]},
+        "ceiling_gflops": {
+            "float32": {
+                "median": statistics.median(ceiling),
+                "min": min(ceiling),
+                "max": max(ceiling),
+            },
+            "bfloat16": statistics.median(ceiling_bf16),
+        },
+        "ms_per_step": {label: [t * 1e3 for t in ts] for label, ts in times.items()},
+        "compile_s": {c.label: c.compile_s for c in ref + quick},
+        "targets": target_results(med, args.impl, times),
+    }
+
+
+def append_record(path: Path, row: dict) -> None:
+    """Append ``row`` to the JSON-lines file ``path`` as one line, flushed to disk (a run
+    that dies later loses nothing already recorded; the parent folder is created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 if __name__ == "__main__":

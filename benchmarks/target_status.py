@@ -1,0 +1,250 @@
+"""Issue 15's speed targets judged across machines, from recorded benchmark runs.
+
+Reads the JSON-lines rows that ``benchmarks/train_speed.py --record FILE`` appends (one per
+run) and prints, per target and jax version, every machine's runs and the target's status:
+
+    .venv/bin/python benchmarks/target_status.py docs/benchmark_runs.jsonl
+    .venv/bin/python benchmarks/target_status.py docs/benchmark_runs.jsonl --jax 0.12.0.1 \\
+        --after 2026-12-01T05:30:00Z
+
+The rule (issue 15, docs/benchmarks.md): a target counts as met only when runs on two
+different machines meet it, and a target met on one machine and missed on another is missed.
+Machines are told apart by their boot time (``machine.booted_utc``): a session that lands on
+an earlier session's VM adds runs to that machine, not a machine. A machine with several runs
+meets a target when the median of its runs' ratios does; the table prints beside it how many
+of its runs met the target on their own and every ratio, in the order the runs finished, so
+a reader can apply a stricter reading. Per target and jax version the status is
+
+* ``met``: runs on two machines or more, each machine meeting the target;
+* ``missed``: some machine's median misses it;
+* ``one machine only``: every run comes from one machine, which meets it.
+
+Rows whose boot time is "unknown" are listed but count as no machine. A row's ratio is
+PyTorch time / JAX time (> 1: JAX faster) and a run meets a target when ``ratio >= goal``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+UNKNOWN = "unknown"
+
+
+class RowError(ValueError):
+    """A recorded row that cannot be read; the message names the file, line and field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One target's result in one recorded run."""
+
+    target: str
+    goal: float
+    ratio: float
+    jax: str
+    booted: str
+    finished: datetime.datetime
+    commit: str
+
+    @property
+    def met(self) -> bool:
+        return self.ratio >= self.goal
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineRuns:
+    """The runs of one target and jax version on one machine, in the order they finished."""
+
+    booted: str
+    ratios: tuple[float, ...]
+    goal: float
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def met_count(self) -> int:
+        return sum(r >= self.goal for r in self.ratios)
+
+    @property
+    def counts(self) -> bool:
+        """Whether this is a machine at all (its boot time is known)."""
+        return self.booted != UNKNOWN
+
+    @property
+    def meets(self) -> bool:
+        return self.median >= self.goal
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """One target with one jax version: its machines and the verdict."""
+
+    target: str
+    goal: float
+    jax: str
+    machines: tuple[MachineRuns, ...]
+
+    @property
+    def verdict(self) -> str:
+        counted = [m for m in self.machines if m.counts]
+        if not counted:
+            return "no machine"
+        if not all(m.meets for m in counted):
+            return "missed"
+        return "met" if len(counted) >= 2 else "one machine only"
+
+
+def _field(row: dict, dotted: str, kind: type | tuple[type, ...], where: str):
+    value = row
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise RowError(f"{where}: field {dotted!r} is missing")
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise RowError(f"{where}: field {dotted!r} is {value!r}; expected {names}")
+    return value
+
+
+def _time(text: str, what: str) -> datetime.datetime:
+    """``text`` as an aware datetime; ``what`` names it in the error."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise RowError(
+            f"{what} is {text!r}; expected an ISO 8601 time with its zone, such as "
+            "2026-12-01T17:03:01Z"
+        )
+    return when
+
+
+def read_runs(paths: Iterable[Path]) -> list[Run]:
+    """Every target result of every ``train_speed`` row in ``paths`` (blank lines and rows of
+    other benchmarks skipped). Raises `RowError` naming the file, line and field of the first
+    row it cannot read."""
+    runs = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                where = f"{path}:{number}"
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise RowError(f"{where}: not a JSON object ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise RowError(f"{where}: not a JSON object")
+                if row.get("benchmark") != "train_speed":
+                    continue
+                finished = _time(
+                    _field(row, "finished_utc", str, where), f"{where}: field 'finished_utc'"
+                )
+                booted = _field(row, "machine.booted_utc", str, where)
+                jax = _field(row, "software.jax", str, where)
+                commit = _field(row, "commit", str, where)
+                for i, t in enumerate(_field(row, "targets", list, where)):
+                    if not isinstance(t, dict):
+                        raise RowError(f"{where}: targets[{i}] is {t!r}; expected an object")
+                    ratio = _field(t, "ratio", (int, float), f"{where}: targets[{i}]")
+                    if not ratio > 0:
+                        raise RowError(f"{where}: targets[{i}].ratio is {ratio!r}; expected > 0")
+                    runs.append(
+                        Run(
+                            target=_field(t, "name", str, f"{where}: targets[{i}]"),
+                            goal=float(_field(t, "goal", (int, float), f"{where}: targets[{i}]")),
+                            ratio=float(ratio),
+                            jax=jax,
+                            booted=booted,
+                            finished=finished,
+                            commit=commit,
+                        )
+                    )
+    return runs
+
+
+def statuses(runs: Iterable[Run]) -> list[Status]:
+    """`Status` of every (target, jax version) in ``runs``: targets in the order they first
+    appear, jax versions sorted, machines in the order of their first run, each machine's
+    ratios in the order its runs finished."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.target, run.jax), []).append(run)
+    order = list(dict.fromkeys(target for target, _ in groups))
+    out = []
+    for target, jax in sorted(groups, key=lambda k: (order.index(k[0]), k[1])):
+        group = sorted(groups[(target, jax)], key=lambda r: r.finished)
+        goals = {r.goal for r in group}
+        if len(goals) > 1:
+            raise RowError(f"target {target!r} has different goals in the rows: {sorted(goals)}")
+        by_machine: dict[str, list[float]] = {}
+        for run in group:
+            by_machine.setdefault(run.booted, []).append(run.ratio)
+        goal = goals.pop()
+        machines = tuple(MachineRuns(b, tuple(r), goal) for b, r in by_machine.items())
+        out.append(Status(target, goal, jax, machines))
+    return out
+
+
+def render(found: list[Status]) -> str:
+    """Two Markdown tables: every machine's runs, then the verdict per target and jax."""
+    lines = [
+        "| target | jax | machine (booted) | runs | met in | median ratio | ratios, in order |",
+        "|---|---|---|--:|--:|--:|---|",
+    ]
+    for s in found:
+        for m in s.machines:
+            name = m.booted if m.counts else f"{UNKNOWN} (counts as no machine)"
+            ratios = ", ".join(f"{r:.2f}x" for r in m.ratios)
+            lines.append(
+                f"| {s.target} | {s.jax} | {name} | {len(m.ratios)} | {m.met_count} | "
+                f"{m.median:.2f}x | {ratios} |"
+            )
+    lines += ["", "| target | jax | machines | status |", "|---|---|--:|---|"]
+    for s in found:
+        machines = sum(m.counts for m in s.machines)
+        lines.append(f"| {s.target} | {s.jax} | {machines} | {s.verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path, help="JSON-lines files of recorded runs")
+    p.add_argument(
+        "--jax", action="append", help="only runs with this jax version (may be repeated)"
+    )
+    p.add_argument(
+        "--after", help="only runs that finished at or after this time (ISO 8601 with zone)"
+    )
+    args = p.parse_args(argv)
+    try:
+        runs = read_runs(args.files)
+        if args.after:
+            after = _time(args.after, "--after")
+            runs = [r for r in runs if r.finished >= after]
+        if args.jax:
+            runs = [r for r in runs if r.jax in args.jax]
+        found = statuses(runs)
+    except (OSError, RowError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not found:
+        print("error: no train_speed runs match", file=sys.stderr)
+        return 2
+    print(render(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

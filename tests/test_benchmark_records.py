@@ -1,0 +1,205 @@
+"""Recorded benchmark runs (`train_speed.py --record`) and the targets' status across
+machines (`benchmarks/target_status.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import target_status, train_speed
+
+DOCS_RUNS = Path(__file__).resolve().parents[1] / "docs" / "benchmark_runs.jsonl"
+F32, BF16, QUICK = (name for _, _, _, name in train_speed.TARGETS)
+
+
+class _Fake(train_speed.Contestant):
+    def __init__(self, label: str, compile_s: float):
+        self.label, self.compile_s = label, compile_s
+
+
+def _args(**over) -> argparse.Namespace:
+    base = dict(
+        rounds=3,
+        seconds=3.0,
+        impl="xla",
+        positional="sinusoidal",
+        dtypes=["float32", "bfloat16"],
+        quick_positional=["sinusoidal"],
+        no_quick=False,
+        default_malloc=False,
+        torch_python=None,
+    )
+    return argparse.Namespace(**(base | over))
+
+
+def test_recorded_run_round_trips_with_its_own_medians(tmp_path):
+    times = {  # seconds per step of each round
+        "JAX float32": [0.60, 0.55, 0.70],
+        "PyTorch float32": [0.65, 0.70, 0.63],  # median ratio 1.083: missed
+        "JAX bfloat16": [0.40, 0.41, 0.39],
+        "PyTorch bfloat16 (autocast)": [0.42, 0.43, 0.44],
+        "JAX float32 sinusoidal": [0.040, 0.037, 0.039],
+        "PyTorch float32 sinusoidal": [0.041, 0.040, 0.036],
+    }
+    ref = [_Fake(k, 2.5) for k in list(times)[:4]]
+    quick = [_Fake(k, 1.5) for k in list(times)[4:]]
+    row = train_speed.run_record(
+        _args(), "2.13.0+cpu", ref, quick, times, [200.0, 190.0, 210.0], [400.0], (0.5,), (1.5,)
+    )
+    path = tmp_path / "sub" / "runs.jsonl"
+    train_speed.append_record(path, row)
+    train_speed.append_record(path, row)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0]) == json.loads(json.dumps(row))
+
+    got = {t["name"]: t for t in json.loads(lines[0])["targets"]}
+    for mine, other, goal, name in train_speed.TARGETS:
+        mine = mine.format(impl="")
+        expected = np.median(times[other]) / np.median(times[mine])
+        assert got[name]["ratio"] == pytest.approx(expected)
+        assert got[name]["met"] == (expected >= goal)
+        paired = np.asarray(times[other]) / np.asarray(times[mine])
+        assert got[name]["rounds_min"] == pytest.approx(paired.min())
+        assert got[name]["rounds_max"] == pytest.approx(paired.max())
+    assert [got[n]["met"] for n in (F32, BF16, QUICK)] == [False, True, True]
+    assert row["ceiling_gflops"]["float32"] == {"median": 200.0, "min": 190.0, "max": 210.0}
+    assert row["ms_per_step"]["JAX float32"] == pytest.approx([600.0, 550.0, 700.0])
+    assert row["machine"]["booted_utc"] == train_speed._booted()
+
+    runs = target_status.read_runs([path])
+    assert len(runs) == 6 and {r.target for r in runs} == {F32, BF16, QUICK}
+    assert all(r.booted == row["machine"]["booted_utc"] for r in runs)
+
+
+def _row(booted: str, finished: str, ratios: dict[str, float], jax: str = "0.12.0.1") -> str:
+    goals = {F32: 1.1, BF16: 1.0, QUICK: 1.0}
+    return json.dumps(
+        {
+            "benchmark": "train_speed",
+            "finished_utc": finished,
+            "machine": {"booted_utc": booted},
+            "software": {"jax": jax},
+            "commit": "abc1234",
+            "targets": [{"name": n, "goal": goals[n], "ratio": r} for n, r in ratios.items()],
+        }
+    )
+
+
+def _status(tmp_path, rows: list[str]) -> dict[tuple[str, str], target_status.Status]:
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(rows) + "\n\n")  # blank lines are skipped
+    found = target_status.statuses(target_status.read_runs([path]))
+    return {(s.target, s.jax): s for s in found}
+
+
+def test_a_target_is_met_only_on_two_machines_each_meeting_it(tmp_path):
+    a, b, c = (f"2026-12-0{i} 0{i}:00:00 UTC" for i in (1, 2, 3))
+    rows = [
+        # machine a: f32 ratios 1.20, 1.00, 1.15 (median 1.15 meets 1.1 though one run missed)
+        _row(a, "2026-12-01T10:02:00Z", {F32: 1.00, QUICK: 1.2}),
+        _row(a, "2026-12-01T10:01:00Z", {F32: 1.20, QUICK: 1.2}),  # earlier, later in the file
+        _row(a, "2026-12-01T10:03:00Z", {F32: 1.15, QUICK: 0.9}),
+        _row(b, "2026-12-02T10:00:00Z", {F32: 1.12, QUICK: 1.1}),
+        # another jax version is its own set-up: one machine only
+        _row(b, "2026-12-02T11:00:00Z", {F32: 1.3}, jax="0.10.2"),
+        # the quick target on a third machine that misses it: missed
+        _row(c, "2026-12-03T10:00:00Z", {QUICK: 0.95}),
+        # a run whose machine is unknown is listed, counts as no machine
+        _row("unknown", "2026-12-04T10:00:00Z", {BF16: 1.5}),
+    ]
+    got = _status(tmp_path, rows)
+    f32 = got[(F32, "0.12.0.1")]
+    assert f32.verdict == "met"
+    first = f32.machines[0]
+    assert first.booted == a and first.ratios == (1.20, 1.00, 1.15)  # in finishing order
+    assert first.median == pytest.approx(1.15) and first.met_count == 2
+    assert got[(F32, "0.10.2")].verdict == "one machine only"
+    quick = got[(QUICK, "0.12.0.1")]
+    assert [m.meets for m in quick.machines] == [True, True, False]
+    assert quick.verdict == "missed"
+    assert got[(BF16, "0.12.0.1")].verdict == "no machine"
+    table = target_status.render(list(got.values()))
+    assert "| 1.15x | 1.20x, 1.00x, 1.15x |" in table
+    assert "unknown (counts as no machine)" in table
+    assert f"| {QUICK} | 0.12.0.1 | 3 | missed |" in table
+
+    # only a's runs: one machine
+    only_a = _status(tmp_path, rows[:3])
+    assert only_a[(F32, "0.12.0.1")].verdict == "one machine only"
+    # b's median below the goal turns "met" into "missed"
+    low_b = [*rows[:3], _row(b, "2026-12-02T10:00:00Z", {F32: 1.09})]
+    assert _status(tmp_path, low_b)[(F32, "0.12.0.1")].verdict == "missed"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "runs.jsonl:2: not a JSON object"),
+        ("[1, 2]", "runs.jsonl:2: not a JSON object"),
+        (
+            _row("b", "2026-12-01T10:00:00Z", {F32: 1.2}).replace('"booted_utc": "b"', '"x": 1'),
+            "runs.jsonl:2: field 'machine.booted_utc' is missing",
+        ),
+        (
+            _row("b", "2026-12-01T10:00:00Z", {F32: 1.2}).replace("1.2}", '"1.2"}'),
+            "runs.jsonl:2: targets[0]: field 'ratio' is '1.2'; expected int or float",
+        ),
+        (
+            _row("b", "2026-12-01T10:00:00Z", {F32: 0.0}),
+            "runs.jsonl:2: targets[0].ratio is 0.0; expected > 0",
+        ),
+        (
+            _row("b", "2026-12-01 10:00", {F32: 1.2}),
+            "runs.jsonl:2: field 'finished_utc' is '2026-12-01 10:00'; expected an ISO 8601",
+        ),
+    ],
+)
+def test_unreadable_rows_are_named_by_file_line_and_field(tmp_path, capsys, line, message):
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_row("a", "2026-12-01T09:00:00Z", {F32: 1.2}) + "\n" + line + "\n")
+    with pytest.raises(target_status.RowError, match="^.*" + message.replace("[", r"\[")):
+        target_status.read_runs([path])
+    assert target_status.main([str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_filters_and_conflicting_goals(tmp_path, capsys):
+    path = tmp_path / "runs.jsonl"
+    rows = [
+        _row("a", "2026-12-01T09:00:00Z", {F32: 1.0}),
+        _row("b", "2026-12-01T11:00:00+00:00", {F32: 1.2}),
+        _row("c", "2026-12-01T12:00:00Z", {F32: 1.3}, jax="0.10.2"),
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    assert target_status.main([str(path), "--after", "2026-12-01T10:00:00Z"]) == 0
+    out = capsys.readouterr().out
+    assert "| b |" in out and "| a |" not in out
+    assert target_status.main([str(path), "--jax", "0.10.2"]) == 0
+    out = capsys.readouterr().out
+    assert f"| {F32} | 0.10.2 | 1 | one machine only |" in out and "0.12.0.1" not in out
+    assert target_status.main([str(path), "--after", "yesterday"]) == 2
+    assert "--after is 'yesterday'; expected an ISO 8601 time" in capsys.readouterr().err
+    assert target_status.main([str(path), "--jax", "9.9"]) == 2
+    assert "no train_speed runs match" in capsys.readouterr().err
+    path.write_text(rows[0] + "\n" + rows[1].replace('"goal": 1.1', '"goal": 1.2') + "\n")
+    assert target_status.main([str(path)]) == 2
+    assert "different goals in the rows: [1.1, 1.2]" in capsys.readouterr().err
+
+
+def test_the_docs_runs_give_the_documented_status():
+    """docs/benchmark_runs.jsonl (every run since `8a8333d`) gives the status that
+    docs/benchmarks.md and the README state."""
+    found = target_status.statuses(target_status.read_runs([DOCS_RUNS]))
+    verdict = {(s.target, s.jax): s.verdict for s in found}
+    assert verdict[(F32, "0.12.0.1")] == "missed"
+    assert verdict[(F32, "0.10.2")] == "missed"
+    assert verdict[(BF16, "0.12.0.1")] == "met"
+    assert verdict[(BF16, "0.10.2")] == "missed"
+    assert verdict[(QUICK, "0.12.0.1")] == "met"
+    assert verdict[(QUICK, "0.10.2")] == "met"
+    machines = {m.booted for s in found for m in s.machines}
+    assert machines == {"2026-12-01 02:22:46 UTC", "2026-12-01 08:50:50 UTC"}
