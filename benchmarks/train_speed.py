@@ -349,25 +349,33 @@ def measure(
     return times
 
 
-def _git_commit() -> str:
+def _git_commit(ignore: str | None = None, *, repo: Path | None = None) -> str:
+    """The short commit of ``repo``'s checkout (default: this file's), with " (+ uncommitted
+    changes)" when a tracked file differs from it, or "unknown" outside a git checkout;
+    ``ignore``: a file whose changes do not count (``--record``'s file, which the runs
+    themselves append to)."""
+    here = repo if repo is not None else Path(__file__).resolve().parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            check=True,
+        commit, top, dirty = (
+            subprocess.run(
+                ["git", *command], capture_output=True, text=True, cwd=here, check=True
+            ).stdout
+            for command in (
+                ["rev-parse", "--short", "HEAD"],
+                ["rev-parse", "--show-toplevel"],
+                ["status", "--porcelain", "--untracked-files=no"],
+            )
         )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            check=True,
-        )
-        return out.stdout.strip() + (" (+ uncommitted changes)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    commit, top = commit.strip(), top.strip()
+    # porcelain lines are "XY path", the path relative to the checkout's top
+    changed = {line[3:] for line in dirty.splitlines() if line.strip()}
+    if ignore is not None:
+        resolved = Path(ignore).resolve()
+        if resolved.is_relative_to(Path(top)):
+            changed.discard(resolved.relative_to(Path(top)).as_posix())
+    return commit + (" (+ uncommitted changes)" if changed else "")
 
 
 def _torch_version(python: str | None) -> str | None:
@@ -541,7 +549,7 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
         f"{_versions()}"
         + (f", torch {torch}" if torch is not None else "")
         + (f" (worker: {args.torch_python})" if torch and args.torch_python else "")
-        + f"; commit {_git_commit()}; JAX malloc "
+        + f"; commit {_git_commit(args.record)}; JAX malloc "
         + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)")
         + "; PyTorch in a worker process with glibc defaults"
         + (f"; XLA_FLAGS={os.environ['XLA_FLAGS']!r}" if os.environ.get("XLA_FLAGS") else ""),
@@ -691,7 +699,7 @@ def run_record(
             "torch": torch,
             "torch_python": args.torch_python,
         },
-        "commit": _git_commit(),
+        "commit": _git_commit(args.record),
         "settings": {
             "rounds": args.rounds,
             "seconds": args.seconds,

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +35,7 @@ def _args(**over) -> argparse.Namespace:
         no_quick=False,
         default_malloc=False,
         torch_python=None,
+        record=None,
     )
     return argparse.Namespace(**(base | over))
 
@@ -203,3 +207,32 @@ def test_the_docs_runs_give_the_documented_status():
     assert verdict[(QUICK, "0.10.2")] == "met"
     machines = {m.booted for s in found for m in s.machines}
     assert machines == {"2026-12-01 02:22:46 UTC", "2026-12-01 08:50:50 UTC"}
+
+
+def test_the_record_file_does_not_make_the_checkout_look_changed(tmp_path):
+    """Runs that append to a tracked record file still name their commit clean; any other
+    tracked change marks it."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git not installed")
+    env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
+
+    def run(*args):
+        subprocess.run([git, *args], cwd=tmp_path, env=env, check=True, capture_output=True)
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "runs.jsonl").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    run("init", "-q")
+    run("add", ".")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    record = str(tmp_path / "docs" / "runs.jsonl")
+    clean = train_speed._git_commit(record, repo=tmp_path)
+    assert len(clean) >= 7 and " " not in clean
+    with open(record, "a") as f:
+        f.write("{}\n")
+    assert train_speed._git_commit(record, repo=tmp_path) == clean
+    assert train_speed._git_commit(repo=tmp_path) == clean + " (+ uncommitted changes)"
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert train_speed._git_commit(record, repo=tmp_path) == clean + " (+ uncommitted changes)"
+    assert train_speed._git_commit(repo=tmp_path / "missing") == "unknown"
