@@ -472,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.torch_worker:
         return torch_worker(args.torch_worker)
+    if args.record and Path(args.record).is_dir():
+        p.error(f"--record {args.record!r} is a folder; give the JSON-lines file to append to")
     if args.xla_flags:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
     if not args.default_malloc:

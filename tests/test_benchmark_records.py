@@ -236,3 +236,10 @@ def test_the_record_file_does_not_make_the_checkout_look_changed(tmp_path):
     (tmp_path / "code.py").write_text("x = 2\n")
     assert train_speed._git_commit(record, repo=tmp_path) == clean + " (+ uncommitted changes)"
     assert train_speed._git_commit(repo=tmp_path / "missing") == "unknown"
+
+
+def test_a_record_path_that_is_a_folder_is_refused_before_the_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_speed.main(["--record", str(tmp_path)])
+    assert e.value.code == 2
+    assert f"--record {str(tmp_path)!r} is a folder" in capsys.readouterr().err
