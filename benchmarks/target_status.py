@@ -17,7 +17,8 @@ a reader can apply a stricter reading. Per target and jax version the status is
 
 * ``met``: runs on two machines or more, each machine meeting the target;
 * ``missed``: some machine's median misses it;
-* ``one machine only``: every run comes from one machine, which meets it.
+* ``one machine only``: every run comes from one machine, which meets it;
+* ``no machine``: every run's boot time is "unknown".
 
 Rows whose boot time is "unknown" are listed but count as no machine. A row's ratio is
 PyTorch time / JAX time (> 1: JAX faster) and a run meets a target when ``ratio >= goal``.
