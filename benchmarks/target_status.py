@@ -54,10 +54,6 @@ class Run:
     finished: datetime.datetime
     commit: str
 
-    @property
-    def met(self) -> bool:
-        return self.ratio >= self.goal
-
 
 @dataclasses.dataclass(frozen=True)
 class MachineRuns:
