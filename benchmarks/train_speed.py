@@ -67,6 +67,7 @@ from flax import nnx
 
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.train import cpu_matmul as cpu_products
 from flaxformer_lite.train.allocator import configure_host_allocator
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.run_config import OptimConfig
@@ -145,11 +146,21 @@ class Contestant:
 
 class JaxTrainer(Contestant):
     """`make_train_step` jitted with the state donated, exactly as `train.loop` runs it with
-    one step per call (``train.steps_per_call=1``)."""
+    one step per call (``train.steps_per_call=1``) and ``train.cpu_matmul=cpu_matmul``."""
 
-    def __init__(self, shape: Shape, *, positional: str, dtype: str, impl: str = "xla"):
+    def __init__(
+        self,
+        shape: Shape,
+        *,
+        positional: str,
+        dtype: str,
+        impl: str = "xla",
+        cpu_matmul: str = "auto",
+    ):
         self.label = f"JAX {dtype}" + ("" if impl == "xla" else f" ({impl})")
         cfg = model_config(shape, positional=positional, dtype=dtype, impl=impl)
+        self.matmul = cpu_products.resolve(cpu_matmul, compute_dtype=cfg.compute_dtype)
+        options = cpu_products.compiler_options(self.matmul)
         optim = OptimConfig()
         tx = make_optimizer(optim, NUM_STEPS)
         model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
@@ -160,9 +171,11 @@ class JaxTrainer(Contestant):
         # Compile time on its own (ahead of time); the jitted function below compiles the
         # same program again on its first call and is what the loop runs.
         t0 = time.perf_counter()
-        jax.jit(fn, donate_argnums=0).lower(self.state, self.batch).compile()
+        jax.jit(fn, donate_argnums=0, compiler_options=options).lower(
+            self.state, self.batch
+        ).compile()
         self.compile_s = time.perf_counter() - t0
-        self.step = jax.jit(fn, donate_argnums=0)
+        self.step = jax.jit(fn, donate_argnums=0, compiler_options=options)
         self.state, metrics = self.step(self.state, self.batch)
         self.loss = float(metrics["loss"])
 
@@ -446,6 +459,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-quick", action="store_true", help="leave the quick model out")
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--impl", default="xla", help="attention implementation of the JAX models")
+    p.add_argument(
+        "--cpu-matmul",
+        default="auto",
+        choices=cpu_products.CHOICES,
+        help="train.cpu_matmul of the JAX steps (default: the library's, 'auto')",
+    )
     p.add_argument("--positional", default="sinusoidal", help="reference model's encoding")
     p.add_argument("--quick-positional", nargs="+", default=["alibi", "rope", "sinusoidal"])
     p.add_argument(
@@ -497,13 +516,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     ref: list[Contestant] = []
     for i, dtype in enumerate(args.dtypes):
-        ref.append(JaxTrainer(REFERENCE, positional=args.positional, dtype=dtype, impl=args.impl))
+        ref.append(
+            JaxTrainer(
+                REFERENCE,
+                positional=args.positional,
+                dtype=dtype,
+                impl=args.impl,
+                cpu_matmul=args.cpu_matmul,
+            )
+        )
         if worker is not None:
             ref.append(worker.contestants[i])
     quick: list[Contestant] = []
     if not args.no_quick:
         for pe in args.quick_positional:
-            c = JaxTrainer(QUICK, positional=pe, dtype="float32", impl=args.impl)
+            c = JaxTrainer(
+                QUICK, positional=pe, dtype="float32", impl=args.impl, cpu_matmul=args.cpu_matmul
+            )
             c.label = f"JAX float32 {pe}"
             quick.append(c)
         if worker is not None:
@@ -553,6 +582,7 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
         + (f" (worker: {args.torch_python})" if torch and args.torch_python else "")
         + f"; commit {_git_commit(args.record)}; JAX malloc "
         + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)")
+        + f"; JAX products {_products(args)}"
         + "; PyTorch in a worker process with glibc defaults"
         + (f"; XLA_FLAGS={os.environ['XLA_FLAGS']!r}" if os.environ.get("XLA_FLAGS") else ""),
         f"- Load average (1 min) before / after: {load_before[0]:.1f} / {load_after[0]:.1f}; "
@@ -683,6 +713,16 @@ def targets(
     return out
 
 
+def _products(args: argparse.Namespace) -> str:
+    """``train.cpu_matmul='auto' (float32: onednn, bfloat16: xla)``: what the JAX steps used."""
+    dtypes = dict.fromkeys([*args.dtypes, *([] if args.no_quick else ["float32"])])
+    used = ", ".join(
+        f"{dt}: {cpu_products.resolve(args.cpu_matmul, compute_dtype=jnp.dtype(dt))}"
+        for dt in dtypes
+    )
+    return f"train.cpu_matmul={args.cpu_matmul!r} ({used})"
+
+
 def run_record(
     args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after
 ) -> dict:
@@ -710,6 +750,7 @@ def run_record(
             "dtypes": list(args.dtypes),
             "quick_positional": [] if args.no_quick else list(args.quick_positional),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "cpu_matmul": _products(args),
             "jax_malloc": "glibc defaults" if args.default_malloc else "tuned",
         },
         "load_1min": {"before": load_before[0], "after": load_after[0]},

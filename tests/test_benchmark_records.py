@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -35,6 +36,7 @@ def _args(**over) -> argparse.Namespace:
         no_quick=False,
         default_malloc=False,
         torch_python=None,
+        cpu_matmul="auto",
         record=None,
     )
     return argparse.Namespace(**(base | over))
@@ -73,6 +75,10 @@ def test_recorded_run_round_trips_with_its_own_medians(tmp_path):
     assert row["ceiling_gflops"]["float32"] == {"median": 200.0, "min": 190.0, "max": 210.0}
     assert row["ms_per_step"]["JAX float32"] == pytest.approx([600.0, 550.0, 700.0])
     assert row["machine"]["booted_utc"] == train_speed._booted()
+    if jax.default_backend() == "cpu":  # what the JAX steps' products were (train.cpu_matmul)
+        assert row["settings"]["cpu_matmul"] == (
+            "train.cpu_matmul='auto' (float32: onednn, bfloat16: xla)"
+        )
 
     runs = target_status.read_runs([path])
     assert len(runs) == 6 and {r.target for r in runs} == {F32, BF16, QUICK}

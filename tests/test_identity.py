@@ -99,6 +99,7 @@ def test_identity_is_what_changes_numbers():
     same.preset, same.study = "other", "other"
     same.train.update(log_every=1, eval_every=3, checkpoint_every=7, keep_checkpoints=5)
     same.train.steps_per_call = 2
+    same.train.cpu_matmul = "xla"
     same.train.progress = True
     same.model.update(attention_impl="chunked", chunked_threshold=8)
     same.model.positional_options.t5.num_buckets = 7  # another encoding's option

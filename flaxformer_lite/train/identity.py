@@ -25,7 +25,8 @@ afresh in place. Decisions:
   corpus's split), so a renamed single file counts as another corpus.
 * Left out of ``config`` (they do not change a number in ``eval.json``): where and how
   visibly a run is computed (``mesh``, ``train.progress``, ``train.log_every``,
-  ``train.steps_per_call``: the same steps, grouped into compiled calls), when state is
+  ``train.steps_per_call``: the same steps, grouped into compiled calls; ``train.cpu_matmul``:
+  which library computes the products, equal to float32 tolerance), when state is
   saved (``train.checkpoint_every``, ``train.keep_checkpoints``: a resume is exact),
   ``train.eval_every`` (validation curves in ``metrics.jsonl`` only), how attention is
   computed (``model.attention_impl``, ``model.chunked_threshold``: equal to float32

@@ -50,6 +50,7 @@ from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import (
     allocator,
     batches,
+    cpu_matmul,
     identity,
     memory,
     multihost,
@@ -298,7 +299,10 @@ def _train_and_evaluate_locked(
     t0 = time.perf_counter()
     progress = run.train.progress and multihost.is_primary()
     results = run_evaluation.evaluate_plan(model, plan, dataset, progress=progress)
-    env = provenance.environment() | {"data": dataset.provenance()}
+    env = provenance.environment() | {
+        "data": dataset.provenance(),
+        "train_matmul": train_matmul(run),
+    }
     summary = {
         "config": run.to_dict(),
         "config_hash": record["hash"],  # of exactly the recorded identity
@@ -338,21 +342,32 @@ def _evaluation_model(graphdef, state, placement) -> nnx.Module:
     return nnx.merge(graphdef, params, rest)
 
 
+def train_matmul(run: RunConfig) -> str:
+    """``"onednn"`` or ``"xla"``: the products this run's training steps use on this backend
+    (`cpu_matmul.resolve` of ``config.train.cpu_matmul``)."""
+    return cpu_matmul.resolve(run.train.cpu_matmul, compute_dtype=run.model.compute_dtype)
+
+
 def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement=None):
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
     several = run.train.steps_per_call
     # each jit compiles on its first call: a run that never calls one never compiles it
     multi_step = None
+    options = cpu_matmul.compiler_options(train_matmul(run))
     if placement is None:
         one_step = make_train_step(graphdef, tx, schedule)
-        train_step = jax.jit(one_step, donate_argnums=0)
+        train_step = jax.jit(one_step, donate_argnums=0, compiler_options=options)
         if several > 1:
-            multi_step = jax.jit(make_multi_step(one_step), donate_argnums=0)
+            multi_step = jax.jit(
+                make_multi_step(one_step), donate_argnums=0, compiler_options=options
+            )
     else:
-        train_step = placement.jit_train_step(graphdef, tx, schedule, state)
+        train_step = placement.jit_train_step(
+            graphdef, tx, schedule, state, compiler_options=options
+        )
         if several > 1:
             multi_step = placement.jit_train_step(
-                graphdef, tx, schedule, state, steps_per_call=several
+                graphdef, tx, schedule, state, steps_per_call=several, compiler_options=options
             )
     # the run's logs are process 0's: the other processes compute the same metrics
     writer = MetricsWriter(workdir, resume_step=start) if multihost.is_primary() else _NoWriter()

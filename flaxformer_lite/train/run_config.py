@@ -24,6 +24,7 @@ from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.train.cpu_matmul import CHOICES as CPU_MATMUL_CHOICES
 
 MAX_SEED = 2**32 - 2  # seeds feed numpy's and JAX's generators (seed + 1: dropout's)
 # Fields that moved between sections: old path -> new path (old configs still load).
@@ -54,6 +55,10 @@ class TrainConfig:
     # numbers, less per-call overhead for small models (docs/performance.md); 1: one step.
     # Steps before a checkpoint or validation that do not fill a call run one per call.
     steps_per_call: int = 1
+    # which library runs a CPU step's matrix products (`train.cpu_matmul`): "auto" (oneDNN
+    # for float32 models where this jaxlib passes its check, else XLA's default), "onednn",
+    # "xla". The same values to float32 tolerance, faster with oneDNN (docs/performance.md).
+    cpu_matmul: str = "auto"
 
 
 MESH_AXES = ("data", "fsdp")
@@ -167,6 +172,7 @@ NOT_IDENTITY_FIELDS = {
         "keep_checkpoints",
         "progress",
         "steps_per_call",  # how the steps are grouped into compiled calls, not what they compute
+        "cpu_matmul",  # which library computes the products (equal to float32 tolerance)
     ),
     "eval": ("paired_reference", "paired_all"),  # what the report compares
 }
@@ -258,6 +264,8 @@ def _validate(run: RunConfig) -> None:
     if t.eval_every < 0:
         fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _positive("config.train.steps_per_call", t.steps_per_call)
+    if t.cpu_matmul not in CPU_MATMUL_CHOICES:
+        fail("config.train.cpu_matmul", t.cpu_matmul, f"must be one of {CPU_MATMUL_CHOICES}")
     cadences = {"num_steps": t.num_steps, "checkpoint_every": t.checkpoint_every}
     if t.eval_every:
         cadences["eval_every"] = t.eval_every

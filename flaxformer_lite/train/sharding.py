@@ -266,10 +266,11 @@ class Plan:
         state: TrainState,
         *,
         steps_per_call: int = 1,
+        compiler_options: dict[str, Any] | None = None,
     ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
         """`make_train_step` jitted with the state's shardings in and out, state donated;
         ``steps_per_call > 1``: `make_multi_step` of it, taking `shard_batch`'s stacked
-        batches."""
+        batches; ``compiler_options`` as ``jax.jit`` takes them (`cpu_matmul`)."""
         state_sh = self.shardings(state)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         fn = make_train_step(graphdef, tx, schedule)
@@ -280,4 +281,5 @@ class Plan:
             in_shardings=(state_sh, self.batch_sharding(stacked=steps_per_call > 1)),
             out_shardings=(state_sh, replicated),
             donate_argnums=0,
+            compiler_options=compiler_options,
         )

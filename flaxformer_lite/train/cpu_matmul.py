@@ -1,0 +1,140 @@
+"""Which library runs the matrix products of a training step on CPU: XLA's default or oneDNN.
+
+XLA:CPU hands a compiled step's products to YNNPACK or Eigen. jaxlib can instead run each
+product alone as a oneDNN primitive (oneDNN is the library PyTorch's CPU products use), with
+the two compile options of `ONEDNN_PRODUCTS`. On the 2-core machines of docs/benchmarks.md
+the float32 reference train step took 5-10 % less time that way (jax 0.12.0.1 and 0.10.2;
+docs/performance.md, "tenth session"), the quick-preset step up to 10 % less, while a
+bfloat16 step took 1.5x as long -- so only float32 steps use it by default.
+
+Only the *individual* oneDNN mode (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``: the product alone,
+the element-wise work after it left to XLA) is ever used. The other mode,
+``LIBRARY_FUSION_TYPE_DOT``, fuses the element-wise ops that follow a product into its oneDNN
+call and computes ``(x @ w) * 0.3 + 1.0`` as ``x @ w + 1.0`` in jaxlib 0.10.2, 0.11.2 and
+0.12.0.1 (docs/performance.md, "fourth session"). Before a step is compiled with oneDNN, this
+module checks that exact case and three like it on the running jaxlib (`onednn_problem`).
+
+``config.train.cpu_matmul`` (`resolve`):
+
+* ``"auto"`` (default): oneDNN when the step runs on CPU, the model computes in float32 and
+  this jaxlib passes the check; XLA's default otherwise (logged once, with the reason).
+* ``"onednn"``: oneDNN on CPU whatever the compute dtype; an error if this jaxlib fails the
+  check. Off CPU (GPU, TPU) the options do not apply and XLA's default is used.
+* ``"xla"``: XLA's default.
+
+The choice changes float32 rounding of the products only (equal to float32 tolerance, like
+``model.attention_impl``), so it is not part of a run's identity; the resolved value is
+recorded in the run's ``provenance.json`` (``train_matmul``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flaxformer_lite.base.checks import fail
+
+log = logging.getLogger(__name__)
+
+CHOICES = ("auto", "onednn", "xla")
+ONEDNN_PRODUCTS = {
+    "xla_cpu_use_onednn": True,
+    "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+}
+
+
+def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> str:
+    """``"onednn"`` or ``"xla"``: the products a training step uses for ``choice``.
+
+    Args:
+      choice: ``config.train.cpu_matmul``, one of `CHOICES`.
+      compute_dtype: the model's compute dtype (``ModelConfig.compute_dtype``).
+      platform: the backend the step runs on; default ``jax.default_backend()``.
+
+    Raises:
+      ConfigError: ``choice`` is not one of `CHOICES`.
+      RuntimeError: ``choice="onednn"`` on CPU and this jaxlib fails `onednn_problem`'s check.
+    """
+    if choice not in CHOICES:
+        fail("config.train.cpu_matmul", choice, f"must be one of {CHOICES}")
+    platform = jax.default_backend() if platform is None else platform
+    if choice == "xla" or platform != "cpu":
+        return "xla"
+    problem = onednn_problem()
+    if choice == "onednn":
+        if problem is not None:
+            raise RuntimeError(
+                f"config.train.cpu_matmul='onednn': jax {jax.__version__} cannot be used with "
+                f"{ONEDNN_PRODUCTS}: {problem}. Use config.train.cpu_matmul='xla' (or 'auto')."
+            )
+        return "onednn"
+    if jnp.dtype(compute_dtype) != jnp.float32:
+        return "xla"  # bf16 / f16 steps measured slower with oneDNN
+    if problem is not None:
+        _warn_once(problem)
+        return "xla"
+    return "onednn"
+
+
+def compiler_options(resolved: str) -> dict[str, Any] | None:
+    """The ``jax.jit(..., compiler_options=...)`` of a `resolve` result (None: XLA's default)."""
+    return dict(ONEDNN_PRODUCTS) if resolved == "onednn" else None
+
+
+@functools.cache
+def onednn_problem() -> str | None:
+    """None if this jaxlib compiles products with `ONEDNN_PRODUCTS` and computes them right,
+    else what went wrong. Checked once per process, on small float32 products against
+    float64 numpy: a 2-D product followed by a scale and a shift (the case the fused oneDNN
+    mode gets wrong), with its left operand transposed, a batched product, and a product
+    under ``tanh``."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 48)).astype(np.float32)
+    a = rng.standard_normal((4, 16, 32)).astype(np.float32)
+    b = rng.standard_normal((4, 32, 24)).astype(np.float32)
+    x64, w64, a64, b64 = (v.astype(np.float64) for v in (x, w, a, b))
+    cases = (
+        ("(x @ w) * 0.3 + 1.0", lambda p, q: (p @ q) * 0.3 + 1.0, (x, w), (x64 @ w64) * 0.3 + 1.0),
+        (
+            "(x.T @ x) * 0.5 - 2.0",
+            lambda p, q: (p.T @ q) * 0.5 - 2.0,
+            (x, x),
+            (x64.T @ x64) * 0.5 - 2.0,
+        ),
+        (
+            "batched (a @ b) * 0.125 + 3.0",
+            lambda p, q: jnp.matmul(p, q) * 0.125 + 3.0,
+            (a, b),
+            np.matmul(a64, b64) * 0.125 + 3.0,
+        ),
+        (
+            "tanh((x @ w) * 0.1) * 2.0 + 0.5",
+            lambda p, q: jnp.tanh((p @ q) * 0.1) * 2.0 + 0.5,
+            (x, w),
+            np.tanh((x64 @ w64) * 0.1) * 2.0 + 0.5,
+        ),
+    )
+    cpu = jax.devices("cpu")[0]
+    for name, fn, args, want in cases:
+        try:
+            args = jax.device_put(args, cpu)
+            got = np.asarray(jax.jit(fn, compiler_options=ONEDNN_PRODUCTS)(*args), np.float64)
+        except Exception as e:  # any failure to compile or run is the answer
+            return f"{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        err = float(np.max(np.abs(got - want) / (1.0 + np.abs(want))))
+        if not err < 1e-4:  # float32 products of 32 terms: ~1e-6
+            return f"{name} is wrong: max relative error {err:.3g} against float64"
+    return None
+
+
+@functools.cache
+def _warn_once(problem: str) -> None:
+    log.warning(
+        "config.train.cpu_matmul='auto': XLA's default CPU products, not oneDNN's: %s", problem
+    )
