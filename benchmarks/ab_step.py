@@ -10,12 +10,17 @@ step and its speed-up against the first. Variants:
 * ``plain-kernel-gradient``: float32 kernel gradients always ``dot_general(x2, g2)``,
   never swapped (before `34a1ab3`);
 * ``bf16-before``: the feed-forward GELU in the compute dtype and bf16 attention with bf16
-  products (before `8a8333d`).
+  products (before `8a8333d`);
+* ``xla-products``: the step compiled with XLA's own CPU products, ``train.cpu_matmul="xla"``
+  (before `d8463cc`; the other variants use the library's ``"auto"``: oneDNN's products for
+  a float32 step).
 
     .venv/bin/python benchmarks/ab_step.py --shape reference --dtype float32 \\
         --variants library,plain-kernel-gradient,library-again,plain-kernel-gradient-again
     .venv/bin/python benchmarks/ab_step.py --shape reference --dtype bfloat16 \\
         --variants bf16-before,library,bf16-before-again,library-again
+    .venv/bin/python benchmarks/ab_step.py --shape reference --dtype float32 --rounds 7 \
+        --variants xla-products,library,xla-products-again,library-again
 
 A name with the suffix ``-again`` builds the same variant a second time.
 """
@@ -60,7 +65,10 @@ VARIANTS = {
         (layers.FeedForward, "__call__", _ffn_in_compute_dtype),
         (mixed_precision, "is_low_precision", _never_low_precision),
     ],
+    "xla-products": [],
 }
+# variants that change the step's train.cpu_matmul (the others keep the library's default)
+CPU_MATMUL = {"xla-products": "xla"}
 
 
 @contextlib.contextmanager
@@ -94,8 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         # `attend` reads is_low_precision through the module at trace time: the swap holds
         # for the trainer's first (tracing) step, which its constructor runs
-        with swapped(VARIANTS[name.removesuffix("-again")]):
-            trainer = train_speed.JaxTrainer(shape, positional="sinusoidal", dtype=args.dtype)
+        variant = name.removesuffix("-again")
+        with swapped(VARIANTS[variant]):
+            trainer = train_speed.JaxTrainer(
+                shape,
+                positional="sinusoidal",
+                dtype=args.dtype,
+                cpu_matmul=CPU_MATMUL.get(variant, "auto"),
+            )
         trainer.label = name
         trainers[name] = trainer
     steps = 4 if shape is train_speed.REFERENCE else 40

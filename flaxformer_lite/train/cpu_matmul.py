@@ -3,9 +3,9 @@
 XLA:CPU hands a compiled step's products to YNNPACK or Eigen. jaxlib can instead run each
 product alone as a oneDNN primitive (oneDNN is the library PyTorch's CPU products use), with
 the two compile options of `ONEDNN_PRODUCTS`. On the 2-core machines of docs/benchmarks.md
-the float32 reference train step took 5-10 % less time that way (jax 0.12.0.1 and 0.10.2;
-docs/performance.md, "tenth session"), the quick-preset step up to 10 % less, while a
-bfloat16 step took 1.5x as long -- so only float32 steps use it by default.
+the float32 reference train step ran 1.03-1.10x as fast that way (six A/Bs, jax 0.12.0.1 and
+0.10.2; docs/performance.md, "tenth session"), the quick-preset step 0.94-1.24x (four, noisier),
+while a bfloat16 step took 1.5x as long -- so only float32 steps use it by default.
 
 Only the *individual* oneDNN mode (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``: the product alone,
 the element-wise work after it left to XLA) is ever used. The other mode,
