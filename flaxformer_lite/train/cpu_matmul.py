@@ -3,9 +3,10 @@
 XLA:CPU hands a compiled step's products to YNNPACK or Eigen. jaxlib can instead run each
 product alone as a oneDNN primitive (oneDNN is the library PyTorch's CPU products use), with
 the two compile options of `ONEDNN_PRODUCTS`. On the 2-core machines of docs/benchmarks.md
-the float32 reference train step ran 1.03-1.10x as fast that way (six A/Bs, jax 0.12.0.1 and
-0.10.2; docs/performance.md, "tenth session"), the quick-preset step 0.94-1.24x (four, noisier),
-while a bfloat16 step took 1.5x as long -- so only float32 steps use it by default.
+the float32 reference train step ran 1.03-1.15x as fast that way (ten A/Bs, jax 0.12.0.1 and
+0.10.2; docs/performance.md, "tenth session"), the quick-preset step 1.07-1.24x with jax 0.12
+(one A/B of six at 0.94x) and 0.99x with jax 0.10.2, while a bfloat16 step took 1.5x as long --
+so only float32 steps use it by default.
 
 Only the *individual* oneDNN mode (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``: the product alone,
 the element-wise work after it left to XLA) is ever used. The other mode,
