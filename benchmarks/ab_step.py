@@ -19,7 +19,7 @@ step and its speed-up against the first. Variants:
         --variants library,plain-kernel-gradient,library-again,plain-kernel-gradient-again
     .venv/bin/python benchmarks/ab_step.py --shape reference --dtype bfloat16 \\
         --variants bf16-before,library,bf16-before-again,library-again
-    .venv/bin/python benchmarks/ab_step.py --shape reference --dtype float32 --rounds 7 \
+    .venv/bin/python benchmarks/ab_step.py --shape reference --dtype float32 --rounds 7 \\
         --variants xla-products,library,xla-products-again,library-again
 
 A name with the suffix ``-again`` builds the same variant a second time.

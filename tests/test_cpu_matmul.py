@@ -125,6 +125,17 @@ def corpus_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.skipif(not CPU, reason="the check compiles on the CPU backend")
+def test_onednn_on_a_failing_jaxlib_is_refused_before_any_write(
+    corpus_file, tmp_path, fresh_check, monkeypatch
+):
+    monkeypatch.setattr(cpu_matmul, "ONEDNN_PRODUCTS", {"xla_cpu_no_such_option": True})
+    workdir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match=r"config\.train\.cpu_matmul='onednn'"):
+        loop.train_and_evaluate(_tiny(corpus_file, "onednn"), workdir)
+    assert not workdir.exists()
+
+
 def test_the_loop_compiles_its_steps_with_the_options(corpus_file, tmp_path, monkeypatch):
     """An option XLA does not know, put where the loop takes its options from, fails the
     first step: the options reach the compiled step."""

@@ -245,6 +245,7 @@ def train_and_evaluate(
     dataset = batches.open_run_data(run, plan)  # bad data settings fail before any write
     placement = sharding.Plan.create(run)  # None on one device: the plain single-device path
     memory.check_memory(run, plan)  # before any work: the estimate vs the memory free
+    train_matmul(run)  # config.train.cpu_matmul="onednn" on a jaxlib that fails its check
     workdir = Path(workdir)
     # writes nothing: a bad call leaves no lock file behind
     multihost.on_process_0(
