@@ -159,8 +159,9 @@ class JaxTrainer(Contestant):
     ):
         self.label = f"JAX {dtype}" + ("" if impl == "xla" else f" ({impl})")
         cfg = model_config(shape, positional=positional, dtype=dtype, impl=impl)
-        self.matmul = cpu_products.resolve(cpu_matmul, compute_dtype=cfg.compute_dtype)
-        options = cpu_products.compiler_options(self.matmul)
+        options = cpu_products.compiler_options(
+            cpu_products.resolve(cpu_matmul, compute_dtype=cfg.compute_dtype)
+        )
         optim = OptimConfig()
         tx = make_optimizer(optim, NUM_STEPS)
         model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))

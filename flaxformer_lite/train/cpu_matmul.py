@@ -49,6 +49,12 @@ ONEDNN_PRODUCTS = {
 }
 
 
+def check_choice(choice: str) -> None:
+    """Raise `ConfigError` naming ``config.train.cpu_matmul`` unless ``choice`` is in `CHOICES`."""
+    if choice not in CHOICES:
+        fail("config.train.cpu_matmul", choice, f"must be one of {CHOICES}")
+
+
 def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> str:
     """``"onednn"`` or ``"xla"``: the products a training step uses for ``choice``.
 
@@ -61,8 +67,7 @@ def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> 
       ConfigError: ``choice`` is not one of `CHOICES`.
       RuntimeError: ``choice="onednn"`` on CPU and this jaxlib fails `onednn_problem`'s check.
     """
-    if choice not in CHOICES:
-        fail("config.train.cpu_matmul", choice, f"must be one of {CHOICES}")
+    check_choice(choice)
     platform = jax.default_backend() if platform is None else platform
     if choice == "xla" or platform != "cpu":
         return "xla"

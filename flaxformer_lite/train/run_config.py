@@ -24,7 +24,7 @@ from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.model_config import ModelConfig
-from flaxformer_lite.train.cpu_matmul import CHOICES as CPU_MATMUL_CHOICES
+from flaxformer_lite.train import cpu_matmul
 
 MAX_SEED = 2**32 - 2  # seeds feed numpy's and JAX's generators (seed + 1: dropout's)
 # Fields that moved between sections: old path -> new path (old configs still load).
@@ -264,8 +264,7 @@ def _validate(run: RunConfig) -> None:
     if t.eval_every < 0:
         fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _positive("config.train.steps_per_call", t.steps_per_call)
-    if t.cpu_matmul not in CPU_MATMUL_CHOICES:
-        fail("config.train.cpu_matmul", t.cpu_matmul, f"must be one of {CPU_MATMUL_CHOICES}")
+    cpu_matmul.check_choice(t.cpu_matmul)
     cadences = {"num_steps": t.num_steps, "checkpoint_every": t.checkpoint_every}
     if t.eval_every:
         cadences["eval_every"] = t.eval_every
