@@ -13,13 +13,16 @@ step and its speed-up against the first. Variants:
   products (before `8a8333d`);
 * ``xla-products``: the step compiled with XLA's own CPU products, ``train.cpu_matmul="xla"``
   (before `d8463cc`; the other variants use the library's ``"auto"``: oneDNN's products for
-  a float32 step).
+  a float32 step, and for a bfloat16 step on a jaxlib that leaves its ``bf16 x bf16 -> f32``
+  products to XLA, e.g. 0.10.2: `cpu_matmul.onednn_takes_bf16_products`).
 
     .venv/bin/python benchmarks/ab_step.py --shape reference --dtype float32 \\
         --variants library,plain-kernel-gradient,library-again,plain-kernel-gradient-again
     .venv/bin/python benchmarks/ab_step.py --shape reference --dtype bfloat16 \\
         --variants bf16-before,library,bf16-before-again,library-again
     .venv/bin/python benchmarks/ab_step.py --shape reference --dtype float32 --rounds 7 \\
+        --variants xla-products,library,xla-products-again,library-again
+    .venv/bin/python benchmarks/ab_step.py --shape reference --dtype bfloat16 --rounds 7 \\
         --variants xla-products,library,xla-products-again,library-again
 
 A name with the suffix ``-again`` builds the same variant a second time.

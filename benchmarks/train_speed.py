@@ -715,7 +715,8 @@ def targets(
 
 
 def _products(args: argparse.Namespace) -> str:
-    """``train.cpu_matmul='auto' (float32: onednn, bfloat16: xla)``: what the JAX steps used."""
+    """What the JAX steps used, e.g. ``train.cpu_matmul='auto' (float32: onednn, bfloat16:
+    xla)``: `cpu_products.resolve` per compute dtype, on this jaxlib."""
     dtypes = dict.fromkeys([*args.dtypes, *([] if args.no_quick else ["float32"])])
     used = ", ".join(
         f"{dt}: {cpu_products.resolve(args.cpu_matmul, compute_dtype=jnp.dtype(dt))}"

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import target_status, train_speed
+from flaxformer_lite.train import cpu_matmul
 
 DOCS_RUNS = Path(__file__).resolve().parents[1] / "docs" / "benchmark_runs.jsonl"
 F32, BF16, QUICK = (name for _, _, _, name in train_speed.TARGETS)
@@ -76,8 +77,9 @@ def test_recorded_run_round_trips_with_its_own_medians(tmp_path):
     assert row["ms_per_step"]["JAX float32"] == pytest.approx([600.0, 550.0, 700.0])
     assert row["machine"]["booted_utc"] == train_speed._booted()
     if jax.default_backend() == "cpu":  # what the JAX steps' products were (train.cpu_matmul)
+        bf16 = "xla" if cpu_matmul.onednn_takes_bf16_products() else "onednn"
         assert row["settings"]["cpu_matmul"] == (
-            "train.cpu_matmul='auto' (float32: onednn, bfloat16: xla)"
+            f"train.cpu_matmul='auto' (float32: onednn, bfloat16: {bf16})"
         )
 
     runs = target_status.read_runs([path])

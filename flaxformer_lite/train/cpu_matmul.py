@@ -5,8 +5,15 @@ product alone as a oneDNN primitive (oneDNN is the library PyTorch's CPU product
 the two compile options of `ONEDNN_PRODUCTS`. On the 2-core machines of docs/benchmarks.md
 the float32 reference train step ran 1.03-1.15x as fast that way (ten A/Bs, jax 0.12.0.1 and
 0.10.2; docs/performance.md, "tenth session"), the quick-preset step 1.07-1.24x with jax 0.12
-(one A/B of six at 0.94x) and 0.99x with jax 0.10.2, while a bfloat16 step took 1.5x as long --
-so only float32 steps use it by default.
+(one A/B of six at 0.94x) and 0.99x with jax 0.10.2.
+
+A bfloat16 model's products are ``bf16 x bf16 -> f32`` (`flaxformer_lite.core.mixed_precision`)
+except its attention core and tied logits, which run in float32 on CPU. jaxlib 0.11.2 and
+0.12.0.1 hand the mixed products to oneDNN too, as float32 products of converted operands: that
+step took 1.5x as long. jaxlib 0.10.2 leaves them to XLA's own products and gives oneDNN only
+the float32 ones: that step ran ~1.06x as fast (twelve A/Bs; "eleventh session"). So a bfloat16
+model uses oneDNN by default only where `onednn_takes_bf16_products` says this jaxlib leaves
+its mixed products alone.
 
 Only the *individual* oneDNN mode (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``: the product alone,
 the element-wise work after it left to XLA) is ever used. The other mode,
@@ -17,8 +24,9 @@ module checks that exact case and three like it on the running jaxlib (`onednn_p
 
 ``config.train.cpu_matmul`` (`resolve`):
 
-* ``"auto"`` (default): oneDNN when the step runs on CPU, the model computes in float32 and
-  this jaxlib passes the check; XLA's default otherwise (logged once, with the reason).
+* ``"auto"`` (default): oneDNN when the step runs on CPU, the model computes in float32 (or in
+  bfloat16 on a jaxlib whose oneDNN mode leaves ``bf16 x bf16 -> f32`` products to XLA) and
+  this jaxlib passes the check; XLA's default otherwise (a failed check is logged once).
 * ``"onednn"``: oneDNN on CPU whatever the compute dtype; an error if this jaxlib fails the
   check. Off CPU (GPU, TPU) the options do not apply and XLA's default is used.
 * ``"xla"``: XLA's default.
@@ -79,8 +87,12 @@ def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> 
                 f"{ONEDNN_PRODUCTS}: {problem}. Use config.train.cpu_matmul='xla' (or 'auto')."
             )
         return "onednn"
-    if jnp.dtype(compute_dtype) != jnp.float32:
-        return "xla"  # bf16 / f16 steps measured slower with oneDNN
+    dtype = jnp.dtype(compute_dtype)
+    if dtype == jnp.bfloat16:
+        if onednn_takes_bf16_products():
+            return "xla"  # its mixed products become float32 ones: 1.5x slower
+    elif dtype != jnp.float32:
+        return "xla"  # float16: not measured
     if problem is not None:
         _warn_once(problem)
         return "xla"
@@ -137,6 +149,32 @@ def onednn_problem() -> str | None:
         if not err < 1e-4:  # float32 products of 32 terms: ~1e-6
             return f"{name} is wrong: max relative error {err:.3g} against float64"
     return None
+
+
+@functools.cache
+def onednn_takes_bf16_products() -> bool:
+    """Whether this jaxlib, compiling with `ONEDNN_PRODUCTS`, gives a ``bf16 x bf16 -> f32``
+    product (the kind `mixed_precision.dense` emits) to oneDNN.
+
+    Read off the compiled HLO of one such product: an ``__onednn_fusion`` in it means yes
+    (jaxlib 0.11.2 and 0.12.0.1, which convert the operands to float32 first); none means XLA
+    keeps it (jaxlib 0.10.2). A product that fails to compile counts as yes: XLA's products.
+    """
+    a = jnp.ones((64, 32), jnp.bfloat16)
+    b = jnp.ones((32, 48), jnp.bfloat16)
+
+    def mixed(p, q):
+        return jax.lax.dot_general(
+            p, q, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    cpu = jax.devices("cpu")[0]
+    try:
+        a, b = jax.device_put((a, b), cpu)
+        compiled = jax.jit(mixed, compiler_options=ONEDNN_PRODUCTS).lower(a, b).compile()
+        return "__onednn_fusion" in compiled.as_text()
+    except Exception:  # any failure: leave bf16 products to XLA (onednn_problem reports it)
+        return True
 
 
 @functools.cache

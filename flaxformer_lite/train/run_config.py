@@ -56,8 +56,9 @@ class TrainConfig:
     # Steps before a checkpoint or validation that do not fill a call run one per call.
     steps_per_call: int = 1
     # which library runs a CPU step's matrix products (`train.cpu_matmul`): "auto" (oneDNN
-    # for float32 models where this jaxlib passes its check, else XLA's default), "onednn",
-    # "xla". The same values to float32 tolerance, faster with oneDNN (docs/performance.md).
+    # for float32 models, and bf16 models on a jaxlib that leaves their bf16 products to XLA,
+    # where this jaxlib passes its check; else XLA's default), "onednn", "xla". The same
+    # values to float32 tolerance, faster with oneDNN (docs/performance.md).
     cpu_matmul: str = "auto"
 
 
