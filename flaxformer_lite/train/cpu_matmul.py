@@ -11,9 +11,9 @@ A bfloat16 model's products are ``bf16 x bf16 -> f32`` (`flaxformer_lite.core.mi
 except its attention core and tied logits, which run in float32 on CPU. jaxlib 0.11.2 and
 0.12.0.1 hand the mixed products to oneDNN too, as float32 products of converted operands: that
 step took 1.5x as long. jaxlib 0.10.2 leaves them to XLA's own products and gives oneDNN only
-the float32 ones: that step ran ~1.06x as fast (twelve A/Bs; "eleventh session"). So a bfloat16
-model uses oneDNN by default only where `onednn_takes_bf16_products` says this jaxlib leaves
-its mixed products alone.
+the float32 ones: that step ran ~1.06x as fast (sixteen A/B pairs; "eleventh session"). So a
+bfloat16 model uses oneDNN by default only where `onednn_takes_bf16_products` says this jaxlib
+leaves its mixed products alone.
 
 Only the *individual* oneDNN mode (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``: the product alone,
 the element-wise work after it left to XLA) is ever used. The other mode,
@@ -173,7 +173,7 @@ def onednn_takes_bf16_products() -> bool:
         a, b = jax.device_put((a, b), cpu)
         compiled = jax.jit(mixed, compiler_options=ONEDNN_PRODUCTS).lower(a, b).compile()
         return "__onednn_fusion" in compiled.as_text()
-    except Exception:  # any failure: leave bf16 products to XLA (onednn_problem reports it)
+    except Exception:  # any failure: XLA's products (onednn_problem names such failures)
         return True
 
 
