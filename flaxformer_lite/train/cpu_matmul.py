@@ -79,8 +79,8 @@ def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> 
     platform = jax.default_backend() if platform is None else platform
     if choice == "xla" or platform != "cpu":
         return "xla"
-    problem = onednn_problem()
     if choice == "onednn":
+        problem = onednn_problem()
         if problem is not None:
             raise RuntimeError(
                 f"config.train.cpu_matmul='onednn': jax {jax.__version__} cannot be used with "
@@ -93,6 +93,7 @@ def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> 
             return "xla"  # its mixed products become float32 ones: 1.5x slower
     elif dtype != jnp.float32:
         return "xla"  # float16: not measured
+    problem = onednn_problem()  # only where oneDNN would be used: the check compiles
     if problem is not None:
         _warn_once(problem)
         return "xla"
