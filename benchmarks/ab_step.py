@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     times = train_speed.measure(list(trainers.values()), rounds=args.rounds, steps=lambda c: steps)
     base = statistics.median(times[names[0]])
     print(
-        f"- {args.shape} model, {args.dtype}; booted {train_speed._booted()}; commit "
+        f"- {args.shape} model, {args.dtype}; {train_speed._machine_line()}; commit "
         f"{train_speed._git_commit()}; load {load:.1f} / {os.getloadavg()[0]:.1f}; "
         f"{args.rounds} interleaved rounds of {steps} steps, medians"
     )

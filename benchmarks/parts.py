@@ -315,8 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     bf16 = bf16_parts(args.rounds, args.calls)
     load_after = os.getloadavg()
     print(
-        f"- Machine: {train_speed._cpu_name()}, {os.cpu_count()} CPUs, booted "
-        f"{train_speed._booted()}; Python {platform.python_version()}, "
+        f"- Machine: {train_speed._cpu_name()}, {os.cpu_count()} CPUs, "
+        f"{train_speed._machine_line()}; Python {platform.python_version()}, "
         f"{train_speed._versions()}; commit {train_speed._git_commit()}"
     )
     print(

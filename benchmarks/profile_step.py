@@ -749,8 +749,8 @@ def report(args, shape, jax_r, torch_r, load_before, load_after) -> str:
     lines = [
         f"## Step profile: {shape.name} model, {args.dtype}, {args.steps} profiled steps",
         "",
-        f"- Machine: {train_speed._cpu_name()}, {os.cpu_count()} CPUs, booted "
-        f"{train_speed._booted()}; Python "
+        f"- Machine: {train_speed._cpu_name()}, {os.cpu_count()} CPUs, "
+        f"{train_speed._machine_line()}; Python "
         f"{platform.python_version()}, {train_speed._versions()}"
         + (f", torch {torch_ver}" if torch_ver else "")
         + f"; commit {train_speed._git_commit()}"

@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     times = train_speed.measure(variants, rounds=args.rounds, steps=lambda v: args.block)
     base = statistics.median(times[variants[0].label])
     print(
-        f"- {args.preset} preset, {args.positional}; jax {jax.__version__}; booted "
-        f"{train_speed._booted()}; commit {train_speed._git_commit()}; load {load:.1f} / "
+        f"- {args.preset} preset, {args.positional}; jax {jax.__version__}; "
+        f"{train_speed._machine_line()}; commit {train_speed._git_commit()}; load {load:.1f} / "
         f"{os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds of {args.block} steps, "
         "medians"
     )

@@ -9,19 +9,26 @@ run) and prints, per target and jax version, every machine's runs and the target
 
 The rule (issue 15, docs/benchmarks.md): a target counts as met only when runs on two
 different machines meet it, and a target met on one machine and missed on another is missed.
-Machines are told apart by their boot time (``machine.booted_utc``): a session that lands on
-an earlier session's VM adds runs to that machine, not a machine. A machine with several runs
-meets a target when the median of its runs' ratios does; the table prints beside it how many
-of its runs met the target on their own and every ratio, in the order the runs finished, so
-a reader can apply a stricter reading. Per target and jax version the status is
+Machines are told apart by their boot id (``machine.boot_id``, Linux's
+``/proc/sys/kernel/random/boot_id``): a session that lands on an earlier session's VM adds
+runs to that machine, not a machine. Not by the boot time (``machine.booted_utc``) alone: the
+kernel computes it from the clock, so it moves when a paused VM resumes (the third machine's
+read 08:50:50 UTC, later 08:51:09, its uptime unbroken). Rows recorded before the benchmark
+recorded boot ids have only a boot time; such a row joins the machine of any row that
+recorded both the same boot time and a boot id, and otherwise its boot time is its machine.
+A machine with several runs meets a target when the median of its runs' ratios does; the
+table prints beside it how many of its runs met the target on their own and every ratio, in
+the order the runs finished, so a reader can apply a stricter reading. Per target and jax
+version the status is
 
 * ``met``: runs on two machines or more, each machine meeting the target;
 * ``missed``: some machine's median misses it;
 * ``one machine only``: every run comes from one machine, which meets it;
-* ``no machine``: every run's boot time is "unknown".
+* ``no machine``: no run's machine is known.
 
-Rows whose boot time is "unknown" are listed but count as no machine. A row's ratio is
-PyTorch time / JAX time (> 1: JAX faster) and a run meets a target when ``ratio >= goal``.
+Rows whose boot id and boot time are both "unknown" are listed but count as no machine. A
+row's ratio is PyTorch time / JAX time (> 1: JAX faster) and a run meets a target when
+``ratio >= goal``.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class Run:
     goal: float
     ratio: float
     jax: str
+    machine: str
     booted: str
     finished: datetime.datetime
     commit: str
@@ -57,9 +65,12 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class MachineRuns:
-    """The runs of one target and jax version on one machine, in the order they finished."""
+    """The runs of one target and jax version on one machine, in the order they finished:
+    ``machine`` is its boot id (or, for rows recorded without one, its boot time), ``booted``
+    the boot times its rows recorded, in order of first appearance."""
 
-    booted: str
+    machine: str
+    booted: tuple[str, ...]
     ratios: tuple[float, ...]
     goal: float
 
@@ -73,8 +84,18 @@ class MachineRuns:
 
     @property
     def counts(self) -> bool:
-        """Whether this is a machine at all (its boot time is known)."""
-        return self.booted != UNKNOWN
+        """Whether this is a machine at all (its boot id or boot time is known)."""
+        return self.machine != UNKNOWN
+
+    @property
+    def name(self) -> str:
+        """How the table names it: the boot time(s), and the boot id's first 8 characters."""
+        if not self.counts:
+            return f"{UNKNOWN} (counts as no machine)"
+        booted = " / ".join(self.booted)
+        if self.machine in self.booted:
+            return f"{booted} (no boot id recorded)"
+        return f"{booted} (boot id {self.machine[:8]})"
 
     @property
     def meets(self) -> bool:
@@ -126,11 +147,18 @@ def _time(text: str, what: str) -> datetime.datetime:
     return when
 
 
+def _optional_field(row: dict, dotted: str, kind: type, where: str):
+    """``row``'s field ``dotted`` if it is there (`_field`'s checks), else None."""
+    parent, _, key = dotted.rpartition(".")
+    holder = _field(row, parent, dict, where) if parent else row
+    return _field(row, dotted, kind, where) if key in holder else None
+
+
 def read_runs(paths: Iterable[Path]) -> list[Run]:
     """Every target result of every ``train_speed`` row in ``paths`` (blank lines and rows of
-    other benchmarks skipped). Raises `RowError` naming the file, line and field of the first
-    row it cannot read."""
-    runs = []
+    other benchmarks skipped), each with its machine (`machine_of`). Raises `RowError` naming
+    the file, line and field of the first row it cannot read."""
+    found = []  # (run fields, boot id or None)
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, start=1):
@@ -149,6 +177,7 @@ def read_runs(paths: Iterable[Path]) -> list[Run]:
                     _field(row, "finished_utc", str, where), f"{where}: field 'finished_utc'"
                 )
                 booted = _field(row, "machine.booted_utc", str, where)
+                boot_id = _optional_field(row, "machine.boot_id", str, where)
                 jax = _field(row, "software.jax", str, where)
                 commit = _field(row, "commit", str, where)
                 for i, t in enumerate(_field(row, "targets", list, where)):
@@ -157,18 +186,48 @@ def read_runs(paths: Iterable[Path]) -> list[Run]:
                     ratio = _field(t, "ratio", (int, float), f"{where}: targets[{i}]")
                     if not ratio > 0:
                         raise RowError(f"{where}: targets[{i}].ratio is {ratio!r}; expected > 0")
-                    runs.append(
-                        Run(
-                            target=_field(t, "name", str, f"{where}: targets[{i}]"),
-                            goal=float(_field(t, "goal", (int, float), f"{where}: targets[{i}]")),
-                            ratio=float(ratio),
-                            jax=jax,
-                            booted=booted,
-                            finished=finished,
-                            commit=commit,
-                        )
+                    fields = dict(
+                        target=_field(t, "name", str, f"{where}: targets[{i}]"),
+                        goal=float(_field(t, "goal", (int, float), f"{where}: targets[{i}]")),
+                        ratio=float(ratio),
+                        jax=jax,
+                        booted=booted,
+                        finished=finished,
+                        commit=commit,
                     )
-    return runs
+                    found.append((fields, boot_id, where))
+    ids = machine_ids((fields["booted"], boot_id) for fields, boot_id, _ in found)
+    return [
+        Run(machine=machine_of(fields["booted"], boot_id, ids, where), **fields)
+        for fields, boot_id, where in found
+    ]
+
+
+def machine_ids(rows: Iterable[tuple[str, str | None]]) -> dict[str, set[str]]:
+    """Boot time -> the boot ids recorded with it, from (boot time, boot id or None) pairs."""
+    ids: dict[str, set[str]] = {}
+    for booted, boot_id in rows:
+        if boot_id not in (None, UNKNOWN) and booted != UNKNOWN:
+            ids.setdefault(booted, set()).add(boot_id)
+    return ids
+
+
+def machine_of(booted: str, boot_id: str | None, ids: dict[str, set[str]], where: str) -> str:
+    """A row's machine: its boot id when it recorded one; for a row without one, the boot id
+    recorded with the same boot time in another row (``ids``, from `machine_ids`), else its
+    boot time; "unknown" when neither is known. A boot time recorded with two boot ids
+    leaves a row without one unplaceable: `RowError` naming it (``where``)."""
+    if boot_id not in (None, UNKNOWN):
+        return boot_id
+    if booted == UNKNOWN:
+        return UNKNOWN
+    linked = ids.get(booted, set())
+    if len(linked) > 1:
+        raise RowError(
+            f"{where}: no boot id, and its boot time {booted!r} was recorded with boot ids "
+            f"{sorted(linked)}: the row's machine cannot be told"
+        )
+    return next(iter(linked), booted)
 
 
 def statuses(runs: Iterable[Run]) -> list[Status]:
@@ -185,11 +244,19 @@ def statuses(runs: Iterable[Run]) -> list[Status]:
         goals = {r.goal for r in group}
         if len(goals) > 1:
             raise RowError(f"target {target!r} has different goals in the rows: {sorted(goals)}")
-        by_machine: dict[str, list[float]] = {}
+        by_machine: dict[str, list[Run]] = {}
         for run in group:
-            by_machine.setdefault(run.booted, []).append(run.ratio)
+            by_machine.setdefault(run.machine, []).append(run)
         goal = goals.pop()
-        machines = tuple(MachineRuns(b, tuple(r), goal) for b, r in by_machine.items())
+        machines = tuple(
+            MachineRuns(
+                machine,
+                tuple(dict.fromkeys(r.booted for r in rs)),
+                tuple(r.ratio for r in rs),
+                goal,
+            )
+            for machine, rs in by_machine.items()
+        )
         out.append(Status(target, goal, jax, machines))
     return out
 
@@ -197,15 +264,15 @@ def statuses(runs: Iterable[Run]) -> list[Status]:
 def render(found: list[Status]) -> str:
     """Two Markdown tables: every machine's runs, then the verdict per target and jax."""
     lines = [
-        "| target | jax | machine (booted) | runs | met in | median ratio | ratios, in order |",
+        "| target | jax | machine (booted, boot id) | runs | met in | median ratio "
+        "| ratios, in order |",
         "|---|---|---|--:|--:|--:|---|",
     ]
     for s in found:
         for m in s.machines:
-            name = m.booted if m.counts else f"{UNKNOWN} (counts as no machine)"
             ratios = ", ".join(f"{r:.2f}x" for r in m.ratios)
             lines.append(
-                f"| {s.target} | {s.jax} | {name} | {len(m.ratios)} | {m.met_count} | "
+                f"| {s.target} | {s.jax} | {m.name} | {len(m.ratios)} | {m.met_count} | "
                 f"{m.median:.2f}x | {ratios} |"
             )
     lines += ["", "| target | jax | machines | status |", "|---|---|--:|---|"]

@@ -29,17 +29,17 @@ by the measured f32 ``jnp.dot`` ceiling of the same run.
     .venv/bin/python benchmarks/train_speed.py --rounds 3 --no-torch
     .venv/bin/python benchmarks/train_speed.py --rounds 3 --record docs/benchmark_runs.jsonl
 
-Prints a Markdown table (machine and its boot time, load average, Python / jax / jaxlib / flax /
-torch versions and git commit) on stdout, then issue 15's targets with "met" / "missed" from this
-run's medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32, reference bf16 >= 1.0x
-PyTorch bf16 autocast, quick-model ms/step <= PyTorch's; next to each ratio, the range of the
-per-round ratios (the two contestants' timed blocks of one round, run within seconds of each
-other), which shows how far the machine's drift moved it within the run. docs/benchmarks.md
-counts a target as met only when runs on two different machines (different boot times) meet it;
-``--record FILE`` also appends the run as one JSON line (`run_record`), from which
-benchmarks/target_status.py prints every machine's runs and each target's status.
-PyTorch is optional (``pip install -e '.[bench]'``); without it the PyTorch rows and the targets
-are left out.
+Prints a Markdown table (machine, its boot time and boot id, load average, Python / jax /
+jaxlib / flax / torch versions and git commit) on stdout, then issue 15's targets with "met" /
+"missed" from this run's medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32,
+reference bf16 >= 1.0x PyTorch bf16 autocast, quick-model ms/step <= PyTorch's; next to each
+ratio, the range of the per-round ratios (the two contestants' timed blocks of one round, run
+within seconds of each other), which shows how far the machine's drift moved it within the
+run. docs/benchmarks.md counts a target as met only when runs on two different machines
+(different boot ids) meet it; ``--record FILE`` also appends the run as one JSON line
+(`run_record`), from which benchmarks/target_status.py prints every machine's runs and each
+target's status. PyTorch is optional (``pip install -e '.[bench]'``); without it the
+PyTorch rows and the targets are left out.
 """
 
 from __future__ import annotations
@@ -433,9 +433,10 @@ def _cpu_name() -> str:
 
 def _booted() -> str:
     """The machine's boot time (Linux ``/proc/stat`` ``btime``) as ``YYYY-MM-DD HH:MM:SS UTC``,
-    or "unknown". Two runs come from different machines only if this differs (issue 15 counts
-    a target as met when runs on two different machines meet it; a new session can land on the
-    previous session's machine)."""
+    or "unknown". The kernel computes it as the clock's time less the uptime, so it moves when a
+    paused VM resumes and its clock is set forward (the third machine's read 08:50:50 in the
+    fourth to eleventh sessions and 08:51:09 in the twelfth, uptime unbroken): machines are
+    told apart by `_boot_id`, this is for people."""
     try:
         with open("/proc/stat") as f:
             for line in f:
@@ -445,6 +446,25 @@ def _booted() -> str:
     except (OSError, ValueError):
         pass
     return "unknown"
+
+
+def _boot_id() -> str:
+    """The kernel's id of this boot (Linux ``/proc/sys/kernel/random/boot_id``, a random UUID
+    drawn at boot), or "unknown". Issue 15 counts a target as met when runs on two different
+    machines meet it, and a new session can land on an earlier session's VM: two runs come from
+    different machines only if their boot ids differ (benchmarks/target_status.py)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            text = f.read().strip()
+    except OSError:
+        return "unknown"
+    return text or "unknown"
+
+
+def _machine_line() -> str:
+    """``booted <time> (boot id <first 8 characters>)``: how the printed reports name the
+    machine."""
+    return f"booted {_booted()} (boot id {_boot_id()[:8]})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -576,7 +596,7 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
     flops = REFERENCE.model_flops_per_token()
     tok = REFERENCE.batch * REFERENCE.length
     lines = [
-        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs, booted {_booted()}; "
+        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs, {_machine_line()}; "
         f"Python {platform.python_version()}, "
         f"{_versions()}"
         + (f", torch {torch}" if torch is not None else "")
@@ -729,14 +749,19 @@ def run_record(
     args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after
 ) -> dict:
     """This run as one JSON-serialisable row (what ``--record`` appends): when it finished,
-    the machine (its boot time tells machines apart), the software, commit and settings,
+    the machine (its boot id tells machines apart), the software, commit and settings,
     the load, the ceilings, every contestant's ms/step of each round and compile seconds,
     and `target_results`. benchmarks/target_status.py reads these rows."""
     med = {label: statistics.median(ts) for label, ts in times.items()}
     return {
         "benchmark": "train_speed",
         "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "booted_utc": _booted()},
+        "machine": {
+            "cpu": _cpu_name(),
+            "cpus": os.cpu_count(),
+            "booted_utc": _booted(),
+            "boot_id": _boot_id(),
+        },
         "software": {
             "python": platform.python_version(),
             **_version_map(),

@@ -76,6 +76,7 @@ def test_recorded_run_round_trips_with_its_own_medians(tmp_path):
     assert row["ceiling_gflops"]["float32"] == {"median": 200.0, "min": 190.0, "max": 210.0}
     assert row["ms_per_step"]["JAX float32"] == pytest.approx([600.0, 550.0, 700.0])
     assert row["machine"]["booted_utc"] == train_speed._booted()
+    assert row["machine"]["boot_id"] == train_speed._boot_id()
     if jax.default_backend() == "cpu":  # what the JAX steps' products were (train.cpu_matmul)
         bf16 = "xla" if cpu_matmul.onednn_takes_bf16_products() else "onednn"
         assert row["settings"]["cpu_matmul"] == (
@@ -85,15 +86,26 @@ def test_recorded_run_round_trips_with_its_own_medians(tmp_path):
     runs = target_status.read_runs([path])
     assert len(runs) == 6 and {r.target for r in runs} == {F32, BF16, QUICK}
     assert all(r.booted == row["machine"]["booted_utc"] for r in runs)
+    machine = row["machine"]["boot_id"]
+    if machine == "unknown":  # not Linux: the boot time names the machine
+        machine = row["machine"]["booted_utc"]
+    assert all(r.machine == machine for r in runs)
 
 
-def _row(booted: str, finished: str, ratios: dict[str, float], jax: str = "0.12.0.1") -> str:
+def _row(
+    booted: str,
+    finished: str,
+    ratios: dict[str, float],
+    jax: str = "0.12.0.1",
+    boot_id: str | None = None,
+) -> str:
     goals = {F32: 1.1, BF16: 1.0, QUICK: 1.0}
+    machine = {"booted_utc": booted} | ({} if boot_id is None else {"boot_id": boot_id})
     return json.dumps(
         {
             "benchmark": "train_speed",
             "finished_utc": finished,
-            "machine": {"booted_utc": booted},
+            "machine": machine,
             "software": {"jax": jax},
             "commit": "abc1234",
             "targets": [{"name": n, "goal": goals[n], "ratio": r} for n, r in ratios.items()],
@@ -127,7 +139,8 @@ def test_a_target_is_met_only_on_two_machines_each_meeting_it(tmp_path):
     f32 = got[(F32, "0.12.0.1")]
     assert f32.verdict == "met"
     first = f32.machines[0]
-    assert first.booted == a and first.ratios == (1.20, 1.00, 1.15)  # in finishing order
+    assert first.machine == a and first.booted == (a,)
+    assert first.ratios == (1.20, 1.00, 1.15)  # in finishing order
     assert first.median == pytest.approx(1.15) and first.met_count == 2
     assert got[(F32, "0.10.2")].verdict == "one machine only"
     quick = got[(QUICK, "0.12.0.1")]
@@ -147,6 +160,58 @@ def test_a_target_is_met_only_on_two_machines_each_meeting_it(tmp_path):
     assert _status(tmp_path, low_b)[(F32, "0.12.0.1")].verdict == "missed"
 
 
+def test_machines_are_told_apart_by_boot_id_not_boot_time(tmp_path):
+    """The boot time moves when a paused VM resumes (the third machine's read 08:50:50, then
+    08:51:09): one boot id is one machine whatever its boot times; two boot ids are two
+    machines even with one boot time; a row recorded before boot ids joins the boot id
+    recorded with its boot time."""
+    t1, t2 = "2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"
+    x, y = "c7b07674-20a1-43dd-a979-3a370c3f56c7", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    rows = [
+        _row(t1, "2026-12-01T10:00:00Z", {F32: 1.2}),  # no boot id: joins x (same boot time)
+        _row(t1, "2026-12-01T11:00:00Z", {F32: 1.3}, boot_id=x),
+        _row(t2, "2026-12-01T23:00:00Z", {F32: 1.25}, boot_id=x),  # x again, time moved
+    ]
+    got = _status(tmp_path, rows)[(F32, "0.12.0.1")]
+    assert got.verdict == "one machine only"
+    (only,) = got.machines
+    assert only.machine == x and only.booted == (t1, t2) and only.ratios == (1.2, 1.3, 1.25)
+    assert only.name == f"{t1} / {t2} (boot id c7b07674)"
+    # the old way (boot times) would have made these two machines and the target "met"
+    assert len({json.loads(r)["machine"]["booted_utc"] for r in rows}) == 2
+
+    # another boot id is another machine, even at the same boot time
+    two = _status(tmp_path, [*rows[1:], _row(t2, "2026-12-02T09:00:00Z", {F32: 1.15}, boot_id=y)])
+    assert two[(F32, "0.12.0.1")].verdict == "met"
+    assert [m.machine for m in two[(F32, "0.12.0.1")].machines] == [x, y]
+
+    # rows without boot ids keep their boot times as machines; "unknown" ids fall back to them
+    old = [
+        _row(t1, "2026-12-01T10:00:00Z", {F32: 1.2}),
+        _row(t2, "2026-12-01T11:00:00Z", {F32: 1.2}, boot_id="unknown"),
+    ]
+    machines = _status(tmp_path, old)[(F32, "0.12.0.1")].machines
+    assert [(m.machine, m.name) for m in machines] == [
+        (t1, f"{t1} (no boot id recorded)"),
+        (t2, f"{t2} (no boot id recorded)"),
+    ]
+    none = _status(
+        tmp_path, [_row("unknown", "2026-12-01T10:00:00Z", {F32: 1.2}, "0.12.0.1", "unknown")]
+    )
+    assert none[(F32, "0.12.0.1")].verdict == "no machine"
+
+    # a boot time recorded with two boot ids cannot place a row without one
+    path = tmp_path / "runs.jsonl"
+    path.write_text(
+        "\n".join([*rows[1:], _row(t1, "2026-12-02T09:00:00Z", {F32: 1.1}, boot_id=y), rows[0]])
+        + "\n"
+    )
+    with pytest.raises(
+        target_status.RowError, match=r"runs\.jsonl:4: no boot id, and its boot time"
+    ):
+        target_status.read_runs([path])
+
+
 @pytest.mark.parametrize(
     "line, message",
     [
@@ -155,6 +220,12 @@ def test_a_target_is_met_only_on_two_machines_each_meeting_it(tmp_path):
         (
             _row("b", "2026-12-01T10:00:00Z", {F32: 1.2}).replace('"booted_utc": "b"', '"x": 1'),
             "runs.jsonl:2: field 'machine.booted_utc' is missing",
+        ),
+        (
+            _row("b", "2026-12-01T10:00:00Z", {F32: 1.2}).replace(
+                '"booted_utc"', '"boot_id": 7, "booted_utc"'
+            ),
+            "runs.jsonl:2: field 'machine.boot_id' is 7; expected str",
         ),
         (
             _row("b", "2026-12-01T10:00:00Z", {F32: 1.2}).replace("1.2}", '"1.2"}'),
@@ -189,7 +260,7 @@ def test_filters_and_conflicting_goals(tmp_path, capsys):
     path.write_text("\n".join(rows) + "\n")
     assert target_status.main([str(path), "--after", "2026-12-01T10:00:00Z"]) == 0
     out = capsys.readouterr().out
-    assert "| b |" in out and "| a |" not in out
+    assert "| b (no boot id recorded) |" in out and "| a (" not in out
     assert target_status.main([str(path), "--jax", "0.10.2"]) == 0
     out = capsys.readouterr().out
     assert f"| {F32} | 0.10.2 | 1 | one machine only |" in out and "0.12.0.1" not in out
@@ -213,8 +284,11 @@ def test_the_docs_runs_give_the_documented_status():
     assert verdict[(BF16, "0.10.2")] == "missed"
     assert verdict[(QUICK, "0.12.0.1")] == "met"
     assert verdict[(QUICK, "0.10.2")] == "met"
-    machines = {m.booted for s in found for m in s.machines}
-    assert machines == {"2026-12-01 02:22:46 UTC", "2026-12-01 08:50:50 UTC"}
+    machines = {(m.machine, m.booted[0]) for s in found for m in s.machines}
+    assert machines == {
+        ("2026-12-01 02:22:46 UTC", "2026-12-01 02:22:46 UTC"),  # recorded without a boot id
+        ("c7b07674-20a1-43dd-a979-3a370c3f56c7", "2026-12-01 08:50:50 UTC"),
+    }
 
 
 def test_the_record_file_does_not_make_the_checkout_look_changed(tmp_path):
