@@ -12,10 +12,11 @@ different machines meet it, and a target met on one machine and missed on anothe
 Machines are told apart by their boot id (``machine.boot_id``, Linux's
 ``/proc/sys/kernel/random/boot_id``): a session that lands on an earlier session's VM adds
 runs to that machine, not a machine. Not by the boot time (``machine.booted_utc``) alone: the
-kernel computes it from the clock, so it moves when a paused VM resumes (the third machine's
-read 08:50:50 UTC, later 08:51:09, its uptime unbroken). Rows recorded before the benchmark
-recorded boot ids have only a boot time; such a row joins the machine of any row that
-recorded both the same boot time and a boot id, and otherwise its boot time is its machine.
+kernel derives it from the clock and the uptime, so it can move without a reboot (the third
+machine's read 08:50:50 UTC, later 08:51:09, its uptime unbroken). Rows recorded before the
+benchmark recorded boot ids have only a boot time; such a row joins the machine of any row
+that recorded both the same boot time and a boot id, and otherwise its boot time is its
+machine.
 A machine with several runs meets a target when the median of its runs' ratios does; the
 table prints beside it how many of its runs met the target on their own and every ratio, in
 the order the runs finished, so a reader can apply a stricter reading. Per target and jax
@@ -41,6 +42,10 @@ import statistics
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import machine  # no jax: only /proc
 
 UNKNOWN = "unknown"
 
@@ -261,6 +266,30 @@ def statuses(runs: Iterable[Run]) -> list[Status]:
     return out
 
 
+def here(runs: Iterable[Run], booted: str, boot_id: str) -> str:
+    """One line on whether the machine with ``booted`` / ``boot_id`` (this one, from
+    benchmarks/machine.py) already has runs among ``runs`` (`main` passes every row of the
+    files, whatever ``--after`` and ``--jax`` select): a session decides from it whether its
+    runs can add a machine."""
+    runs = list(runs)
+    ids = machine_ids((r.booted, r.machine) for r in runs if r.machine not in (r.booted, UNKNOWN))
+    name = f"booted {booted}, boot id {boot_id}"
+    try:
+        mine = machine_of(booted, boot_id, ids, f"this machine ({name})")
+    except RowError as e:
+        return f"{e}."
+    if mine == UNKNOWN:
+        return f"This machine ({name}) cannot be told apart: its runs count as no machine."
+    own = sorted({(r.finished, r.jax) for r in runs if r.machine == mine})
+    if not own:
+        return f"This machine ({name}) has no recorded run: its runs count as another machine."
+    versions = ", ".join(sorted({jax for _, jax in own}))
+    return (
+        f"This machine ({name}) already has {len(own)} recorded runs (jax {versions}; the last "
+        f"finished {own[-1][0].isoformat()}): its runs add to that machine, not a new one."
+    )
+
+
 def render(found: list[Status]) -> str:
     """Two Markdown tables: every machine's runs, then the verdict per target and jax."""
     lines = [
@@ -291,9 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--after", help="only runs that finished at or after this time (ISO 8601 with zone)"
     )
+    p.add_argument(
+        "--here",
+        action="store_true",
+        help="also say whether this machine (its boot id) already has recorded runs",
+    )
     args = p.parse_args(argv)
     try:
         runs = read_runs(args.files)
+        mine = here(runs, machine.booted(), machine.boot_id()) if args.here else None
         if args.after:
             after = _time(args.after, "--after")
             runs = [r for r in runs if r.finished >= after]
@@ -307,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no train_speed runs match", file=sys.stderr)
         return 2
     print(render(found))
+    if mine is not None:
+        print("\n" + mine)
     return 0
 
 

@@ -65,6 +65,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks.machine import boot_id as _boot_id
+from benchmarks.machine import booted as _booted
+from benchmarks.machine import machine_line as _machine_line
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import cpu_matmul as cpu_products
@@ -429,42 +432,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def _booted() -> str:
-    """The machine's boot time (Linux ``/proc/stat`` ``btime``) as ``YYYY-MM-DD HH:MM:SS UTC``,
-    or "unknown". The kernel computes it as the clock's time less the uptime, so it moves when a
-    paused VM resumes and its clock is set forward (the third machine's read 08:50:50 in the
-    fourth to eleventh sessions and 08:51:09 in the twelfth, uptime unbroken): machines are
-    told apart by `_boot_id`, this is for people."""
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith("btime "):
-                    booted = datetime.datetime.fromtimestamp(int(line.split()[1]), datetime.UTC)
-                    return booted.strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OSError, ValueError):
-        pass
-    return "unknown"
-
-
-def _boot_id() -> str:
-    """The kernel's id of this boot (Linux ``/proc/sys/kernel/random/boot_id``, a random UUID
-    drawn at boot), or "unknown". Issue 15 counts a target as met when runs on two different
-    machines meet it, and a new session can land on an earlier session's VM: two runs come from
-    different machines only if their boot ids differ (benchmarks/target_status.py)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            text = f.read().strip()
-    except OSError:
-        return "unknown"
-    return text or "unknown"
-
-
-def _machine_line() -> str:
-    """``booted <time> (boot id <first 8 characters>)``: how the printed reports name the
-    machine."""
-    return f"booted {_booted()} (boot id {_boot_id()[:8]})"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -161,7 +161,7 @@ def test_a_target_is_met_only_on_two_machines_each_meeting_it(tmp_path):
 
 
 def test_machines_are_told_apart_by_boot_id_not_boot_time(tmp_path):
-    """The boot time moves when a paused VM resumes (the third machine's read 08:50:50, then
+    """The boot time can move without a reboot (the third machine's read 08:50:50, then
     08:51:09): one boot id is one machine whatever its boot times; two boot ids are two
     machines even with one boot time; a row recorded before boot ids joins the boot id
     recorded with its boot time."""
@@ -210,6 +210,50 @@ def test_machines_are_told_apart_by_boot_id_not_boot_time(tmp_path):
         target_status.RowError, match=r"runs\.jsonl:4: no boot id, and its boot time"
     ):
         target_status.read_runs([path])
+
+
+def test_here_says_whether_this_machine_already_has_runs(tmp_path, monkeypatch, capsys):
+    t1, t2 = "2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"
+    x, y = "c7b07674-20a1-43dd-a979-3a370c3f56c7", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    path = tmp_path / "runs.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                _row(t1, "2026-12-01T10:00:00Z", {F32: 1.2, QUICK: 1.1}, "0.10.2", boot_id=x),
+                _row(t1, "2026-12-01T11:00:00Z", {F32: 1.3}, boot_id=x),
+                _row("2026-11-30 02:22:46 UTC", "2026-11-30T05:00:00Z", {F32: 1.0}),
+            ]
+        )
+        + "\n"
+    )
+    runs = target_status.read_runs([path])
+    # the same boot id with a moved boot time: the same machine, two runs (not three targets)
+    said = target_status.here(runs, t2, x)
+    assert said.startswith(f"This machine (booted {t2}, boot id {x}) already has 2 recorded runs")
+    assert "(jax 0.10.2, 0.12.0.1; the last finished 2026-12-01T11:00:00+00:00)" in said
+    # no boot id readable, but a recorded boot time that has one: that machine
+    assert "already has 2 recorded runs" in target_status.here(runs, t1, "unknown")
+    # a machine recorded before boot ids, by its boot time
+    assert "already has 1 recorded runs" in target_status.here(
+        runs, "2026-11-30 02:22:46 UTC", "unknown"
+    )
+    assert target_status.here(runs, t2, y).endswith(
+        "has no recorded run: its runs count as another machine."
+    )
+    assert "cannot be told apart" in target_status.here(runs, "unknown", "unknown")
+
+    monkeypatch.setattr(target_status.machine, "booted", lambda: t2)
+    monkeypatch.setattr(target_status.machine, "boot_id", lambda: x)
+    # --here counts every row, whatever --after selects (the table has one run of x here)
+    assert target_status.main([str(path), "--here", "--after", "2026-12-01T10:30:00Z"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 1 | 1.30x | 1.30x |" in out and "already has 2 recorded runs" in out
+    monkeypatch.setattr(target_status.machine, "boot_id", lambda: y)
+    assert target_status.main([str(path), "--here", "--jax", "0.10.2"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("has no recorded run: its runs count as another machine.")
+    assert target_status.main([str(path)]) == 0
+    assert "This machine" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

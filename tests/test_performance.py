@@ -108,8 +108,8 @@ def test_benchmark_names_the_machine_by_its_boot_time():
 
 
 def test_benchmark_names_the_machine_by_its_boot_id():
-    """Machines are told apart by the kernel's boot id (the boot time moves when a paused VM
-    resumes): the recorded id is /proc's, a UUID, and the printed line shows its start."""
+    """Machines are told apart by the kernel's boot id (the boot time can move without a
+    reboot): the recorded id is /proc's, a UUID, and the printed line shows its start."""
     path = "/proc/sys/kernel/random/boot_id"
     if not os.path.exists(path):
         assert train_speed._boot_id() == "unknown"
