@@ -16,11 +16,10 @@ kernel derives it from the clock and the uptime, so it can move without a reboot
 machine's read 08:50:50 UTC, later 08:51:09, its uptime unbroken). Rows recorded before the
 benchmark recorded boot ids have only a boot time; such a row joins the machine of any row
 that recorded both the same boot time and a boot id, and otherwise its boot time is its
-machine.
-A machine with several runs meets a target when the median of its runs' ratios does; the
-table prints beside it how many of its runs met the target on their own and every ratio, in
-the order the runs finished, so a reader can apply a stricter reading. Per target and jax
-version the status is
+machine. A machine with several runs meets a target when the median of its runs' ratios
+does; the table prints beside it how many of its runs met the target on their own and every
+ratio, in the order the runs finished, so a reader can apply a stricter reading. Per target
+and jax version the status is
 
 * ``met``: runs on two machines or more, each machine meeting the target;
 * ``missed``: some machine's median misses it;
@@ -163,7 +162,7 @@ def read_runs(paths: Iterable[Path]) -> list[Run]:
     """Every target result of every ``train_speed`` row in ``paths`` (blank lines and rows of
     other benchmarks skipped), each with its machine (`machine_of`). Raises `RowError` naming
     the file, line and field of the first row it cannot read."""
-    found = []  # (run fields, boot id or None)
+    found = []  # (the run's fields, its row's boot id or None, "file:line")
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, start=1):
@@ -255,12 +254,12 @@ def statuses(runs: Iterable[Run]) -> list[Status]:
         goal = goals.pop()
         machines = tuple(
             MachineRuns(
-                machine,
+                key,
                 tuple(dict.fromkeys(r.booted for r in rs)),
                 tuple(r.ratio for r in rs),
                 goal,
             )
-            for machine, rs in by_machine.items()
+            for key, rs in by_machine.items()
         )
         out.append(Status(target, goal, jax, machines))
     return out

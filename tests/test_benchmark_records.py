@@ -328,11 +328,24 @@ def test_the_docs_runs_give_the_documented_status():
     assert verdict[(BF16, "0.10.2")] == "missed"
     assert verdict[(QUICK, "0.12.0.1")] == "met"
     assert verdict[(QUICK, "0.10.2")] == "met"
+    third = "c7b07674-20a1-43dd-a979-3a370c3f56c7"
     machines = {(m.machine, m.booted[0]) for s in found for m in s.machines}
     assert machines == {
         ("2026-12-01 02:22:46 UTC", "2026-12-01 02:22:46 UTC"),  # recorded without a boot id
-        ("c7b07674-20a1-43dd-a979-3a370c3f56c7", "2026-12-01 08:50:50 UTC"),
+        (third, "2026-12-01 08:50:50 UTC"),
     }
+    # the third machine's boot time moved in the twelfth session: still one machine
+    (f32,) = (s for s in found if (s.target, s.jax) == (F32, "0.12.0.1"))
+    assert [(m.machine, m.booted) for m in f32.machines][1] == (
+        third,
+        ("2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"),
+    )
+    # its rows from before boot ids were recorded carry the id, each saying it was added
+    rows = [json.loads(line) for line in DOCS_RUNS.read_text().splitlines() if line.strip()]
+    for row in rows:
+        if row["machine"]["booted_utc"] == "2026-12-01 08:50:50 UTC":
+            assert row["machine"]["boot_id"] == third
+            assert row["machine"]["boot_id_source"].startswith("added 2026-12-01")
 
 
 def test_the_record_file_does_not_make_the_checkout_look_changed(tmp_path):
