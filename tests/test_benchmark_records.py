@@ -19,6 +19,10 @@ from flaxformer_lite.train import cpu_matmul
 
 DOCS_RUNS = Path(__file__).resolve().parents[1] / "docs" / "benchmark_runs.jsonl"
 F32, BF16, QUICK = (name for _, _, _, name in train_speed.TARGETS)
+# the third machine: its boot id, and the two boot times it was read with (sessions 4-11, 12)
+THIRD = "c7b07674-20a1-43dd-a979-3a370c3f56c7"
+BOOTED, BOOTED_LATER = "2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"
+OTHER = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"  # a made-up second boot id
 
 
 class _Fake(train_speed.Contestant):
@@ -165,8 +169,7 @@ def test_machines_are_told_apart_by_boot_id_not_boot_time(tmp_path):
     08:51:09): one boot id is one machine whatever its boot times; two boot ids are two
     machines even with one boot time; a row recorded before boot ids joins the boot id
     recorded with its boot time."""
-    t1, t2 = "2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"
-    x, y = "c7b07674-20a1-43dd-a979-3a370c3f56c7", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    t1, t2, x, y = BOOTED, BOOTED_LATER, THIRD, OTHER
     rows = [
         _row(t1, "2026-12-01T10:00:00Z", {F32: 1.2}),  # no boot id: joins x (same boot time)
         _row(t1, "2026-12-01T11:00:00Z", {F32: 1.3}, boot_id=x),
@@ -213,8 +216,7 @@ def test_machines_are_told_apart_by_boot_id_not_boot_time(tmp_path):
 
 
 def test_here_says_whether_this_machine_already_has_runs(tmp_path, monkeypatch, capsys):
-    t1, t2 = "2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"
-    x, y = "c7b07674-20a1-43dd-a979-3a370c3f56c7", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    t1, t2, x, y = BOOTED, BOOTED_LATER, THIRD, OTHER
     path = tmp_path / "runs.jsonl"
     path.write_text(
         "\n".join(
@@ -328,23 +330,19 @@ def test_the_docs_runs_give_the_documented_status():
     assert verdict[(BF16, "0.10.2")] == "missed"
     assert verdict[(QUICK, "0.12.0.1")] == "met"
     assert verdict[(QUICK, "0.10.2")] == "met"
-    third = "c7b07674-20a1-43dd-a979-3a370c3f56c7"
     machines = {(m.machine, m.booted[0]) for s in found for m in s.machines}
     assert machines == {
         ("2026-12-01 02:22:46 UTC", "2026-12-01 02:22:46 UTC"),  # recorded without a boot id
-        (third, "2026-12-01 08:50:50 UTC"),
+        (THIRD, BOOTED),
     }
     # the third machine's boot time moved in the twelfth session: still one machine
     (f32,) = (s for s in found if (s.target, s.jax) == (F32, "0.12.0.1"))
-    assert [(m.machine, m.booted) for m in f32.machines][1] == (
-        third,
-        ("2026-12-01 08:50:50 UTC", "2026-12-01 08:51:09 UTC"),
-    )
+    assert [(m.machine, m.booted) for m in f32.machines][1] == (THIRD, (BOOTED, BOOTED_LATER))
     # its rows from before boot ids were recorded carry the id, each saying it was added
     rows = [json.loads(line) for line in DOCS_RUNS.read_text().splitlines() if line.strip()]
     for row in rows:
-        if row["machine"]["booted_utc"] == "2026-12-01 08:50:50 UTC":
-            assert row["machine"]["boot_id"] == third
+        if row["machine"]["booted_utc"] == BOOTED:
+            assert row["machine"]["boot_id"] == THIRD
             assert row["machine"]["boot_id_source"].startswith("added 2026-12-01")
 
 
