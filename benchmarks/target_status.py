@@ -49,6 +49,17 @@ from benchmarks import machine  # no jax: only /proc
 UNKNOWN = "unknown"
 
 
+def ratio_text(ratio: float, goal: float) -> str:
+    """``ratio`` as printed beside a verdict on ``ratio >= goal``: two decimals, or as many
+    more as it takes for the printed figure to fall on the verdict's side of ``goal`` (a
+    ratio of 0.9962 against 1.0 prints "0.996x", which "1.00x" beside "missed" would hide)."""
+    for digits in range(2, 7):
+        text = f"{ratio:.{digits}f}"
+        if (float(text) >= goal) == (ratio >= goal):
+            return text + "x"
+    return f"{ratio!r}x"
+
+
 class RowError(ValueError):
     """A recorded row that cannot be read; the message names the file, line and field."""
 
@@ -298,10 +309,10 @@ def render(found: list[Status]) -> str:
     ]
     for s in found:
         for m in s.machines:
-            ratios = ", ".join(f"{r:.2f}x" for r in m.ratios)
+            ratios = ", ".join(ratio_text(r, s.goal) for r in m.ratios)
             lines.append(
                 f"| {s.target} | {s.jax} | {m.name} | {len(m.ratios)} | {m.met_count} | "
-                f"{m.median:.2f}x | {ratios} |"
+                f"{ratio_text(m.median, s.goal)} | {ratios} |"
             )
     lines += ["", "| target | jax | machines | status |", "|---|---|--:|---|"]
     for s in found:

@@ -68,6 +68,7 @@ from flax import nnx
 from benchmarks.machine import boot_id as _boot_id
 from benchmarks.machine import booted as _booted
 from benchmarks.machine import machine_line as _machine_line
+from benchmarks.target_status import ratio_text
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import cpu_matmul as cpu_products
@@ -694,7 +695,8 @@ def targets(
     reader sees how far the machine's drift moved the ratio within the run."""
     out = []
     for t in target_results(med, impl, times):
-        measured = f"{t['ratio']:.2f}x ({t['jax_ms']:.1f} vs {t['pytorch_ms']:.1f} ms/step"
+        ratio = ratio_text(t["ratio"], t["goal"])
+        measured = f"{ratio} ({t['jax_ms']:.1f} vs {t['pytorch_ms']:.1f} ms/step"
         if "rounds_min" in t:
             measured += f"; rounds {t['rounds_min']:.2f}-{t['rounds_max']:.2f}x"
         out.append((t["name"], measured + ")", "met" if t["met"] else "missed"))

@@ -162,6 +162,25 @@ def test_a_target_is_met_only_on_two_machines_each_meeting_it(tmp_path):
     # b's median below the goal turns "met" into "missed"
     low_b = [*rows[:3], _row(b, "2026-12-02T10:00:00Z", {F32: 1.09})]
     assert _status(tmp_path, low_b)[(F32, "0.12.0.1")].verdict == "missed"
+    # a ratio just under the goal is not printed as the goal: 0.996x, not 1.00x
+    near = _status(tmp_path, [_row(a, "2026-12-01T10:00:00Z", {BF16: 0.9962})])
+    assert "| 0 | 0.996x | 0.996x |" in target_status.render(list(near.values()))
+
+
+@pytest.mark.parametrize(
+    "ratio, goal, text",
+    [
+        (1.075, 1.1, "1.07x"),  # two decimals where they already say "missed"
+        (1.004, 1.0, "1.00x"),  # and where they say "met"
+        (1.0, 1.0, "1.00x"),
+        (0.9962, 1.0, "0.996x"),  # "1.00x" would read as met
+        (1.0997, 1.1, "1.0997x"),  # "1.10x" and "1.100x" would too
+        (0.99999999, 1.0, "0.99999999x"),  # past six decimals: every digit
+    ],
+)
+def test_a_printed_ratio_falls_on_its_verdicts_side_of_the_goal(ratio, goal, text):
+    assert target_status.ratio_text(ratio, goal) == text
+    assert (float(text[:-1]) >= goal) == (ratio >= goal)
 
 
 def test_machines_are_told_apart_by_boot_id_not_boot_time(tmp_path):

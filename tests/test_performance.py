@@ -78,6 +78,9 @@ def test_benchmark_targets_are_judged_from_the_runs_own_medians():
     got = targets(med)
     assert [status for _, _, status in got] == ["missed", "met", "missed"]
     assert got[0][1].startswith("1.07x (400.0 vs 430.0 ms/step)")
+    # a ratio just below its goal is printed with the digits that show it: not "1.00x missed"
+    near = {"JAX bfloat16": 0.4345, "PyTorch bfloat16 (autocast)": 0.4328}  # 0.99609x
+    assert targets(near)[0][1:] == ("0.996x (434.5 vs 432.8 ms/step)", "missed")
     # a contestant that did not run leaves its target out; another implementation's labels
     assert targets({"JAX float32": 0.4}) == []
     cudnn = targets({"JAX float32 (cudnn)": 0.2, "PyTorch float32": 0.3}, "cudnn")
