@@ -3,8 +3,8 @@
 For every (study, protocol, task, training length) group and every column, each encoding's
 bits per byte (exact match for tasks) minus the reference encoding's, paired over the same
 seeds and the same evaluation blocks (`significance.compare`): the difference, its 95 %
-hierarchical-bootstrap interval and a p-value, Holm-corrected over every comparison of the
-group (a family per protocol). ``all_pairs=True`` compares every pair instead.
+interval and a p-value (`stats.paired_difference`), Holm-corrected over the comparisons of
+the table (one family per table). ``all_pairs=True`` compares every pair instead.
 
 A second table per group compares each encoding with itself at L, on the same targets, seeds
 and blocks: for the context protocol, "does this encoding use more context?" (c minus L,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ DEFAULT_REFERENCE = "alibi"
 # protocols whose columns score the same bytes at every length: each encoding vs itself at L
 CHANGE_PROTOCOLS = ("nonoverlapping", "sliding", "context")
 PAIRED_METRICS = ("bits_per_byte", "exact_match")
+P_FLOOR = 1e-4  # smaller p-values print as "p<1e-04"
 CSV_FIELDS = (
     "study",
     "protocol",
@@ -167,12 +169,19 @@ def _paired_table(table, title, columns, found, reference_length, symbol="c") ->
 def _cell(pair: significance.Pair | None, digits: int = 3, *, tex: bool = False) -> str:
     if pair is None:
         return "---" if tex else "—"
+    if math.isnan(pair.p_holm):
+        return "n/a (non-finite values: not tested)"
     star = "*" if pair.p_holm < significance.ALPHA else ""
     text = (
         f"{pair.delta:+.{digits}f} [{pair.low:+.{digits}f}, {pair.high:+.{digits}f}] "
-        f"p={pair.p_holm:.3g}{star}"
+        f"p{_p_text(pair.p_holm)}{star}"
     )
     return latex_escape(text) if tex else text
+
+
+def _p_text(p: float) -> str:
+    """``=0.0123`` or, below what a table needs to show, ``<1e-04`` (the CSV has the value)."""
+    return f"<{P_FLOOR:.0e}" if p < P_FLOOR else f"={p:.3g}"
 
 
 def caption(t: PairedTable) -> str:
@@ -198,14 +207,18 @@ def caption(t: PairedTable) -> str:
             f"extra context helped, zero that it was ignored, positive that it hurt. Paired over "
             "the same seeds"
         )
+    one_seed = (
+        " With one seed the interval and the test cover the evaluation data, not training noise."
+        if n[0] == 1
+        else ""
+    )
     return (
         f"{head} ({', '.join(map(str, n))}) and the same {', '.join(map(str, blocks))} "
-        "evaluation blocks: the difference of the means, its 95% hierarchical-bootstrap interval "
-        f"(seeds, then blocks; {stats.BOOTSTRAP_REPLICATES} replicates) and the two-sided "
-        f"bootstrap p-value, Holm-corrected over the {len(t.pairs)} comparisons of this table "
-        f"(the smallest p {stats.BOOTSTRAP_REPLICATES} replicates can give is "
-        f"{2 / (stats.BOOTSTRAP_REPLICATES + 1):.4f} before correction); "
-        f"* p < {significance.ALPHA}."
+        "evaluation blocks: the difference of the means, its 95% interval (the per-seed "
+        "differences' spread plus a bootstrap of the blocks, the same draws for both rows; "
+        f"{stats.BOOTSTRAP_REPLICATES} replicates) and the two-sided p-value of Welch's t on "
+        "Welch-Satterthwaite degrees of freedom, Holm-corrected over the "
+        f"{len(t.pairs)} comparisons of this table; * p < {significance.ALPHA}.{one_seed}"
     )
 
 

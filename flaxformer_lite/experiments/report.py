@@ -80,8 +80,8 @@ def _series(table: Table) -> dict[str, list[plots.Point]]:
 def _band_note(tables: Sequence[Table]) -> str:
     if all(t.method == "bootstrap" for t in tables):
         return (
-            f"Bands: the {CONFIDENCE:.0%} hierarchical-bootstrap interval (seeds, then blocks of "
-            "the evaluation data)."
+            f"Bands: the {CONFIDENCE:.0%} interval from the seeds' spread and a bootstrap of "
+            "the evaluation data's blocks."
         )
     if all(c.n == 1 for t in tables for c in t.cells.values()):
         return "One seed (n=1): no CI bands."

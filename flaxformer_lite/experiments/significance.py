@@ -3,13 +3,17 @@
 Every finished cell of a study records, next to its rows, its per-block sums over the
 evaluation data (`flaxformer_lite.evaluation.blocks`). From them:
 
-* a table cell's interval is a hierarchical bootstrap over seeds, then blocks
-  (`stats.bootstrap_interval`): it covers training noise and the finite evaluation set;
+* a table cell's interval (`stats.bootstrap_interval`) adds the seeds' spread and a
+  bootstrap of the blocks (the same draw for every seed: the blocks are the same bytes), with
+  Welch-Satterthwaite degrees of freedom: it covers training noise and the finite evaluation
+  set;
 * two encodings are compared *paired* -- the same seeds (same data order) and the same
   blocks (same bytes) -- by `stats.paired_difference`, and a family of comparisons is
   corrected with Holm's method;
 * a table marks its best row bold only when it is significantly better than every other row
-  of its column; rows that are not significantly different from the best are a tie.
+  of its column; rows that are not significantly different from the best are a tie; a column
+  where the best mean is significantly worse than another row on their shared seeds, or where
+  a comparison cannot be made (a diverged run), is not marked.
 
 Rows and blocks are matched by (study, run, seed, encoding, protocol, evaluation length, task,
 training length). Metrics without per-block sums (the loss buckets), and evaluations with
@@ -160,6 +164,15 @@ def column_marks(
     if any(r is None for r in results):
         return None
     adjusted = stats.holm([r["p"] for r in results])
+    if any(math.isnan(p) for p in adjusted):
+        return None  # a comparison could not be made (a diverged run): no claim
+    # "best" is chosen by the means over each row's own seeds; the tests pair the seeds two
+    # rows share. Where such a test finds the best row significantly *worse*, the column has
+    # no best to mark.
+    worse = [r["delta"] for r in results]
+    sign = 1.0 if better == "lower" else -1.0  # delta = best - other; this sign favours best
+    if any(p < alpha and sign * d > 0 for d, p in zip(worse, adjusted, strict=True)):
+        return None
     tied = {e for e, p in zip(others, adjusted, strict=True) if p >= alpha}
     if not tied:
         return ("best", frozenset({best}))

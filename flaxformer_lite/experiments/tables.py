@@ -199,12 +199,15 @@ class Table:
         n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]} per cell; see CSV"
         if self.method == "bootstrap" and self.blocks:
             count, size, unit = self.blocks
-            return (
-                f"Mean over seeds ± half the {CONFIDENCE:.0%} interval of a hierarchical "
-                f"bootstrap over seeds, then {count} blocks of {size} {unit} of the evaluation "
-                f"data ({stats.BOOTSTRAP_REPLICATES} replicates; seeds per cell: {n}; ends in "
-                "the CSV)."
+            note = (
+                f"Mean over seeds ± half its {CONFIDENCE:.0%} interval: the seeds' spread plus a "
+                f"bootstrap of the {count} blocks of {size} {unit} of the evaluation data (one "
+                f"draw for every seed; {stats.BOOTSTRAP_REPLICATES} replicates), Student t with "
+                f"Welch-Satterthwaite degrees of freedom (seeds per cell: {n}; ends in the CSV)."
             )
+            if ns[0] == 1:
+                note += " With one seed it covers the evaluation data, not training noise."
+            return note
         if ns == [1]:
             return "One seed per cell (n=1: no interval)."
         note = f"Mean ± {CONFIDENCE:.0%} CI across seeds (Student t, n={n})."
@@ -226,8 +229,8 @@ class Table:
         if self.info.better is None or len(self.encodings) < 2:
             return ""
         test = (
-            f"paired bootstrap over seeds and data blocks, Holm-corrected within the column, "
-            f"alpha = {significance.ALPHA}"
+            f"paired test over the shared seeds and data blocks, Holm-corrected within the "
+            f"column, alpha = {significance.ALPHA}"
         )
         if self.marks:
             return (
@@ -235,7 +238,7 @@ class Table:
                 "tied for best (not significantly different from the best)."
             )
         if self.method == "bootstrap":
-            return f"Nothing is marked: no column has a significant best or tie ({test})."
+            return f"Nothing is marked: the paired tests support no column's best ({test})."
         return "Nothing is marked: no per-block data to test differences with."
 
     def mark(self, encoding: str, column: Column) -> str | None:
@@ -356,14 +359,22 @@ def _aggregate(
             continue
         mean, half, n = mean_ci([r["value"] for r in measured], confidence=CONFIDENCE)
         grid = index.grid(measured, metric) if index else None
-        low = high = None
-        if grid is not None:
-            _, low, high = significance.interval(grid, CONFIDENCE)
-            half = (high - low) / 2
-        cells[key] = Cell(
-            mean, half, n, tuple(r.get("seed") for r in measured), low=low, high=high, grid=grid
-        )
+        cells[key] = Cell(mean, half, n, tuple(r.get("seed") for r in measured), grid=grid)
     return cells
+
+
+def _with_block_intervals(cells: dict) -> dict:
+    """Every measured cell's interval from its seeds and blocks (`significance.interval`) in
+    place of its Student-t one: only for a table whose measured cells all have block data, so
+    one caption describes every cell."""
+    out = {}
+    for key, cell in cells.items():
+        if cell.grid is None:
+            out[key] = cell
+            continue
+        _, low, high = significance.interval(cell.grid, CONFIDENCE)
+        out[key] = dataclasses.replace(cell, half_width=(high - low) / 2, low=low, high=high)
+    return out
 
 
 def _marks(table: Table) -> dict[Any, tuple[str, frozenset[str]]]:
@@ -420,6 +431,8 @@ def build_tables(
         grids = [c.grid for c in cells.values() if c.grid is not None]
         measured = [c for c in cells.values() if c.na is None]
         bootstrap = bool(measured) and all(c.grid is not None for c in measured)
+        if bootstrap:
+            cells = _with_block_intervals(cells)
         context_blocks = {r.get("context_block") for r in rs} - {None}
         table = Table(
             name=names[(metric, key)],
