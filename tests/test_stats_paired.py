@@ -331,3 +331,25 @@ def test_no_bold_for_a_best_mean_that_its_paired_test_finds_worse():
     )
     md = tables.render_markdown(table)
     assert table.marks == {} and "| a | **" not in md and "support no column's best" in md
+
+
+def test_the_coverage_script_prints_both_methods_for_every_case(capsys):
+    """scripts/interval_coverage.py (the figures in docs/design.md §7): one row per case with a
+    share for the library's method and the first version's; bad sizes are refused by name."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "interval_coverage.py"
+    spec = importlib.util.spec_from_file_location("interval_coverage", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--studies", "4", "--replicates", "20"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "--" not in r]
+    data = [r for r in rows if not r.startswith("| case") and not r.startswith("| paired case")]
+    assert len(data) == len(script.INTERVAL_CASES) + len(script.PAIRED_CASES)
+    for r in data:
+        shares = [float(x) for x in r.strip("| ").split(" | ")[-2:]]
+        assert all(0.0 <= x <= 1.0 and x * 4 == round(x * 4) for x in shares)
+    with pytest.raises(SystemExit):
+        script.main(["--studies", "0"])
+    assert "--studies must be >= 1" in capsys.readouterr().err
