@@ -13,7 +13,8 @@ a. attention: `flaxformer_lite.core.attention.attend` with "cudnn" and "auto" (t
 b. bf16 train step: the study's decoder (`benchmarks/train_speed.py` `model_config`) with
    ``dtype="bfloat16"`` against float32 from the same initial parameters on the same batch:
    every loss finite, the first losses within a relative tolerance, the loss falling.
-c. MFU: a ~125M-parameter byte decoder at seq 1024 in bf16 with attention_impl="auto",
+c. MFU: a 116M-parameter byte decoder (the issue's ~125M class) at seq 1024 in bf16 with
+   attention_impl="auto",
    timed after compile; MFU = model FLOPs per token (6 x matmul parameters + 12 x layers x
    length x d_model, `train_speed.Shape.model_flops_per_token`) x tokens/s / the device's
    peak dense bf16 FLOP/s, compared with ``--mfu-goal`` from this run's measurement only.
