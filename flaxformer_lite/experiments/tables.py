@@ -398,9 +398,9 @@ def build_tables(
     buckets, loss, perplexity, others by name), then first appearance.
 
     ``blocks``: the per-block records beside the rows (``blocks.jsonl``); with them, cells carry
-    hierarchical-bootstrap intervals and each column marks a significant best or a tie
-    (`flaxformer_lite.experiments.significance`); without them, Student-t intervals over seeds
-    and no marks."""
+    intervals from the seeds and a bootstrap of the blocks, and each column marks a significant
+    best or a tie (`flaxformer_lite.experiments.significance`); without them, Student-t
+    intervals over seeds and no marks."""
     block_index = significance.BlockIndex(blocks)
     scalar = [r for r in rows if r["metric"] != "loss_by_position"]
     order = encoding_order(rows)
