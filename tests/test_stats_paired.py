@@ -115,6 +115,10 @@ def test_paired_difference_known_results():
     assert edge["p"] == pytest.approx(0.05, rel=1e-6)
     with pytest.raises(ValueError, match=r"same \[seeds, blocks\]"):
         stats.paired_difference(values, counts, values[:2], counts[:2])
+    with pytest.raises(ValueError, match=r"replicates=1 must be an int >= 2"):
+        stats.paired_difference(values, counts, values, counts, replicates=1)
+    with pytest.raises(ValueError, match=r"confidence=1.5 must be in \(0, 1\)"):
+        stats.bootstrap_interval(values, counts, confidence=1.5)
 
 
 def test_a_diverged_run_gives_no_interval_and_no_test():

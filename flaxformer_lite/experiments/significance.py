@@ -169,9 +169,9 @@ def column_marks(
     # "best" is chosen by the means over each row's own seeds; the tests pair the seeds two
     # rows share. Where such a test finds the best row significantly *worse*, the column has
     # no best to mark.
-    worse = [r["delta"] for r in results]
-    sign = 1.0 if better == "lower" else -1.0  # delta = best - other; this sign favours best
-    if any(p < alpha and sign * d > 0 for d, p in zip(worse, adjusted, strict=True)):
+    deltas = [r["delta"] for r in results]  # best - other
+    sign = 1.0 if better == "lower" else -1.0  # sign * delta > 0: best is the worse of the two
+    if any(p < alpha and sign * d > 0 for d, p in zip(deltas, adjusted, strict=True)):
         return None
     tied = {e for e, p in zip(others, adjusted, strict=True) if p >= alpha}
     if not tied:

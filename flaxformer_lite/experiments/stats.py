@@ -143,9 +143,10 @@ def mean_ci(
 # They are added (the interaction is counted in both, so the sum errs on the wide side by at
 # most that term) and the interval is ``mean ± t_{df} * se`` with Welch-Satterthwaite degrees
 # of freedom (Satterthwaite 1946): Student t over seeds when the blocks add nothing, close to
-# normal when the blocks dominate. A percentile bootstrap over few seeds (the first version's
-# method, with the blocks also drawn afresh for every seed) covered a nominal 95 % interval
-# in 51-90 % of simulated cases with 2-10 seeds, and far less when the data dominated.
+# normal when the blocks dominate. The first version's percentile bootstrap (seeds, then the
+# blocks drawn afresh for every seed) covered a nominal 95 % interval in 52-89 % of simulated
+# studies with 2-10 seeds and seed noise only, and in 59 % with 5 seeds when the data
+# dominated; this method in 92-95 % (scripts/interval_coverage.py; docs/design.md §7).
 
 BOOTSTRAP_REPLICATES = 2000
 BOOTSTRAP_SEED = 20261130  # fixed: the same rows always give the same intervals
@@ -226,7 +227,7 @@ def bootstrap_interval(
     """
     values, counts = np.asarray(values, np.float64), np.asarray(counts, np.float64)
     _check_grid(values, counts)
-    _check_confidence(confidence)
+    _check_settings(confidence, replicates)
     per_seed = seed_means(values, counts, transform)
     mean = float(per_seed.mean())
     weights = _block_weights(values.shape[1], replicates, seed)
@@ -267,7 +268,7 @@ def paired_difference(
             f"paired inputs need the same [seeds, blocks]; got {arrays[0].shape} and "
             f"{arrays[2].shape}"
         )
-    _check_confidence(confidence)
+    _check_settings(confidence, replicates)
     va, ca, vb, cb = arrays
     per_seed = seed_means(va, ca, transform) - seed_means(vb, cb, transform)
     delta = float(per_seed.mean())
@@ -305,9 +306,11 @@ def holm(p_values: Iterable[float]) -> list[float]:
     return adjusted
 
 
-def _check_confidence(confidence: float) -> None:
+def _check_settings(confidence: float, replicates: int) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence={confidence} must be in (0, 1)")
+    if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 2:
+        raise ValueError(f"replicates={replicates!r} must be an int >= 2 (a variance needs two)")
 
 
 def _check_grid(values: np.ndarray, counts: np.ndarray) -> None:
