@@ -63,10 +63,8 @@ def first_version_interval(values: np.ndarray, replicates: int, rng) -> tuple[fl
 
 
 def first_version_p(a: np.ndarray, b: np.ndarray, replicates: int, rng) -> float:
-    s, n = a.shape
-    seeds = rng.integers(0, s, size=(replicates, s))
-    blocks = rng.integers(0, n, size=(replicates, s, n))
-    reps = (a - b)[seeds[..., None], blocks].mean(axis=(1, 2))
+    # equal counts: the replicates' difference of means is the mean of the drawn differences
+    reps = _first_version_replicates(a - b, replicates, rng)
     below = (1 + np.sum(reps <= 0.0)) / (replicates + 1)
     above = (1 + np.sum(reps >= 0.0)) / (replicates + 1)
     return float(min(1.0, 2.0 * min(below, above)))
