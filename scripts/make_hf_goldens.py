@@ -254,9 +254,11 @@ def make_config(case):
             rope = dict(ROPE_VARIANTS[kind], rope_theta=10000.0)
             if kind == "longrope":
                 cfg["max_position_embeddings"] = 64
+            if kind == "llama3":  # HF warns unless original_max_position_embeddings < max_position_embeddings
+                cfg["max_position_embeddings"] = 128
             note = f"llama's weights; rope {json.dumps({k: v for k, v in rope.items()})}"
-            if kind == "longrope":
-                note += "; max_position_embeddings 64"
+            if kind in ("longrope", "llama3"):
+                note += f"; max_position_embeddings {cfg['max_position_embeddings']}"
         return tf.LlamaConfig(rope_parameters=rope, **cfg), "LlamaForCausalLM", note
     if case == "mistral":
         return tf.MistralConfig(
@@ -278,7 +280,7 @@ def make_config(case):
             **common_ids(),
         ), "BloomForCausalLM", (
             "hidden 48, 6 heads (head_dim 8): ALiBi slopes take the non-power-of-two path; "
-            "word_embeddings_layernorm; fused qkv interleaved per head; MLP 4*48=192 (fixed by HF); tied head"
+            "word_embeddings_layernorm; fused qkv interleaved per head; MLP 4*48=192 (fixed by HF), gelu tanh form; tied head"
         )
     if case == "mpt":
         return tf.MptConfig(
@@ -466,7 +468,10 @@ def write_readme(out_dir, tok_info):
         _, arch, note = make_config(case)
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
         extra = " (+ config_legacy.json)" if case[len("llama_rope_"):] in LEGACY and case.startswith("llama_rope_") else ""
-        rows.append(f"| `{case}` | `{arch}` | {note}{extra} | {size / 1024:.0f} KB |")
+        g = np.load(os.path.join(path, "golden.npz"))
+        twin = g["full_logits_of_generated"][:, P - 1: P - 1 + N]
+        diff = float(np.abs(twin - g["generated_logits"]).max())
+        rows.append(f"| `{case}` | `{arch}` | {note}{extra} | {diff:.1e} | {size / 1024:.0f} KB |")
     text = f"""# Tiny Hugging Face causal LMs (offline test fixtures)
 
 Random tiny models of each family the pretrained loader supports, saved in Hugging Face's own on-disk
@@ -512,10 +517,26 @@ the full pass of 32 tokens uses `long_factor` everywhere).
 `rope_scaling` with `rope_type` (linear) or `type` (yarn)); transformers loads it to exactly the same logits
 and generation.
 
+Notes for a loader:
+- Tied heads (gpt2, opt, xglm, qwen2, bloom, mpt) have no head tensor in model.safetensors. GPT-2 stores
+  Conv1D weights as [in, out]; every other family stores nn.Linear weights as [out, in]. GPT-NeoX and BLOOM
+  fuse q/k/v per head ([H, 3, hd] along the output axis); MPT's Wqkv is [q; k; v] along the output axis.
+- XGLM's sinusoidal table is not saved (HF rebuilds it; offset 2). OPT's learned table has
+  max_position_embeddings + 2 rows (offset 2).
+- MPT: HF's MptMLP hard-codes 4 * d_model (expansion_ratio is ignored by transformers), so the config says
+  expansion_ratio 4 to agree with the weights.
+- `llama_rope_longrope` has no `factor` (Phi-3 style): HF takes max_position_embeddings /
+  original_max_position_embeddings = 4 and the attention factor sqrt(1 + ln 4 / ln 16); HF warns about it.
+  `llama_rope_llama3` has max_position_embeddings 128 (HF warns unless original < max; llama3 does not read it).
+- transformers 5 writes `"tokenizer_class": "TokenizersBackend"`; tokenizer.json is plain `tokenizers` JSON.
+- Sizes: the golden logits of random models barely compress (~150 KB of golden.npz per case).
+
 ## Cases
 
-| case | architecture | notable options | size |
-|---|---|---|---|
+"cached vs full" is max |generated_logits - full_logits_of_generated[:, 7:31]|.
+
+| case | architecture | notable options | cached vs full | size |
+|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write(text)
