@@ -6,6 +6,12 @@ file; an OS error there (disk full, quota, file-size limit, read-only or failing
 `StateWriteError` naming that file, e.g. ``cannot write runs/rope-seed0/rows.jsonl: [Errno 28]
 No space left on device``. The study runner stops on it (the next cell would fail the same
 way) and the scripts print it as one line with `StateWriteError.hint`.
+
+Nothing is written through a link: a file written in place (`open_regular`: the workdir lock,
+`append_text`: ``metrics.jsonl``) is opened with ``O_NOFOLLOW | O_NOCTTY`` and must be a
+regular file with one link (``fstat``), else `UnsafeFileError`; `atomic_write_text` creates
+its temporary file anew (``O_EXCL | O_NOFOLLOW``) and ``os.replace`` replaces a link at the
+destination, never its target.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import errno
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 from flaxformer_lite.base import faults, interrupt
+from flaxformer_lite.base.checks import ConfigError
 
 # OS errors that say the machine cannot hold more state, not that one run went wrong.
 ENVIRONMENT_ERRNOS = frozenset(
@@ -46,6 +54,94 @@ class StateWriteError(OSError):
         if self.errno in _WRITABLE:
             return "make it writable and rerun the same command to resume"
         return "fix the cause and rerun the same command to resume"
+
+
+class UnsafeFileError(StateWriteError, ConfigError):
+    """A file the run would write in place is a symbolic link, a hard link or not a regular
+    file: refused, never written through. Both a `StateWriteError` (a study stops at once) and
+    a `ConfigError` (the scripts print one line and exit 2)."""
+
+    def __init__(self, path: str | Path, what: str):
+        super().__init__(errno.ELOOP, what, path)
+
+    def __str__(self) -> str:
+        return f"refusing to write {self.filename}: {self.strerror}; {self.hint}"
+
+    @property
+    def hint(self) -> str:
+        return "remove it (only a regular file, or nothing, may stand there) and rerun"
+
+
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def open_regular(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC)`` of a regular file with
+    one link (checked with ``fstat`` on the descriptor): a symbolic link, a hard link, a
+    directory, a FIFO or a device at ``path`` raises `UnsafeFileError` naming it; another OS
+    error is raised as is (callers wrap it with `write_error`)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | _NO_FOLLOW, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP or os.path.islink(path):
+            raise UnsafeFileError(path, _link_what(path)) from None
+        if e.errno == errno.EISDIR:
+            raise UnsafeFileError(path, "not a regular file (a directory)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(path, f"not a regular file ({_kind(st.st_mode)})")
+        if st.st_nlink != 1:
+            raise UnsafeFileError(
+                path,
+                f"a hard link ({st.st_nlink} names share it); a file written in place "
+                "must have one name",
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _link_what(path: Path) -> str:
+    try:
+        target = f" to {os.readlink(path)!r}"
+    except OSError:
+        target = ""
+    return f"a symbolic link{target}; nothing is written through a link"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` to ``path`` (created if missing) through `open_regular`: never through
+    a link; an OS error is raised as `StateWriteError` naming ``path``."""
+    try:
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except OSError as e:  # an `UnsafeFileError` is raised as it is
+        raise write_error(e, path) from e
+    try:
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError as e:
+        raise write_error(e, path) from e
+    finally:
+        os.close(fd)
 
 
 def _chain(error: BaseException):
@@ -97,7 +193,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with interrupt.deferred():
         try:
-            with open(tmp, "w") as f:
+            tmp.unlink(missing_ok=True)  # a stale temporary file (or a link planted there)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with open(fd, "w") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())

@@ -7,7 +7,10 @@ The holder writes ``pid=<pid> host=<host> since=<UTC time>`` into the lock file;
 process is refused at once with `WorkdirBusyError` (a `ConfigError`, so the scripts print one
 line and exit 2) naming that pid. The kernel releases a ``flock`` when its process dies, however
 it dies (SIGKILL, a crashed machine's reboot), so the lock of a dead process is simply taken
-over: the file that remains is never trusted, only the lock on it.
+over: the file that remains is never trusted, only the lock on it. The lock file is never
+written through a link: it is opened with ``O_NOFOLLOW | O_NOCTTY | O_CLOEXEC`` and must be a
+regular file with one name (``fstat``), else `io.UnsafeFileError` (one line naming the path;
+the link and its target are left as they are).
 
 Limits: the lock is advisory (a process that does not ask for it is not stopped), and
 ``flock`` is only as good as the file system's support: local file systems and NFSv4 (where
@@ -27,7 +30,7 @@ import warnings
 from pathlib import Path
 
 from flaxformer_lite.base.checks import ConfigError
-from flaxformer_lite.base.io import write_error
+from flaxformer_lite.base.io import UnsafeFileError, open_regular, write_error
 
 LOCK_FILE = ".lock"
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
@@ -49,15 +52,18 @@ class WorkdirLock:
     def acquire(self) -> WorkdirLock:
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)
+        except UnsafeFileError:
+            raise
         except OSError as e:
             raise write_error(e, self.path) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = self._holder(fd)
             os.close(fd)
             raise WorkdirBusyError(
-                f"workdir={str(self.workdir)!r}: in use by another process ({self._holder()}, "
+                f"workdir={str(self.workdir)!r}: in use by another process ({holder}, "
                 f"holding {self.path}); wait for it to end or stop it, or use another workdir"
             ) from None
         except OSError as e:
@@ -91,12 +97,12 @@ class WorkdirLock:
             pass
         os.close(fd)  # closing the last descriptor releases the flock
 
-    def _holder(self) -> str:
-        """``pid 123 on host h since t`` from the lock file (the holder writes it right
-        after locking: a reader may come in between, so retry briefly)."""
+    def _holder(self, fd: int) -> str:
+        """``pid 123 on host h since t`` from the lock file open on ``fd`` (the holder writes
+        it right after locking: a reader may come in between, so retry briefly)."""
         for _ in range(20):
             try:
-                text = self.path.read_text().strip()
+                text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
             except OSError:
                 text = ""
             if text:

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -153,9 +154,9 @@ def prepare_workdir(
         raise ConfigError(identity.refusal(workdir, diffs))
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write_test"
-        probe.write_text("")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".write_test", dir=workdir)  # O_EXCL: no link
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ConfigError(
             f"workdir={str(workdir)!r}: not writable ({e.strerror}); must be a writable directory"

@@ -13,7 +13,7 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
-from flaxformer_lite.base.io import atomic_write_text, read_jsonl, write_error
+from flaxformer_lite.base.io import UnsafeFileError, append_text, atomic_write_text, read_jsonl
 
 
 class MetricsWriter:
@@ -21,6 +21,9 @@ class MetricsWriter:
 
     def __init__(self, workdir: Path, *, resume_step: int):
         self.path = Path(workdir) / "metrics.jsonl"
+        for path in (self.path, Path(workdir) / "tensorboard"):
+            if path.is_symlink():  # never read, written or replaced through a link
+                raise UnsafeFileError(path, "a symbolic link; nothing is written through a link")
         kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1)
@@ -28,11 +31,8 @@ class MetricsWriter:
     def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
         row = {"step": int(step), "split": split}
         row.update({k: _clean(v) for k, v in metrics.items()})
-        try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        except OSError as e:  # a torn last line is dropped on resume (cut back to a checkpoint)
-            raise write_error(e, self.path) from e
+        # never through a link; a torn last line is dropped on resume (cut back to a checkpoint)
+        append_text(self.path, json.dumps(row) + "\n")
         for k, v in metrics.items():
             self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
 
