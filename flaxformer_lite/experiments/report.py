@@ -4,7 +4,9 @@
 runner call it). It writes ``tables/*.md|.tex|.csv``, ``plots/*.png|.pdf`` and ``REPORT.md``,
 which embeds the tables and plots and states the commands, commits, versions, devices,
 corpus and wall time found in the rows. Output is deterministic: the same rows give
-byte-identical tables and ``REPORT.md``.
+byte-identical tables and ``REPORT.md``. Rows that must not share a table (another config,
+corpus or release of a package: `comparable`) are refused before anything is written, unless
+merged on purpose (``allow_mixed``); the captions and REPORT.md then say what was mixed.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flaxformer_lite.base.io import write_error
-from flaxformer_lite.experiments import paired, plots, results, sweep_report
+from flaxformer_lite.experiments import comparable, paired, plots, results, sweep_report
 from flaxformer_lite.experiments.sweeps import learning_rate_tag
 from flaxformer_lite.experiments.tables import (
     CONFIDENCE,
@@ -51,6 +54,7 @@ __all__ = [
     "render_markdown",
     "render_report",
     "table_names",
+    "with_notes",
     "write_report",
     "write_study_report",
 ]
@@ -447,10 +451,12 @@ def render_report(
     pairs: Sequence[Any] = (),
     missing: Sequence[str] = (),
     derived: Sequence[sweep_report.TextTable] = (),
+    mixed: Sequence[str] = (),
 ) -> str:
     """The text of ``REPORT.md`` (links are relative to the report's directory);
     ``missing``: lines naming a study's cells without results (merged shards), stated;
-    ``derived``: the learning-rate, extrapolation-gap and cost tables (`sweep_report`)."""
+    ``derived``: the learning-rate, extrapolation-gap and cost tables (`sweep_report`);
+    ``mixed``: what rows sharing a table differ in (`comparable.Verdict.report_lines`)."""
     lines = [
         f"# {md_text(title or _default_title(rows))}",
         "",
@@ -480,6 +486,15 @@ def render_report(
             "finished); they are not in any table:",
             "",
             *["- " + md_text(m) for m in missing],
+            "",
+        ]
+    if mixed:
+        lines += [
+            "## Mixed rows",
+            "",
+            "Rows that share a table differ in these fields (the tables' captions say so too):",
+            "",
+            *["- " + md_code(m.replace("`", "'")) for m in mixed],
             "",
         ]
     lines += ["## Results", ""]
@@ -548,6 +563,8 @@ def write_report(
     all_pairs: bool = False,
     missing: Sequence[str] = (),
     common_rate: float | None = None,
+    allow_mixed: Sequence[str] = (),
+    origins: Sequence[str] | None = None,
 ) -> Path:
     """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``.
 
@@ -569,16 +586,24 @@ def write_report(
       common_rate: the learning rate the ranking at each encoding's best rate is compared
         with (default: the middle rate of the grid; the runner passes the study's
         ``optim.learning_rate``).
+      allow_mixed: fields (`comparable`) in which rows sharing a table may differ on purpose;
+        the captions and REPORT.md say what was mixed.
+      origins: each row's file, named when rows are refused (default: ``row N``).
 
     Returns:
       The path of ``REPORT.md``. The same rows give byte-identical tables and ``REPORT.md``.
 
     Raises:
       ValueError: no rows.
+      comparable.MixedRowsError: rows that share a table differ in a field that changes
+        numbers (not in ``allow_mixed``); nothing is written.
     """
     rows = list(rows)
     if not rows:
         raise ValueError("write_report needs at least one results row; got none")
+    verdict = comparable.check(rows, origins, allow_mixed)
+    if verdict.refused:
+        raise comparable.MixedRowsError(verdict.refused)
     out_dir = Path(out_dir)
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
     choices = sweep_report.select_rates(rows)
@@ -594,6 +619,7 @@ def write_report(
             )
             for t in tables
         ]
+    tables = with_notes(tables, verdict)
     derived = [sweep_report.learning_rate_table(choices, rows, common_rate)] if choices else []
     derived += sweep_report.gap_tables(main_rows) + sweep_report.cost_tables(rows)
     for d in (d for d in derived if d.files):
@@ -629,9 +655,22 @@ def write_report(
         pairs=pairs,
         missing=list(missing),
         derived=derived,
+        mixed=verdict.report_lines(),
     )
     _write_text(report, text)
     return report
+
+
+def with_notes(tables: Sequence[Table], verdict: comparable.Verdict) -> list[Table]:
+    """``tables`` with what their rows differ in (mixed on purpose, patch releases) ending
+    their captions (`comparable.Verdict.notes`)."""
+    out = []
+    for t in tables:
+        note = verdict.notes((t.study, t.task, t.train_length, t.model_size))
+        if note:
+            t = dataclasses.replace(t, note=f"{t.note} {note}".strip())
+        out.append(t)
+    return out
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -655,11 +694,15 @@ def write_study_report(
     common_rate: float | None = None,
 ) -> Path | None:
     """The report of a study directory from its ``results.jsonl`` and ``blocks.jsonl``
-    (skipped lines are stated in it); None when no cell has finished yet."""
-    rows, problems = results.load_rows([workdir], return_problems=True)
+    (skipped lines are stated in it); None when no cell has finished yet. Rows that must not
+    share a table raise `comparable.MixedRowsError` naming each cell's ``rows.jsonl``."""
+    rows, problems, origins = results.load_rows_with_origins([workdir])
+    for problem in problems:
+        warnings.warn(str(problem), results.ResultsWarning, stacklevel=2)
     if not rows:
         return None
     blocks = results.load_blocks([workdir])
+    files = [_cell_rows_file(Path(workdir), r, f) for r, (f, _) in zip(rows, origins, strict=True)]
     return write_report(
         rows,
         workdir,
@@ -668,4 +711,13 @@ def write_study_report(
         reference=reference,
         all_pairs=all_pairs,
         common_rate=common_rate,
+        origins=files,
     )
+
+
+def _cell_rows_file(workdir: Path, row: Mapping[str, Any], file: str) -> str:
+    """Where a study's row comes from: its cell's ``runs/<cell>/rows.jsonl`` (what
+    ``results.jsonl`` is rebuilt from) when that exists, else ``file``."""
+    run = row.get("run")
+    cell = workdir / "runs" / run / "rows.jsonl" if isinstance(run, str) else None
+    return str(cell) if cell is not None and cell.is_file() else file

@@ -240,6 +240,20 @@ def load_rows(paths, *, return_problems=False, warn=True):
       DuplicateRowsError: two different rows of one measurement (`check_unique`), e.g. a
         row edited and appended, or two run dirs that both measured one run and seed.
     """
+    rows, problems, _ = load_rows_with_origins(paths)
+    if warn:
+        for problem in problems:
+            warnings.warn(str(problem), ResultsWarning, stacklevel=2)
+    if return_problems:
+        return rows, problems
+    return rows
+
+
+def load_rows_with_origins(
+    paths: str | Path | Sequence[str | Path],
+) -> tuple[list[dict[str, Any]], list[Problem], list[tuple[str, int]]]:
+    """`load_rows` ``(rows, problems)`` (no warnings) and where each row is: ``(file,
+    line)``, the first place it was read from (what a refusal to compare rows names)."""
     if isinstance(paths, str | Path):
         paths = [paths]
     row_lists, problems, origin = [], [], {}
@@ -251,16 +265,12 @@ def load_rows(paths, *, return_problems=False, warn=True):
         row_lists.append(rows)
         problems += file_problems
         for row, number in zip(rows, numbers, strict=True):
-            origin.setdefault(row_key(row), f"{file}:{number}")
+            origin.setdefault(row_key(row), (str(file), number))
     rows, _ = merge_rows(*row_lists)
-    check_unique(rows, [origin[row_key(r)] for r in rows])
+    origins = [origin[row_key(r)] for r in rows]
+    check_unique(rows, [f"{file}:{line}" for file, line in origins])
     problems = list(dict.fromkeys(problems))  # the same file given twice
-    if warn:
-        for problem in problems:
-            warnings.warn(str(problem), ResultsWarning, stacklevel=2)
-    if return_problems:
-        return rows, problems
-    return rows
+    return rows, problems, origins
 
 
 def load_blocks(paths: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:

@@ -7,12 +7,16 @@ setting is recorded beside it: ``learning_rate`` (the peak rate), ``model_size``
 size name, None when the study sweeps no sizes) and ``num_params`` (the model's parameters),
 so a study sweeping them is tabulated per rate and size; ``train_seconds`` times
 ``train_steps`` steps and ``eval_seconds`` every evaluation of the run (the report's cost
-table).
+table). What made it is recorded too, so the report can refuse rows that must not share a
+table (`experiments.comparable`): ``setting`` (the run's identity config,
+`RunConfig.identity`, flattened to dotted names: ``{"train.num_steps": 20, ...}``),
+``swept`` (the fields its study's sweep set for its cell: they are meant to differ between
+cells), ``data`` (the corpus provenance with its content hash), ``packages`` and ``python``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +48,11 @@ def rows_for_cell(
     summary: dict[str, Any],
     command: str,
     labels: Mapping[str, Any] | None = None,
+    swept: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
     """Results rows of one finished cell (``summary``: `train_and_evaluate`'s result;
-    ``labels``: the sweep cell's labels, e.g. ``{"model_size": "m"}``)."""
+    ``labels``: the sweep cell's labels, e.g. ``{"model_size": "m"}``; ``swept``: the
+    dotted config fields the sweep set for the cell, e.g. its overrides' keys)."""
     env = summary["provenance"]
     common = _cell_key(run, name, summary) | {
         "git_commit": env["git_commit"],
@@ -64,6 +70,8 @@ def rows_for_cell(
         "num_params": count_parameters(run.model),
         "command": command,
         "timestamp": summary.get("finished_at"),
+        "setting": flatten(run.identity()),
+        "swept": sorted(set(swept)),
     }
     rows = []
     for r in summary["eval"]:
@@ -110,6 +118,17 @@ def blocks_for_cell(run: RunConfig, name: str, summary: dict[str, Any]) -> list[
                 "blocks": r["blocks"],
             }
         )
+    return out
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": 2}`` as ``{"a.b": 1, "c": 2}`` (lists stay values)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
     return out
 
 

@@ -35,6 +35,7 @@ from flaxformer_lite.base import interrupt
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
 from flaxformer_lite.data.data_config import open_dataset
+from flaxformer_lite.experiments.comparable import MixedRowsError
 from flaxformer_lite.experiments.report import write_study_report
 from flaxformer_lite.experiments.results import BLOCKS_FILE, RESULTS_FILE, DuplicateRowsError
 from flaxformer_lite.experiments.rows import blocks_for_cell, cell_rows_problem, rows_for_cell
@@ -242,7 +243,9 @@ class Study:
         blocks = blocks_for_cell(run, cell["name"], summary)
         text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
         atomic_write_text(self.cell_dir(cell["name"]) / BLOCKS_FILE, text)
-        rows = rows_for_cell(run, cell["name"], summary, self.command, cell.get("labels"))
+        rows = rows_for_cell(
+            run, cell["name"], summary, self.command, cell.get("labels"), cell["overrides"]
+        )
         text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
         atomic_write_text(self.cell_dir(cell["name"]) / "rows.jsonl", text)  # last: done
 
@@ -384,7 +387,7 @@ def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: 
                 all_pairs=bool(evals.get("paired_all", False)),
                 common_rate=optim.get("learning_rate"),  # a rate sweep's ranking is compared at it
             )
-        except DuplicateRowsError as e:  # two rows of one measurement: never averaged
+        except (DuplicateRowsError, MixedRowsError) as e:  # never averaged or pooled
             failed["report"] = f"{type(e).__name__}: {e}"
             tqdm.write(f"report not written: {e}")
     elif report:

@@ -21,19 +21,34 @@ study selected: the cells without any results row -- e.g. the shards of a ``stud
 --shard=I/N`` not given, not run or not finished -- are named on stderr and in a "Missing
 cells" section of REPORT.md. Each (run, seed) counts once: the same rows given twice are
 merged, two different rows of one measurement are an error.
+
+Rows that share a table must agree in what changes numbers (`experiments.comparable`): the
+run's config fields but the encoding, its options, the seed and what the study sweeps; the
+corpus content hash; the versions of Python, the library, jax, jaxlib, flax, optax and
+numpy. Rows that differ are refused with one line per field, naming a run and file for
+each value, e.g.
+
+    error: train.num_steps: 20 (rope-seed0, s0/results.jsonl) vs 60 (alibi-seed0, s1/results.jsonl)
+
+and exit status 2; ``--allow-mixed=FIELD,...`` (``--allow_mixed``; a prefix such as
+``versions`` allows every field under it) merges them on purpose, and the captions and
+REPORT.md say what was mixed. Versions that differ only in a patch release (``0.4.30`` vs
+``0.4.31``) are a warning, not a refusal: patch releases are bug fixes not meant to change
+numbers; a minor or major release refuses.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 
 from absl import app, flags
 
 from flaxformer_lite.base.io import write_error
-from flaxformer_lite.experiments import cli, report, results
+from flaxformer_lite.experiments import cli, comparable, report, results
 from flaxformer_lite.experiments.rows import blocks_for_cell, rows_for_cell
 from flaxformer_lite.train.run_config import RunConfig
 
@@ -43,6 +58,12 @@ _REFERENCE = flags.DEFINE_string(
     "reference", "alibi", "paired differences: each encoding against this one"
 )
 _ALL_PAIRS = flags.DEFINE_bool("all_pairs", False, "paired differences: every pair of encodings")
+_ALLOW_MIXED = flags.DEFINE_list(
+    "allow_mixed",
+    [],
+    "fields (e.g. train.num_steps, corpus_sha256, versions.jax; a prefix: versions) in which "
+    "rows sharing a table may differ on purpose (also spelt --allow-mixed)",
+)
 
 
 def main(argv: list[str]) -> None:
@@ -56,15 +77,21 @@ def main(argv: list[str]) -> None:
             sys.exit(2)
     made = tempfile.TemporaryDirectory(prefix="flaxformer-lite-report-")
     try:
-        run_dirs = [_rows_source(d, made.name) for d in run_dirs]
-        _report(argv, run_dirs)
+        sources = [_rows_source(d, made.name) for d in run_dirs]
+        # a train workdir's rows are made in the scratch dir: name its eval.json instead
+        names = {
+            str(results.results_file(s)): os.path.join(d, "eval.json")
+            for s, d in zip(sources, run_dirs, strict=True)
+            if s.startswith(made.name)
+        }
+        _report(argv, sources, names)
     finally:
         made.cleanup()
 
 
-def _report(argv: list[str], run_dirs: list[str]) -> None:
+def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None:
     try:
-        rows, problems = results.load_rows(run_dirs, return_problems=True, warn=False)
+        rows, problems, origins = results.load_rows_with_origins(run_dirs)
         blocks = results.load_blocks(run_dirs)
     except (FileNotFoundError, results.DuplicateRowsError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -84,7 +111,10 @@ def _report(argv: list[str], run_dirs: list[str]) -> None:
     # Rows in the studies' cell order (the sweep's), whatever order the RUN_DIRs came in: the
     # merged shards of a study give the unsharded study's tables, rows in the same order.
     order = {cell: i for i, cell in enumerate(_study_cells(argv[1:]))}
+    files = {id(r): names.get(file, file) for r, (file, _) in zip(rows, origins, strict=True)}
     rows = sorted(rows, key=lambda r: order.get(r.get("run"), len(order)))
+    files = [files[id(r)] for r in rows]
+    verdict = _check_comparable(rows, files)
     missing = _missing_cells(argv[1:], rows)
     for line in missing:
         print(f"warning: {line}", file=sys.stderr)
@@ -99,17 +129,40 @@ def _report(argv: list[str], run_dirs: list[str]) -> None:
             reference=_REFERENCE.value,
             all_pairs=_ALL_PAIRS.value,
             missing=missing,
+            allow_mixed=_ALLOW_MIXED.value,
+            origins=files,
         )
     except OSError as e:  # a read-only or full --out, a file where a directory should be
         error = write_error(e, e.filename or out)
         print(f"error: {error}; the report goes into --out={out}", file=sys.stderr)
         sys.exit(1)
     print(f"report: {path}")
-    tables = report.build_tables(rows, blocks)
+    tables = report.with_notes(report.build_tables(rows, blocks), verdict)
     shown = [t for t in tables if t.metric == "bits_per_byte"] or tables[:1]
     for table in shown:
         print()
         print(report.render_markdown(table), end="")
+
+
+def _check_comparable(rows: list[dict], files: list[str]) -> comparable.Verdict:
+    """Refuse (exit 2, one line per field) rows that must not share a table; warn about
+    patch releases and --allow-mixed names that nothing needed."""
+    verdict = comparable.check(rows, files, _ALLOW_MIXED.value)
+    for d in verdict.patch:
+        print(
+            f"warning: {d.line()} (a patch release only: the rows share a table, and its "
+            "caption says so)",
+            file=sys.stderr,
+        )
+    for d in verdict.mixed:
+        print(f"note: mixed on purpose (--allow-mixed): {d.line()}", file=sys.stderr)
+    for name in verdict.unused:
+        print(f"warning: --allow-mixed={name}: no rows differ in it", file=sys.stderr)
+    if verdict.refused:
+        for line in comparable.refusal_lines(verdict):
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
+    return verdict
 
 
 def _rows_source(path: str, scratch: str | None = None) -> str:
@@ -198,6 +251,9 @@ def _not_a_run_dir(path: str) -> str | None:
 
 def run(argv: list[str] | None = None, prog: str = "flaxformer-lite report") -> None:
     """Parse ``argv`` (default ``sys.argv``) and write the report (`cli.run_command`)."""
+    argv = list(sys.argv if argv is None else argv)
+    # --allow-mixed, as the docs spell it, is absl's --allow_mixed
+    argv = [re.sub(r"^--(no)?allow-mixed(?==|$)", r"--\1allow_mixed", a) for a in argv]
     cli.run_command(main, doc=__doc__, module=__name__, argv=argv, prog=prog)
 
 
