@@ -88,6 +88,10 @@ def test_an_evaluation_length_of_ten_million_tokens_is_refused_before_training()
 
 def test_a_model_too_large_for_one_sequence_names_the_model():
     run = tiny(model__d_model=8192, model__d_ff=32768, model__num_heads=64)
+    with pytest.raises(ConfigError, match=r"^config\.model\.d_model=8192: one training step"):
+        memory.check_memory(run, available=(1 * GiB, "test", False))
+    # a small model and a long sequence: the length is named
+    run = tiny(data__train_length=2**20, eval__length_multiples=(1,), eval__max_tokens=0)
     with pytest.raises(ConfigError, match=r"lower config\.data\.train_length or the model size"):
         memory.check_memory(run, available=(1 * GiB, "test", False))
 

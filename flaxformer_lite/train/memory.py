@@ -14,9 +14,10 @@ less, so it errs on the high side there). With ``P`` parameters, ``B`` sequences
 tokens, ``n`` layers of width ``d``, feed-forward width ``f``, ``h`` heads and a vocabulary
 of ``V``:
 
-* parameters and optimizer state: ``4 P`` for training (parameters, gradients and AdamW's
-  two moments), ``3 P`` during evaluation (the training state is still held), times
-  ``param_bytes`` (4 for float32 parameters);
+* parameters and optimizer state (``P`` counted from the config by arithmetic,
+  `nn.param_count`: any size is answered at once): ``4 P`` for training (parameters,
+  gradients and AdamW's two moments), ``3 P`` during evaluation (the training state is
+  still held), times ``param_bytes`` (4 for float32 parameters);
 * one training step's activations (kept for the backward pass):
   ``4 B T [n (C_D d + C_F f + C_S h T_s) + C_V V]`` with ``C_D = 18`` (residual stream,
   norms, q/k/v, attention output and projections), ``C_F = 2`` (feed-forward hidden before
@@ -49,26 +50,32 @@ a cgroup v2 memory limit leaves, plus what this process already holds (its resid
 the heap a study's earlier cells freed is reused), for the whole batch and one state per
 data-parallel device. ``FLAXFORMER_LITE_MEMORY_CHECK=off`` skips the check (the estimate is an
 estimate).
+
+The setting named: the batch when one sequence would fit; otherwise the setting that makes
+the estimate large -- of the model's size fields (``config.model.num_decoder_layers``,
+``d_model``, ``d_ff``, ``vocab_size``, ``num_heads``) and the training length, the one whose
+return to the base Transformer's value (`ModelConfig`'s default; 64 tokens) divides the
+estimate the most, e.g. ``config.model.num_decoder_layers=1000000`` for a million layers,
+``config.model.d_model=1000000000`` for that width, not the sequence length.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 import jax
-from flax import nnx
 
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.core import attention
 from flaxformer_lite.core.chunked_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
+from flaxformer_lite.nn import param_count
 from flaxformer_lite.nn.model_config import ModelConfig
-from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train.run_config import RunConfig
 from flaxformer_lite.train.sharding import mesh_shape
 
@@ -98,9 +105,27 @@ class Estimate:
 
 @functools.lru_cache(maxsize=64)
 def count_parameters(model: ModelConfig) -> int:
-    """Parameters of the run's `DecoderOnlyLM` (from shapes only: nothing is allocated)."""
-    abstract = nnx.eval_shape(lambda: DecoderOnlyLM(model, rngs=nnx.Rngs(0)))
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    """Parameters of the run's `DecoderOnlyLM`, by arithmetic on the config
+    (`nn.param_count.count_parameters`: nothing is built or traced)."""
+    return param_count.count_parameters(model)
+
+
+# The size fields an estimate grows with (`_dominant_field`), compared to these values.
+_MODEL_FIELDS = ("num_decoder_layers", "d_model", "d_ff", "vocab_size", "num_heads")
+_REFERENCE = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in _MODEL_FIELDS}
+_TRAIN_LENGTH = DataConfig.__dataclass_fields__["train_length"].default
+
+
+class _WhatIf:
+    """A model config with some size fields replaced (not validated: only for estimates)."""
+
+    def __init__(self, model: Any, **changes: Any):
+        self._model, self._changes = model, changes
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._changes:
+            return self._changes[name]
+        return getattr(self._model, name)
 
 
 def _dense(impl: str, keys: int, threshold: int) -> bool:
@@ -126,14 +151,7 @@ def training_estimate(run: RunConfig, batch: int | None = None, copies: int = 1)
     training states (one per data-parallel device sharing the memory)."""
     m, length = run.model, run.data.train_length
     batch = run.data.batch_size if batch is None else batch
-    state = 4 * count_parameters(m) * m.params_dtype.itemsize * copies
-    per_token = m.num_decoder_layers * (C_D * m.d_model + C_F * m.d_ff) + C_V * m.vocab_size
-    dense = _dense(m.attention_impl, length, m.chunked_threshold)
-    activations = FLOAT_BYTES * batch * length * per_token
-    if dense:  # kept for the backward pass, every layer
-        activations += m.num_decoder_layers * _scores(m, batch, length, "xla", C_S)
-    else:  # one block at a time
-        activations += _scores(m, batch, length, "chunked", C_S)
+    state, activations = _training_bytes(m, length, batch, count_parameters(m), copies)
     return Estimate(
         "one training step",
         state,
@@ -142,6 +160,54 @@ def training_estimate(run: RunConfig, batch: int | None = None, copies: int = 1)
         run.data.batch_size,
         f"config.data.train_length={length}",
     )
+
+
+def _training_bytes(m: Any, length: int, batch: int, params: int, copies: int) -> tuple[int, int]:
+    """``(state, activations)`` of one training step (`training_estimate`)."""
+    state = 4 * params * m.params_dtype.itemsize * copies
+    per_token = m.num_decoder_layers * (C_D * m.d_model + C_F * m.d_ff) + C_V * m.vocab_size
+    dense = _dense(m.attention_impl, length, m.chunked_threshold)
+    activations = FLOAT_BYTES * batch * length * per_token
+    if dense:  # kept for the backward pass, every layer
+        activations += m.num_decoder_layers * _scores(m, batch, length, "xla", C_S)
+    else:  # one block at a time
+        activations += _scores(m, batch, length, "chunked", C_S)
+    return state, activations
+
+
+def _dominant_field(run: RunConfig, *, training: bool) -> tuple[str, Any, str] | None:
+    """``(field, value, why)`` of the size setting whose return to its reference value
+    (`_REFERENCE`, ``train_length`` 64) divides one sequence's estimate the most (training:
+    state and activations; evaluation: the parameters' state only, the activations are the
+    evaluation length's); None when no setting is above its reference."""
+    m, length = run.model, run.data.train_length
+    encoding = param_count.encoding_params(m)  # fixed: only the size fields vary
+
+    def measure(model: Any, length: int) -> int:
+        params = param_count.count_parameters(model, encoding=encoding)
+        if not training:
+            return params
+        return sum(_training_bytes(model, length, 1, params, 1))
+
+    now = measure(m, length)
+    best = None
+    candidates = [(f"config.model.{f}", f, getattr(m, f), _REFERENCE[f]) for f in _MODEL_FIELDS]
+    if training:
+        candidates.append(("config.data.train_length", None, length, _TRAIN_LENGTH))
+    for path, name, value, reference in candidates:
+        if value <= reference:
+            continue
+        if name is None:
+            smaller = measure(m, reference)
+        else:
+            smaller = measure(_WhatIf(m, **{name: reference}), length)
+        factor = now / max(smaller, 1)
+        if best is None or factor > best[0]:
+            name = path.rpartition(".")[2]
+            best = (factor, path, value, f"{factor:.3g}x what it is at {name}={reference}")
+    if best is None or best[0] < 1.5:
+        return None
+    return best[1:]
 
 
 def evaluation_estimate(
@@ -271,9 +337,18 @@ def check_memory(
         est = phase()
         if est.total <= free:
             continue
-        if phase(1).total > free or est.value == 1:  # even one sequence does not fit
+        one = phase(1)
+        if one.total > free or est.value == 1:  # even one sequence does not fit
             field, value = est.longest.split("=", 1)
             change = f"lower {field} or the model size (config.model.*)"
+            # the model's size, unless evaluation's activations (its length) dominate
+            in_training = phase is training
+            dominant = None
+            if in_training or one.state >= one.activations:
+                dominant = _dominant_field(run, training=in_training)
+            if dominant is not None and dominant[0] != "config.data.train_length":
+                field, value, why = dominant
+                change = f"lower {field} (the estimate is {why})"
         else:
             field, value = est.field, est.value
             change = f"lower {est.field}"

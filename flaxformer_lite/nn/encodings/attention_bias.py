@@ -251,6 +251,7 @@ register(
         "alibi",
         "bias",
         ALiBiEncoding,
+        num_params=lambda dims, options: 0,
         summary="linear distance bias on the logits (Press et al. 2022)",
     )
 )
@@ -261,6 +262,7 @@ register(
         T5RelativeBias,
         options=T5Options,
         legacy_fields={"t5_num_buckets": "num_buckets", "t5_max_distance": "max_distance"},
+        num_params=lambda dims, options: options.num_buckets * dims.num_heads,
         summary="learned bias per log-spaced distance bucket and head (Raffel et al. 2020)",
     )
 )
@@ -270,6 +272,7 @@ register(
         "bias",
         lambda dims, options, *, rngs: KerpleBias(dims, options, kernel="log", rngs=rngs),
         options=NoOptions,
+        num_params=lambda dims, options: 2 * dims.num_heads,  # r1, r2
         summary="KERPLE logarithmic kernel -r1 log(1 + r2 |i-j|) (Chi et al. 2022)",
     )
 )
@@ -279,6 +282,7 @@ register(
         "bias",
         lambda dims, options, *, rngs: KerpleBias(dims, options, kernel="power", rngs=rngs),
         options=NoOptions,
+        num_params=lambda dims, options: 2 * dims.num_heads,  # r1, r2
         summary="KERPLE power kernel -r1 |i-j|^r2 (Chi et al. 2022)",
     )
 )
@@ -289,6 +293,8 @@ register(
         FireBias,
         options=FireOptions,
         legacy_fields={"fire_mlp_width": "mlp_width", "fire_threshold_init": "threshold_init"},
+        # w1 [1, w], b1 [w], w2 [w, heads], b2 [heads], c, threshold_scale
+        num_params=lambda dims, options: (options.mlp_width + 1) * (dims.num_heads + 2),
         summary="MLP of the progressively normalised log distance (Li et al. 2024)",
     )
 )

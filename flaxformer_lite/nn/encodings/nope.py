@@ -22,4 +22,12 @@ class NoPositionalEncoding(PositionalEncoding):
         del dims, options, rngs
 
 
-register(EncodingSpec("none", "none", NoPositionalEncoding, summary="NoPE: no positions"))
+register(
+    EncodingSpec(
+        "none",
+        "none",
+        NoPositionalEncoding,
+        num_params=lambda dims, options: 0,
+        summary="NoPE: no positions",
+    )
+)

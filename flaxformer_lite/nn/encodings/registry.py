@@ -60,6 +60,9 @@ class EncodingSpec:
         then scores such a model token by token through its KV cache.
       legacy_fields: old flat ``ModelConfig`` field -> option name, so configs written
         before options existed (``rope_base=...``) still load.
+      num_params: ``num_params(dims, options)``, how many parameters the encoding module
+        has (`flaxformer_lite.nn.param_count` counts a model by arithmetic); None: it is
+        counted by tracing the module alone.
       summary: one line for listings and docs.
     """
 
@@ -75,6 +78,7 @@ class EncodingSpec:
     label_suffix: Callable[[Any], str] | None = None
     incremental: Callable[[Any], bool] | None = None
     legacy_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    num_params: Callable[[ModelDims, Any], int] | None = None
     summary: str = ""
 
     # ------------------------------------------------------------------ options

@@ -246,6 +246,7 @@ register(
         eval_variants=rotary.ROPE_SCALINGS,
         label_suffix=_rope_label,
         incremental=lambda options: options.scaling == "dynamic_ntk",
+        num_params=lambda dims, options: 0,
         legacy_fields=_ROTATION_LEGACY
         | {
             "rope_scaling": "scaling",
@@ -265,6 +266,7 @@ register(
         options=XPosOptions,
         causal_only=True,
         legacy_fields=_ROTATION_LEGACY | {"xpos_scale_base": "scale_base"},
+        num_params=lambda dims, options: 0,
         summary="RoPE with exponential decay of the logits with distance (Sun et al. 2022)",
     )
 )
