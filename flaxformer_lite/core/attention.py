@@ -2,8 +2,13 @@
 
 Layout (the one `jax.nn.dot_product_attention` uses)::
 
-    q: [batch, q_len, heads, head_dim]      k, v: [batch, kv_len, heads, head_dim]
+    q: [batch, q_len, heads, head_dim]      k, v: [batch, kv_len, kv_heads, head_dim]
     weights / bias / mask: [batch, heads, q_len, kv_len]  (broadcastable)
+
+``kv_heads`` is ``heads`` (multi-head attention) or a divisor of it: grouped-query attention
+(Ainslie et al. 2023, "GQA"; ``kv_heads = 1`` is multi-query attention, Shazeer 2019). Query
+head ``h`` then attends with key/value head ``h // (heads / kv_heads)``, the order of Hugging
+Face transformers' ``repeat_kv`` and of `jax.nn.dot_product_attention` (`repeat_kv`).
 
 The formula is Vaswani et al. 2017, "Attention Is All You Need", Eq. 1::
 
@@ -68,6 +73,22 @@ _WINDOW_REASON = (
     "this JAX's jax.nn.dot_product_attention has no local_window_size argument (needed for "
     "a sliding window)"
 )
+
+
+def repeat_kv(x: Array, num_heads: int) -> Array:
+    """Key/value heads ``[batch, kv_len, kv_heads, head_dim]`` repeated to ``num_heads``:
+    ``[batch, kv_len, num_heads, head_dim]`` whose head ``h`` is input head
+    ``h // (num_heads / kv_heads)`` (HF transformers ``repeat_kv``; grouped-query attention,
+    Ainslie et al. 2023). The input itself when ``kv_heads == num_heads``."""
+    kv_heads = x.shape[2]
+    if kv_heads == num_heads:
+        return x
+    if kv_heads < 1 or num_heads % kv_heads:
+        raise ValueError(
+            f"{kv_heads} key/value heads cannot serve {num_heads} query heads: the key/value "
+            "head count must divide the query head count (grouped-query attention)"
+        )
+    return jnp.repeat(x, num_heads // kv_heads, axis=2)
 
 
 def causal_mask(q_len: int, kv_len: int) -> Array:
@@ -143,6 +164,7 @@ def attention_logits(
     `causal_mask` when a ``window`` is given; None if neither is given).
     """
     _check_qk(q, k)
+    k = repeat_kv(k, q.shape[2])
     window = check_window(window, causal)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
@@ -216,8 +238,9 @@ def dot_product_attention(
 
     Args:
       q: ``[batch, q_len, heads, head_dim]``.
-      k: ``[batch, kv_len, heads, head_dim]``.
-      v: ``[batch, kv_len, heads, head_dim]``.
+      k: ``[batch, kv_len, kv_heads, head_dim]``, ``kv_heads`` dividing ``heads``
+        (grouped-query attention, `repeat_kv`).
+      v: ``[batch, kv_len, kv_heads, head_dim]``.
       mask: optional bool, broadcastable to ``[batch, heads, q_len, kv_len]`` (missing
         leading axes count as size 1, e.g. a ``[q_len, kv_len]`` mask); True = attend.
       bias: optional additive logit bias broadcastable to the same shape (added in float32).
@@ -235,7 +258,7 @@ def dot_product_attention(
     weights = attention_weights(
         q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
     )
-    return _weighted_values(weights, v)
+    return _weighted_values(weights, repeat_kv(v, q.shape[2]))
 
 
 def causal_query_blocks(length: int) -> int:
@@ -269,6 +292,7 @@ def _blocked_causal_attention(
     """Causal self-attention (``q_len == kv_len``) as ``blocks`` query blocks, each against the
     keys up to its last query (`causal_query_blocks`); the rest as `dot_product_attention`."""
     length = q.shape[1]
+    k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
     if mask is not None:
         mask = _check_mask(mask, (q.shape[0], q.shape[2], length, length))
     outs = []
@@ -312,7 +336,10 @@ def attend(
     ``[q_len, kv_len]`` array.
 
     Args:
-      q, k, v: as in `dot_product_attention`.
+      q, k, v: as in `dot_product_attention`; ``k`` and ``v`` may have fewer heads than
+        ``q`` (grouped-query attention: every implementation shares key/value head ``h //
+        (heads / kv_heads)`` with query head ``h``; the fused kernel natively, the others
+        through `repeat_kv`).
       q_positions: int ``[q_len]`` or ``[batch, q_len]``; k_positions: int ``[kv_len]`` or
         ``[batch, kv_len]`` (a ``[length]`` array, e.g. ``jnp.arange(L)``, is shared by the
         batch). Every implementation accepts both; ``bias_fn`` gets ``[batch or 1, length]``.
@@ -366,10 +393,11 @@ def attend(
             level=logging.WARNING if reason.startswith(_BIAS_REASON) else logging.INFO,
         )
     if implementation == "chunked":
+        # the chunked kernel takes one head per query head: share the key/value heads first
         return _chunked.chunked_attention(
             q,
-            k,
-            v,
+            repeat_kv(k, q.shape[2]),
+            repeat_kv(v, q.shape[2]),
             q_positions=q_positions,
             k_positions=k_positions,
             bias_fn=bias_fn,
@@ -593,10 +621,16 @@ def _check_v(v: Array, k: Array) -> None:
 def _check_qk(q: Array, k: Array) -> None:
     _check_rank("q", q, 4)
     _check_rank("k", k, 4)
-    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+    if (
+        q.shape[0] != k.shape[0]
+        or q.shape[3] != k.shape[3]
+        or k.shape[2] < 1
+        or q.shape[2] % k.shape[2]
+    ):
         raise ValueError(
-            f"q has shape {q.shape} and k has shape {k.shape}; they must agree on batch, "
-            "heads and head_dim ([batch, length, heads, head_dim])"
+            f"q has shape {q.shape} and k has shape {k.shape}; they must agree on batch "
+            "and head_dim, and k's heads must divide q's (grouped-query attention) "
+            "([batch, length, heads, head_dim])"
         )
 
 
