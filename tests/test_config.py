@@ -25,6 +25,7 @@ from flaxformer_lite.nn.encodings import (
     get_positional_encoding,
     positional_encoding_names,
 )
+from flaxformer_lite.nn.encodings.attention_bias import ALiBiOptions
 from flaxformer_lite.nn.model_config import ModelConfig, options_template
 
 
@@ -190,7 +191,7 @@ def test_options_are_normalised_to_the_dataclass_and_stay_hashable():
         "learned": LearnedOptions(),
         "rope": RopeOptions(),
         "xpos": XPosOptions(),
-        "alibi": NoOptions(),
+        "alibi": ALiBiOptions(),
         "t5": T5Options(),
         "kerple_log": NoOptions(),
         "kerple_power": NoOptions(),
@@ -329,7 +330,8 @@ def test_options_template_lists_every_encodings_defaults():
     assert list(template) == list(positional_encoding_names())
     assert template["rope"] == dataclasses.asdict(RopeOptions())
     assert template["t5"] == {"num_buckets": 32, "max_distance": 128}
-    assert template["alibi"] == {} and template["none"] == {}
+    assert template["alibi"] == {"slopes": "official", "max_bias": 8.0}
+    assert template["none"] == {}
 
 
 def test_from_mapping_rejects_unknown_keys():

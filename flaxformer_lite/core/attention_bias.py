@@ -1,7 +1,8 @@
 """Relative positional formulas: a **bias** added to the attention logits (DESIGN.md §3).
 
-ALiBi (Press et al. 2022), T5 relative-position buckets (Raffel et al. 2020), KERPLE (Chi et
-al. 2022) and FIRE's normalised distance (Li et al. 2024), all from explicit positions. Biases
+ALiBi (Press et al. 2022; the official slopes and MPT's rule), T5 relative-position buckets
+(Raffel et al. 2020), KERPLE (Chi et al. 2022) and FIRE's normalised distance (Li et al.
+2024), all from explicit positions. Biases
 are float32 ``[batch, heads, q_len, kv_len]``; learned parameters (T5's table, KERPLE's and
 FIRE's coefficients) live in `flaxformer_lite.nn.encodings.attention_bias`.
 """
@@ -14,34 +15,59 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_lite.base.checks import check_positive_int
+from flaxformer_lite.base.checks import check_positive_int, check_positive_number
 from flaxformer_lite.core.positions import as_batched_positions, relative_positions
 
 Array = jax.Array
 
 
-def alibi_slopes(num_heads: int) -> Array:
+ALIBI_SLOPES = ("official", "mpt")
+
+
+def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> Array:
     """Per-head ALiBi slopes ``m_h``, float32 ``[num_heads]`` (Press et al. 2022, §3).
 
     For ``n`` a power of two the slopes are geometric with first term and ratio
-    ``2^(-8/n)``. Otherwise, as in the official ``get_slopes``: the slopes for the nearest
-    lower power of two ``p``, followed by every other slope of ``2p`` heads (indices 0, 2,
-    4, ...) until there are ``n``. E.g. -log2 of the 12-head slopes is
+    ``2^(-max_bias/n)`` (the paper: ``max_bias = 8``). Otherwise, as in the official
+    ``get_slopes`` (and BLOOM's ``build_alibi_tensor``): the slopes for the nearest lower
+    power of two ``p``, followed by every other slope of ``2p`` heads (indices 0, 2, 4, ...)
+    until there are ``n``. E.g. -log2 of the 12-head slopes is
     ``[1, 2, ..., 8, 0.5, 1.5, 2.5, 3.5]``.
     """
     check_positive_int("num_heads", num_heads)
-    return jnp.asarray(_alibi_slopes_list(num_heads), dtype=jnp.float32)
+    check_positive_number("max_bias", max_bias)
+    return jnp.asarray(_alibi_slopes_list(num_heads, float(max_bias)), dtype=jnp.float32)
 
 
-def _alibi_slopes_list(n: int) -> list[float]:
+def _alibi_slopes_list(n: int, max_bias: float = 8.0) -> list[float]:
     def geometric(p: int) -> list[float]:
-        start = 2.0 ** (-8.0 / p)
+        start = 2.0 ** (-max_bias / p)
         return [start ** (i + 1) for i in range(p)]
 
     p = 2 ** math.floor(math.log2(n))
     if p == n:
         return geometric(n)
     return geometric(p) + geometric(2 * p)[0::2][: n - p]
+
+
+def mpt_alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> Array:
+    """ALiBi slopes as MPT builds them (HF transformers ``modeling_mpt.build_mpt_alibi_tensor``,
+    ``alibi_bias_max = max_bias``), float32 ``[num_heads]``.
+
+    With ``n2 = 2^ceil(log2 n)``: ``m_i = 2^(-i * max_bias / n2)`` for ``i = 1..n2``; when
+    ``n2 != n``, the odd-indexed ``m_2, m_4, ...`` followed by ``m_1, m_3, ...``, cut to ``n``.
+    These are `alibi_slopes`' values for every ``n`` (the even ``m`` are the ``n2 / 2``-head
+    geometric series, the odd ones every other slope of ``n2`` heads), computed the way MPT
+    does; a separate rule so that a checkpoint names the one it was trained with.
+    """
+    check_positive_int("num_heads", num_heads)
+    check_positive_number("max_bias", max_bias)
+    n2 = 2 ** math.ceil(math.log2(num_heads))
+    m = np.arange(1, n2 + 1, dtype=np.float64) * (float(max_bias) / n2)
+    slopes = 1.0 / 2.0**m
+    if n2 != num_heads:
+        slopes = np.concatenate([slopes[1::2], slopes[::2]])[:num_heads]
+    return jnp.asarray(slopes, dtype=jnp.float32)
 
 
 def alibi_bias(

@@ -31,17 +31,44 @@ from flaxformer_lite.nn.encodings.registry import EncodingSpec, NoOptions, regis
 Array = jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class ALiBiOptions(EncodingOptions):
+    """Options of ALiBi (defaults: the paper's slopes)."""
+
+    # "official": Press et al.'s get_slopes (= BLOOM); "mpt": MPT's build_mpt_alibi_tensor
+    slopes: str = "official"
+    max_bias: float = 8.0  # the largest exponent: slopes run from 2^(-max_bias/n) (MPT's
+    # alibi_bias_max)
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        if self.slopes not in attention_bias.ALIBI_SLOPES:
+            fail(f"{path}.slopes", self.slopes, f"allowed: {list(attention_bias.ALIBI_SLOPES)}")
+        if not is_number(self.max_bias) or not 0 < self.max_bias < math.inf:
+            fail(f"{path}.max_bias", self.max_bias, "must be a finite number > 0")
+
+
 class ALiBiEncoding(PositionalEncoding):
-    """ALiBi (Press et al. 2022, arXiv 2108.12409): a linear distance penalty per head."""
+    """ALiBi (Press et al. 2022, arXiv 2108.12409): a linear distance penalty per head, with
+    the slopes of `attention_bias.alibi_slopes` ("official") or
+    `attention_bias.mpt_alibi_slopes` ("mpt"), up to ``max_bias``."""
 
     hook = "bias"
 
-    def __init__(self, dims: ModelDims, options: EncodingOptions, *, rngs: nnx.Rngs):
-        del options, rngs
+    def __init__(self, dims: ModelDims, options: ALiBiOptions, *, rngs: nnx.Rngs):
+        del rngs
         self.num_heads = dims.num_heads
+        self.slopes = options.slopes
+        self.max_bias = options.max_bias
+
+    def slope_values(self) -> Array:
+        """float32 ``[heads]``."""
+        fn = (
+            attention_bias.mpt_alibi_slopes if self.slopes == "mpt" else attention_bias.alibi_slopes
+        )
+        return fn(self.num_heads, max_bias=self.max_bias)
 
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
-        slopes = attention_bias.alibi_slopes(self.num_heads)
+        slopes = self.slope_values()
         return attention_bias.alibi_bias(q_positions, k_positions, slopes, causal=causal)
 
 
@@ -251,6 +278,7 @@ register(
         "alibi",
         "bias",
         ALiBiEncoding,
+        options=ALiBiOptions,
         num_params=lambda dims, options: 0,
         summary="linear distance bias on the logits (Press et al. 2022)",
     )
