@@ -264,11 +264,14 @@ def _check_positions_encodable(model: nnx.Module, length: int) -> None:
     cfg = model.cfg
     capacity = cfg.encoding.capacity(cfg.positional_options)
     if capacity is not None and length > capacity:
-        field = f"ModelConfig.positional_options.{cfg.encoding.capacity_field}"
+        name = cfg.encoding.capacity_field
+        field = f"ModelConfig.positional_options.{name}"
+        value = getattr(cfg.positional_options, name, capacity)
+        encodes = "" if value == capacity else f", which encodes {capacity} positions"
         raise ValueError(
             f"generate: prompt_len + max_new_tokens - 1 = {length} tokens are fed to the "
             f"model, more than its positional encoding can encode ({cfg.positional!r}: "
-            f"{field}={capacity})"
+            f"{field}={value}{encodes})"
         )
 
 
