@@ -3,25 +3,35 @@
 A cache is a value: layers take one and return the updated one, so decoding composes with
 ``jax.jit`` and ``jax.lax`` loops (`flaxformer_lite.nn.generate`). Shapes::
 
-    KVCache        key, value  [batch, capacity, heads, head_dim]   projected, NOT rotated
+    KVCache        key, value  [batch, capacity, kv_heads, head_dim]   projected (rotated or
+                               not: see below); kv_heads < heads with grouped-query attention
                    positions   int32 [batch, capacity]   position of each slot
                    valid       bool  [batch, capacity]   the slot holds a key
                    index       int32 []                  next slot to write
-    CrossKVCache   key, value  [batch, src_len, heads, head_dim]   the encoder's, projected once
+    CrossKVCache   key, value  [batch, src_len, kv_heads, head_dim]   the encoder's, projected once
                    positions   int32 [batch, src_len];  valid  bool [batch, src_len]
     DecoderCache   self_attention: one KVCache per decoder block
                    cross_attention: one CrossKVCache per block (EncoderDecoder) or None
 
-Why keys are cached before rotation: a rotate-hook encoding may depend on the whole set of
-key positions, not only on each key's own (xPos centres its scale on ``(min + max) // 2`` of
-the key positions; dynamic NTK takes its scale from the largest). Each decoding step therefore
-calls the encoding's ``rotate(q, k, q_positions, k_positions)`` on the new queries and the
-whole cache, with the cache's slot positions -- exactly the call a full forward pass makes.
+Whether keys are cached rotated depends on the encoding (its ``caches_rotated_keys``):
+
+* False (xPos, and every encoding without a rotate hook): keys are cached before rotation. A
+  rotate-hook encoding of this kind may depend on the whole set of key positions, not only on
+  each key's own (xPos centres its scale on ``(min + max) // 2`` of the key positions), so each
+  decoding step calls ``rotate(q, k, q_positions, k_positions)`` on the new queries and the
+  whole cache, with the cache's slot positions -- exactly the call a full forward pass makes.
+* True (RoPE and its scalings): each step rotates its new queries and keys at their own
+  positions and caches the rotated keys, as Hugging Face transformers does. With a fixed
+  rotation this equals the full forward pass; with dynamic NTK each key keeps the scale of the
+  step that wrote it (HF's cached generation, which differs from a full pass past the
+  original length).
+
 ``positions`` is filled at creation with the positions the slots *will* hold (default
 ``0..capacity-1``) and overwritten with the true ones as tokens are written, so a cache of
 ``capacity`` slots reproduces the full forward pass over ``capacity`` tokens for every
-registered encoding. Unfilled slots are masked out by ``valid``; the causal mask comes from
-positions (`attention.mask_from_positions`), not from slot indices.
+registered encoding (dynamic NTK past its original length excepted, as above). Unfilled
+slots are masked out by ``valid``; the causal mask comes from positions
+(`attention.mask_from_positions`), not from slot indices.
 """
 
 from __future__ import annotations
@@ -92,8 +102,10 @@ def init_kv_cache(
     dtype: jnp.dtype = jnp.float32,
     positions: Array | None = None,
 ) -> KVCache:
-    """An empty `KVCache` of ``capacity`` slots whose planned positions are ``positions``
-    (int ``[batch, capacity]`` or ``[capacity]``; default ``0..capacity-1``)."""
+    """An empty `KVCache` ``[batch, capacity, num_heads, head_dim]`` whose planned positions
+    are ``positions`` (int ``[batch, capacity]`` or ``[capacity]``; default
+    ``0..capacity-1``). ``num_heads`` is the key/value head count (fewer than the query heads
+    with grouped-query attention)."""
     shape = (batch, capacity, num_heads, head_dim)
     return KVCache(
         key=jnp.zeros(shape, dtype),
@@ -105,7 +117,7 @@ def init_kv_cache(
 
 
 def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache:
-    """Store ``l`` new keys/values ``[batch, l, heads, head_dim]`` at positions int
+    """Store ``l`` new keys/values ``[batch, l, kv_heads, head_dim]`` at positions int
     ``[batch, l]`` into slots ``index .. index + l - 1``; returns the updated cache.
 
     Writing past ``capacity`` is a ``ValueError`` when it can be seen (eagerly); under

@@ -8,6 +8,13 @@ names in their ``logical_axes`` metadata (``vocab``, ``embed``, ``heads``, ``mlp
 Blocks follow Vaswani et al. 2017, §3.1: every sub-layer is wrapped in a residual
 connection and layer normalisation ("Add & Norm"), post-LN ``LN(x + Dropout(f(x)))`` as in
 the paper, or pre-LN ``x + Dropout(f(LN(x)))`` (Xiong et al. 2020) as an option.
+
+The options of pretrained families (`ModelConfig`): RMSNorm (Zhang & Sennrich 2019) instead
+of LayerNorm, exact-erf GELU or SiLU, a gated feed-forward (Shazeer 2020), grouped-query
+attention (Ainslie et al. 2023: ``num_kv_heads`` key/value heads, query head ``h`` uses
+key/value head ``h // (num_heads / num_kv_heads)`` as HF transformers' ``repeat_kv``),
+per-projection biases, and the parallel residual ``x + attn(norm1 x) + ffn(norm2 x)`` of
+GPT-J / GPT-NeoX.
 """
 
 from __future__ import annotations
@@ -46,12 +53,18 @@ class _Dense(nnx.Linear):
 
 
 def _dense(
-    cfg: ModelConfig, d_in: int, d_out: int, axes: tuple[str, str], *, rngs: nnx.Rngs
+    cfg: ModelConfig,
+    d_in: int,
+    d_out: int,
+    axes: tuple[str, str],
+    *,
+    use_bias: bool,
+    rngs: nnx.Rngs,
 ) -> nnx.Linear:
     return _Dense(
         d_in,
         d_out,
-        use_bias=cfg.use_bias,
+        use_bias=use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
         kernel_metadata={"logical_axes": axes},
@@ -60,16 +73,39 @@ def _dense(
     )
 
 
-def _layer_norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def _norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
+    """The model's norm over ``d_model`` (``cfg.norm_type``, ``cfg.norm_epsilon``).
+
+    "layer": LayerNorm (Ba et al. 2016), ``(x - mean) / sqrt(var + eps) * scale + bias``,
+    without the bias when ``cfg.norm_bias`` is False (MPT). "rms": RMSNorm (Zhang & Sennrich
+    2019; Llama), ``x / sqrt(mean(x^2) + eps) * scale``, which has no bias. Parameters
+    ``scale`` (and ``bias``) ``[d_model]``.
+    """
+    common = {
+        "epsilon": cfg.norm_epsilon,
+        "dtype": cfg.compute_dtype,
+        "param_dtype": cfg.params_dtype,
+        "scale_metadata": {"logical_axes": ("embed",)},
+        "rngs": rngs,
+    }
+    if cfg.norm_type == "rms":
+        return nnx.RMSNorm(cfg.d_model, **common)
     return nnx.LayerNorm(
         cfg.d_model,
-        epsilon=1e-6,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.params_dtype,
-        scale_metadata={"logical_axes": ("embed",)},
+        use_bias=cfg.norm_bias,
         bias_metadata={"logical_axes": ("embed",)},
-        rngs=rngs,
+        **common,
     )
+
+
+# "gelu" is the tanh approximation (jax.nn.gelu's default; HF "gelu_new"), "gelu_exact" the
+# erf form x * Phi(x) (Hendrycks & Gimpel 2016; HF "gelu"), "silu" x * sigmoid(x)
+ACTIVATION_FNS: dict[str, Callable[[Array], Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": jax.nn.gelu,
+    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+    "silu": jax.nn.silu,
+}
 
 
 class TokenEmbedding(nnx.Module):
@@ -93,7 +129,14 @@ class TokenEmbedding(nnx.Module):
         self.head = (
             None
             if cfg.tie_embeddings
-            else _dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs)
+            else _dense(
+                cfg,
+                cfg.d_model,
+                cfg.vocab_size,
+                ("embed", "vocab"),
+                use_bias=cfg.bias_of("head"),
+                rngs=rngs,
+            )
         )
 
     def encode(self, tokens: Array) -> Array:
@@ -118,22 +161,31 @@ class MultiHeadAttention(nnx.Module):
     Self-attention when ``kv`` is None, cross-attention otherwise. The positional encoding
     (if any) rotates q/k or supplies a logit bias; the attention itself is the pure
     `attention.attend`.
+
+    With ``cfg.num_kv_heads`` = KV < H (grouped-query attention, Ainslie et al. 2023; KV = 1
+    is multi-query attention, Shazeer 2019) the key and value projections have ``KV *
+    head_dim`` outputs, caches hold KV heads, and `attention.attend` shares each key/value
+    head among ``H / KV`` consecutive query heads.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.kv_heads
         self.head_dim = cfg.head_dim
         self.implementation = cfg.attention_impl
         self.chunked_threshold = cfg.chunked_threshold
         self.window = cfg.attention_window  # causal self-attention only
-        d, hd = cfg.d_model, cfg.num_heads * cfg.head_dim
-        self.query = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
-        self.key = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
-        self.value = _dense(cfg, d, hd, ("embed", "heads"), rngs=rngs)
-        self.out = _dense(cfg, hd, d, ("heads", "embed"), rngs=rngs)
+        d, hd, kvd = cfg.d_model, cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        qkv_bias, out_bias = cfg.bias_of("qkv"), cfg.bias_of("out")
+        self.query = _dense(cfg, d, hd, ("embed", "heads"), use_bias=qkv_bias, rngs=rngs)
+        self.key = _dense(cfg, d, kvd, ("embed", "heads"), use_bias=qkv_bias, rngs=rngs)
+        self.value = _dense(cfg, d, kvd, ("embed", "heads"), use_bias=qkv_bias, rngs=rngs)
+        self.out = _dense(cfg, hd, d, ("heads", "embed"), use_bias=out_bias, rngs=rngs)
 
     def _split(self, x: Array) -> Array:
-        return x.reshape((*x.shape[:2], self.num_heads, self.head_dim))
+        """``[b, l, heads * head_dim]`` -> ``[b, l, heads, head_dim]`` (query or key/value
+        heads, from the width)."""
+        return x.reshape((*x.shape[:2], x.shape[-1] // self.head_dim, self.head_dim))
 
     def _qkv(
         self,
@@ -233,9 +285,10 @@ class MultiHeadAttention(nnx.Module):
     def init_cache(
         self, batch: int, capacity: int, *, positions: Array | None = None, dtype=jnp.float32
     ) -> KVCache:
-        """An empty self-attention `KVCache` ``[batch, capacity, heads, head_dim]``."""
+        """An empty self-attention `KVCache` ``[batch, capacity, kv_heads, head_dim]``
+        (``kv_heads`` = ``cfg.num_kv_heads`` or ``num_heads``)."""
         return kv_cache.init_kv_cache(
-            batch, capacity, self.num_heads, self.head_dim, dtype=dtype, positions=positions
+            batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, positions=positions
         )
 
     def decode_step(
@@ -248,11 +301,22 @@ class MultiHeadAttention(nnx.Module):
     ) -> tuple[Array, KVCache]:
         """Causal self-attention of ``l`` new tokens through a key-value cache.
 
-        Writes the new keys/values (before rotation) into the cache, then attends from the
-        new queries to every filled slot whose position is <= the query's: the rotate hook
-        gets the new queries and the whole cache with their positions, the bias hook
-        ``pe.bias(positions, cache.positions, causal=True)``. Equals `__call__` with
-        ``causal=True`` over all tokens written so far (see `flaxformer_lite.core.kv_cache`).
+        Writes the new keys/values into the cache, then attends from the new queries to
+        every filled slot whose position is <= the query's; the bias hook gets
+        ``pe.bias(positions, cache.positions, causal=True)``. The rotate hook, by the
+        encoding's ``caches_rotated_keys``:
+
+        * False (xPos, whose key scale depends on all key positions): keys are cached
+          unrotated, and ``pe.rotate`` gets the new queries and the whole cache with their
+          positions, the call a full forward pass makes;
+        * True (RoPE and its scalings): ``pe.rotate(q, k_new, positions, positions)``
+          rotates the new queries and keys, and the rotated keys are cached, as Hugging
+          Face transformers' cached generation does. Each key keeps the rotation of the
+          step that wrote it; for dynamic NTK past the original length that differs from a
+          full forward pass, exactly as in HF.
+
+        Otherwise equal to `__call__` with ``causal=True`` over all tokens written so far
+        (see `flaxformer_lite.core.kv_cache`).
 
         Args:
           x: ``[batch, l, d_model]`` (``l = prompt length`` to prefill, 1 per step).
@@ -265,10 +329,14 @@ class MultiHeadAttention(nnx.Module):
         """
         positions, _ = self._positions(x, None, positions, None)
         positions = jnp.broadcast_to(positions, x.shape[:2])
+        q = self._split(self.query(x))
         k_new, v_new = self._split(self.key(x)), self._split(self.value(x))
+        rotate_new = pe is not None and pe.caches_rotated_keys
+        if rotate_new:
+            q, k_new = pe.rotate(q, k_new, positions, positions)
         cache = kv_cache.write(cache, k_new, v_new, positions)
-        q, k = self._split(self.query(x)), cache.key
-        if pe is not None:
+        k = cache.key
+        if pe is not None and not rotate_new:
             q, k = pe.rotate(q, k, positions, cache.positions)
         out = attention.attend(
             q,
@@ -323,7 +391,12 @@ class MultiHeadAttention(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-    """Position-wise feed-forward ``W2 act(W1 x + b1) + b2`` (paper §3.3, ReLU; GELU option).
+    """Position-wise feed-forward ``wo(act(wi x))`` (paper §3.3, ReLU; `ACTIVATION_FNS`).
+
+    Gated (``cfg.ffn_gated``, Shazeer 2020, "GLU Variants Improve Transformer"):
+    ``wo(act(wi x) * wu x)``, SwiGLU with "silu" (Llama: ``wi`` = gate_proj, ``wu`` =
+    up_proj, ``wo`` = down_proj), GeGLU with a GELU. Kernels ``wi``/``wu`` ``[d_model, d_ff]``,
+    ``wo`` ``[d_ff, d_model]``; biases when ``cfg.ffn_bias`` (None: ``use_bias``).
 
     In a bfloat16 / float16 model the activation is evaluated in float32 and rounded once
     (`mixed_precision.elementwise_in_float32`): more accurate, and on CPU faster than the
@@ -331,23 +404,36 @@ class FeedForward(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.wi = _dense(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), rngs=rngs)
-        self.wo = _dense(cfg, cfg.d_ff, cfg.d_model, ("mlp", "embed"), rngs=rngs)
+        bias = cfg.bias_of("ffn")
+        self.wi = _dense(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), use_bias=bias, rngs=rngs)
+        self.wo = _dense(cfg, cfg.d_ff, cfg.d_model, ("mlp", "embed"), use_bias=bias, rngs=rngs)
+        self.wu = (
+            _dense(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), use_bias=bias, rngs=rngs)
+            if cfg.ffn_gated
+            else None
+        )
         self.activation = cfg.activation
 
     def __call__(self, x: Array) -> Array:
-        act = jax.nn.relu if self.activation == "relu" else jax.nn.gelu
+        act = ACTIVATION_FNS[self.activation]
         # low-precision compute: the activation in float32, rounded once
-        return self.wo(mixed_precision.elementwise_in_float32(act, self.wi(x)))
+        h = mixed_precision.elementwise_in_float32(act, self.wi(x))
+        if self.wu is not None:
+            h = h * self.wu(x)
+        return self.wo(h)
 
 
 class AddNorm(nnx.Module):
-    """Residual connection + layer norm around one sub-layer, post-LN or pre-LN."""
+    """Residual connection + norm around one sub-layer, post-LN or pre-LN (`_norm`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.pre = cfg.norm == "pre"
-        self.norm = _layer_norm(cfg, rngs=rngs)
+        self.norm = _norm(cfg, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+
+    def branch(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
+        """The residual branch of pre-LN alone, ``Dropout(f(norm(x)))`` (parallel residual)."""
+        return self.dropout(sublayer(self.norm(x)), deterministic=deterministic)
 
     def __call__(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
         if self.pre:
@@ -359,6 +445,12 @@ class EncoderBlock(nnx.Module):
     """Bidirectional self-attention then feed-forward, each with Add & Norm (paper Fig. 1)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        if cfg.residual != "sequential":
+            raise ValueError(
+                f"ModelConfig.residual={cfg.residual!r}: the parallel residual is defined for "
+                "decoder blocks without cross-attention (GPT-NeoX); an EncoderBlock is "
+                "sequential"
+            )
         self.attention = MultiHeadAttention(cfg, rngs=rngs)
         self.attention_norm = AddNorm(cfg, rngs=rngs)
         self.ffn = FeedForward(cfg, rngs=rngs)
@@ -380,9 +472,21 @@ class EncoderBlock(nnx.Module):
 
 
 class DecoderBlock(nnx.Module):
-    """Causal self-attention, optional cross-attention to the encoder, feed-forward."""
+    """Causal self-attention, optional cross-attention to the encoder, feed-forward.
+
+    ``cfg.residual="parallel"`` (GPT-J; GPT-NeoX / Pythia ``use_parallel_residual``): ``x +
+    Dropout(attn(norm1 x)) + Dropout(ffn(norm2 x))``, norm1 = ``self_attention_norm.norm``,
+    norm2 = ``ffn_norm.norm``; pre-LN and no cross-attention only.
+    """
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+        self.parallel = cfg.residual == "parallel"
+        if self.parallel and cross_attention:
+            raise ValueError(
+                "ModelConfig.residual='parallel': the parallel residual is defined for "
+                "decoder blocks without cross-attention (DecoderOnlyLM); use "
+                "residual='sequential' with cross-attention"
+            )
         self.self_attention = MultiHeadAttention(cfg, rngs=rngs)
         self.self_attention_norm = AddNorm(cfg, rngs=rngs)
         if cross_attention:
@@ -414,6 +518,8 @@ class DecoderBlock(nnx.Module):
         attend = lambda h: self.self_attention(
             h, q_positions=positions, pe=pe, mask=mask, causal=True
         )
+        if self.parallel:
+            return self._parallel(x, attend, deterministic)
         x = self.self_attention_norm(x, attend, deterministic=deterministic)
         if self.cross_attention is not None:
             if encoded is None or encoded_positions is None:
@@ -452,6 +558,8 @@ class DecoderBlock(nnx.Module):
             out, new_cache = self.self_attention.decode_step(h, positions, cache, pe=pe)
             return out
 
+        if self.parallel:
+            return self._parallel(x, attend, True), new_cache
         x = self.self_attention_norm(x, attend, deterministic=True)
         if self.cross_attention is not None:
             if cross is None:
@@ -459,3 +567,9 @@ class DecoderBlock(nnx.Module):
             cross_attend = lambda h: self.cross_attention.cross_decode_step(h, positions, cross)
             x = self.cross_attention_norm(x, cross_attend, deterministic=True)
         return self.ffn_norm(x, self.ffn, deterministic=True), new_cache
+
+    def _parallel(self, x: Array, attend: Callable[[Array], Array], deterministic: bool) -> Array:
+        """``x + Dropout(attend(norm1 x)) + Dropout(ffn(norm2 x))`` (GPT-NeoX)."""
+        a = self.self_attention_norm.branch(x, attend, deterministic=deterministic)
+        f = self.ffn_norm.branch(x, self.ffn, deterministic=deterministic)
+        return x + a + f

@@ -5,6 +5,11 @@ Defaults are the base Transformer of Vaswani et al. 2017 (Table 3, "base"): 6 en
 sinusoidal positions. The vocabulary defaults to 256 bytes (this library is byte-level; the
 paper used a shared 37k BPE vocabulary).
 
+The architectural differences of the pretrained families people study (GPT-2, OPT, XGLM,
+GPT-NeoX/Pythia, Llama, Qwen2, BLOOM, MPT) are options here too (DESIGN.md §8): the norm's kind,
+epsilon and bias, the activation, a gated feed-forward, grouped-query attention, per-projection
+biases, a parallel residual and an embedding norm. Their defaults keep the base Transformer.
+
 The positional encoding is chosen by name (``positional``) from the registry; its own
 settings are ``positional_options``, the frozen options dataclass its registry entry declares
 (`RopeOptions`, `T5Options`, ...), so adding an encoding never edits this class::
@@ -32,7 +37,12 @@ from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims
 
 NORM_POSITIONS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu")
+NORM_TYPES = ("layer", "rms")
+# "gelu" is the tanh approximation (Hendrycks & Gimpel 2016; HF "gelu_new" /
+# "gelu_pytorch_tanh"), "gelu_exact" the erf form (HF "gelu"), "silu" x * sigmoid(x)
+# (Elfwing et al. 2018; HF "silu" / "swish")
+ACTIVATIONS = ("relu", "gelu", "gelu_exact", "silu")
+RESIDUALS = ("sequential", "parallel")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIONS_PATH = "ModelConfig.positional_options"
 
@@ -49,8 +59,26 @@ class ModelConfig:
     num_decoder_layers: int = 6  # blocks in the Decoder (EncoderDecoder, DecoderOnlyLM)
     dropout_rate: float = 0.1  # residual and embedding dropout (0 disables)
     norm: str = "post"  # "post": LN(x + f(x)) as in the paper; "pre": x + f(LN(x))
-    activation: str = "relu"  # feed-forward non-linearity: "relu" (paper) or "gelu"
+    # "layer": LayerNorm (Ba et al. 2016); "rms": RMSNorm (Zhang & Sennrich 2019; Llama, Qwen2)
+    norm_type: str = "layer"
+    norm_epsilon: float = 1e-6  # epsilon of every norm (GPT-2/OPT/NeoX 1e-5, Llama 1e-5/1e-6)
+    norm_bias: bool = True  # LayerNorm has a bias (MPT: False); RMSNorm never has one
+    # feed-forward non-linearity, one of ACTIVATIONS: "relu" (paper), "gelu" (tanh form),
+    # "gelu_exact" (erf form), "silu"
+    activation: str = "relu"
+    ffn_gated: bool = False  # gated feed-forward wo(act(wi x) * wu x) (Shazeer 2020; SwiGLU)
+    # key/value heads of grouped-query attention (Ainslie et al. 2023; Llama 2 70B, Qwen2),
+    # 1 = multi-query attention (Shazeer 2019); None = num_heads; must divide num_heads
+    num_kv_heads: int | None = None
     use_bias: bool = True  # biases in the attention and feed-forward projections
+    qkv_bias: bool | None = None  # query/key/value projection biases; None -> use_bias (Qwen2)
+    out_bias: bool | None = None  # attention output projection bias; None -> use_bias
+    ffn_bias: bool | None = None  # feed-forward projection biases; None -> use_bias
+    head_bias: bool | None = None  # untied output head bias; None -> use_bias
+    # "sequential": attention then feed-forward; "parallel": x + attn(norm1 x) + ffn(norm2 x)
+    # (GPT-J, GPT-NeoX / Pythia; pre-LN, blocks without cross-attention)
+    residual: str = "sequential"
+    embedding_norm: bool = False  # a norm on the embeddings before the first block (BLOOM)
     tie_embeddings: bool = True  # output logits use the transposed token embedding
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper §3.4)
     positional: str = "sinusoidal"  # registry name, see encodings.positional_encoding_names()
@@ -74,6 +102,17 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``num_kv_heads``, or ``num_heads`` when None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    def bias_of(self, projection: str) -> bool:
+        """Whether ``projection`` ("qkv", "out", "ffn" or "head") has a bias: its own field
+        (``qkv_bias``, ...) or ``use_bias`` when that is None."""
+        value = getattr(self, f"{projection}_bias")
+        return self.use_bias if value is None else value
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -248,15 +287,37 @@ def _validate(cfg: ModelConfig) -> None:
         bad("dropout_rate", "must be in [0, 1)")
     for name, allowed in (
         ("norm", NORM_POSITIONS),
+        ("norm_type", NORM_TYPES),
         ("activation", ACTIVATIONS),
+        ("residual", RESIDUALS),
         ("dtype", DTYPES),
         ("param_dtype", DTYPES),
         ("attention_impl", attention.IMPLEMENTATIONS),
     ):
         if getattr(cfg, name) not in allowed:
             bad(name, f"allowed values: {list(allowed)}")
-    if not isinstance(cfg.randomized_positions, bool):
-        bad("randomized_positions", "must be a bool")
+    for name in ("randomized_positions", "norm_bias", "ffn_gated", "embedding_norm", "use_bias"):
+        if not isinstance(getattr(cfg, name), bool):
+            bad(name, "must be a bool")
+    for name in ("qkv_bias", "out_bias", "ffn_bias", "head_bias"):
+        if getattr(cfg, name) is not None and not isinstance(getattr(cfg, name), bool):
+            bad(name, "must be a bool or None (None: use_bias)")
+    if not is_number(cfg.norm_epsilon) or not 0.0 < cfg.norm_epsilon < 1.0:
+        bad("norm_epsilon", "must be a number in (0, 1)")
+    if cfg.num_kv_heads is not None:
+        check_positive_int("ModelConfig.num_kv_heads", cfg.num_kv_heads, error=ConfigError)
+        if cfg.num_heads % cfg.num_kv_heads:
+            bad(
+                "num_kv_heads",
+                f"must divide num_heads={cfg.num_heads} (each key/value head serves "
+                "num_heads / num_kv_heads query heads); None means num_heads",
+            )
+    if cfg.residual == "parallel" and cfg.norm != "pre":
+        bad(
+            "residual",
+            f"the parallel residual x + attn(norm1 x) + ffn(norm2 x) needs norm='pre'; got "
+            f"norm={cfg.norm!r}",
+        )
     if cfg.attention_window is not None:
         check_positive_int("ModelConfig.attention_window", cfg.attention_window, error=ConfigError)
     try:
@@ -273,11 +334,12 @@ def _validate(cfg: ModelConfig) -> None:
     object.__setattr__(cfg, "positional_options", options)  # normalised: the dataclass
     capacity = spec.capacity(options)
     if cfg.randomized_positions and capacity is not None and cfg.max_position > capacity:
+        value = getattr(options, spec.capacity_field, capacity)
         bad(
             "max_position",
             f"with randomized_positions, positions are drawn from [0, max_position), but "
             f"{cfg.positional!r} encodes only {capacity} ({OPTIONS_PATH}.{spec.capacity_field}"
-            f"={capacity}); max_position must be <= {capacity}",
+            f"={value}); max_position must be <= {capacity}",
         )
 
 
@@ -296,9 +358,11 @@ def check_encodable(cfg: ModelConfig, length: int, *, what: str) -> None:
         reason = f"the randomized positions (config.model.max_position={cfg.max_position})"
         needed = cfg.max_position
     if needed > capacity:
+        # the option may exceed the capacity (a learned table's offset rows)
+        value = getattr(cfg.positional_options, spec.capacity_field, capacity)
         fail(
             f"config.model.positional_options.{cfg.positional}.{spec.capacity_field}",
-            capacity,
-            f"must be >= {needed}: the {cfg.positional!r} encoding must encode every position "
-            f"of {reason}; rows past the training length stay untrained",
+            value,
+            f"must be >= {needed + value - capacity}: the {cfg.positional!r} encoding must "
+            f"encode every position of {reason}; rows past the training length stay untrained",
         )

@@ -21,7 +21,7 @@ from flax import nnx
 from flaxformer_lite.core import attention
 from flaxformer_lite.core.kv_cache import CrossKVCache, DecoderCache, KVCache, slot_positions
 from flaxformer_lite.core.positions import as_batched_positions
-from flaxformer_lite.nn.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _layer_norm
+from flaxformer_lite.nn.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _norm
 from flaxformer_lite.nn.model_config import ModelConfig
 
 Array = jax.Array
@@ -53,17 +53,23 @@ def _check_tokens(tokens: Array) -> None:
 
 
 class _Stack(nnx.Module):
-    """Shared plumbing: embedding + positional encoding + dropout, final norm for pre-LN."""
+    """Shared plumbing: embedding + positional encoding (+ embedding norm) + dropout, final
+    norm for pre-LN."""
 
     def _init_stack(self, cfg: ModelConfig, embed: TokenEmbedding | None, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = TokenEmbedding(cfg, rngs=rngs) if embed is None else embed
         self.pe = cfg.encoding.build(cfg, rngs=rngs)
+        # BLOOM's word_embeddings_layernorm: a norm of the embeddings before the first block
+        self.embed_norm = _norm(cfg, rngs=rngs) if cfg.embedding_norm else None
         self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
-        self.final_norm = _layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
+        self.final_norm = _norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
 
     def _embed(self, tokens: Array, positions: Array, deterministic: bool) -> Array:
+        """Embed (scaled), add the add-hook encoding, embedding norm, dropout."""
         x = self.pe.add(self.embed.encode(tokens), positions)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         return self.dropout(x, deterministic=deterministic)
 
     def _finish(self, x: Array) -> Array:

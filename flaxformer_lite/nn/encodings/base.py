@@ -57,6 +57,11 @@ class PositionalEncoding(nnx.Module):
     """Base class: the identity at every hook. Subclasses override the one they act at."""
 
     hook: ClassVar[str] = "none"
+    # True: cached decoding rotates each step's new queries and keys at their own positions
+    # and caches the rotated keys (Hugging Face's convention; RoPE). False: keys are cached
+    # unrotated and each step rotates the whole cache with all its positions (xPos, whose key
+    # scale depends on every key position). See `flaxformer_lite.core.kv_cache`.
+    caches_rotated_keys: ClassVar[bool] = False
 
     def add(self, x: Array, positions: Array) -> Array:
         """``x``: ``[batch, length, d_model]`` embeddings; positions ``[batch, length]``."""
