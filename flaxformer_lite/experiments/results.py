@@ -3,8 +3,9 @@
 A row is one JSON object per line: one run x evaluation length x metric with its provenance
 (see ``flaxformer_lite.experiments.runner.rows_for_cell``). Reading never uses pickle or
 executes anything: ``json.loads`` only. A line that is not a valid row (torn write, edited by
-hand, missing fields) is reported with its file and line number — as a ``warnings.warn`` and
-in the returned problems, which the report states — and skipped; it is never silently dropped.
+hand, missing fields, an impossible number: `_check_row`) is reported with its file and line
+number — as a ``warnings.warn`` and in the returned problems, which the report states — and
+skipped; it is never silently dropped, never a traceback and never a table cell.
 Two different rows of one measurement (the same run, seed, evaluation length, protocol,
 metric and encoding label: `measurement_key`) are an error (`DuplicateRowsError`, naming the
 key and the files and lines), never averaged as if they were two seeds.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,6 +24,20 @@ from typing import Any, Literal, overload
 RESULTS_FILE = "results.jsonl"
 BLOCKS_FILE = "blocks.jsonl"  # per-block sums beside the rows (experiments.rows.blocks_for_cell)
 REQUIRED_FIELDS = ("encoding", "metric", "value", "eval_length")
+# Range checks of a row's numbers (a row outside them is skipped, with its file and line):
+MAX_LENGTH = 2**40  # evaluation and training lengths, strides and token counts
+LENGTH_FIELDS = ("eval_length", "train_length")  # positive when given
+COUNT_FIELDS = ("stride", "tokens", "num_scored_tokens", "context_block")  # >= 0 when given
+# metric -> (lowest, highest) allowed value; a metric not listed only has to be finite
+VALUE_RANGES = {
+    "bits_per_byte": (0.0, float("inf")),
+    "loss": (0.0, float("inf")),
+    "bucket_loss": (0.0, float("inf")),
+    "loss_by_position": (0.0, float("inf")),
+    "perplexity": (1.0, float("inf")),
+    "accuracy": (0.0, 1.0),
+    "exact_match": (0.0, 1.0),
+}
 
 
 class ResultsWarning(UserWarning):
@@ -108,23 +124,66 @@ def _check_row(row: Any) -> str | None:
         return f"missing field(s) {missing}"
     if not isinstance(row["encoding"], str) or not isinstance(row["metric"], str):
         return "fields 'encoding' and 'metric' must be strings"
-    for key in ("eval_length", "train_length"):
+    for key, n in row.items():  # every number a row holds is a finite float
+        if _is_number(n) and not _finite(n):
+            return f"{key!r} must be a finite number, got {_shown(n)}"
+    for key in LENGTH_FIELDS:
         n = row.get(key)
         if (key in REQUIRED_FIELDS or n is not None) and not _positive_int(n):
-            return f"{key!r} must be a positive integer, got {json.dumps(n)[:40]}"
+            return f"{key!r} must be a positive integer, got {_shown(n)}"
+        if n is not None and n > MAX_LENGTH:
+            return f"{key!r} must be at most 2**40, got {_shown(n)}"
+    for key in COUNT_FIELDS:
+        n = row.get(key)
+        if n is not None and not (_is_number(n) and 0 <= n <= MAX_LENGTH and n == int(n)):
+            return f"{key!r} must be an integer in [0, 2**40], got {_shown(n)}"
     value = row["value"]
+    low, high = VALUE_RANGES.get(row["metric"], (-float("inf"), float("inf")))
     if row["metric"] == "loss_by_position":
-        ok = isinstance(value, list) and all(
-            v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in value
-        )
-        return None if ok else "'value' of loss_by_position must be a list of numbers/null"
+        if not isinstance(value, list) or not all(v is None or _is_number(v) for v in value):
+            return "'value' of loss_by_position must be a list of numbers/null"
+        for i, v in enumerate(value):
+            if v is not None and not (_finite(v) and low <= v <= high):
+                where = f"'value' of loss_by_position at position {i}"
+                return f"{where} is {_shown(v)}: {_range(low, high)}"
+        return None
     if value is None and isinstance(row.get("na"), str):
         return None  # a cell the model cannot be evaluated at, with its reason
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"'value' must be a number, got {json.dumps(value)[:40]}"
+    if not _is_number(value):
+        return f"'value' must be a number, got {_shown(value)}"
+    if not low <= value <= high:
+        return f"'value' of {row['metric']} is {_shown(value)}: {_range(low, high)}"
     if row["metric"] == "bucket_loss" and not isinstance(row.get("bucket"), str):
         return "bucket_loss row without a 'bucket' string"
     return None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _finite(x: int | float) -> bool:
+    """Whether ``x`` is a finite float (an integer too large for one is not)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
+def _shown(x: Any) -> str:
+    """``x`` as JSON, clipped (a 401-digit integer by its digit count)."""
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10**40:
+        return f"an integer of {len(str(abs(x)))} digits"
+    try:
+        return _clip(json.dumps(x), 40)
+    except ValueError:  # deeply nested
+        return type(x).__name__
+
+
+def _range(low: float, high: float) -> str:
+    if high == float("inf"):
+        return f"must be >= {low:g} and finite"
+    return f"must be in [{low:g}, {high:g}]"
 
 
 def _study_hint(row: dict[str, Any], where: str | None) -> str:
@@ -163,6 +222,8 @@ def read_rows_lines(path: str | Path) -> tuple[list[dict[str, Any]], list[int], 
                 row = json.loads(text)
             except json.JSONDecodeError as e:
                 reason = f"not valid JSON ({e.msg} at column {e.colno}): {_clip(text)}"
+            except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting
+                reason = f"not a usable JSON value ({type(e).__name__}: {_clip(str(e))})"
             else:
                 reason = _check_row(row)
             if reason is None:
