@@ -4,6 +4,7 @@ Layers; a folder may import the ones listed after it, never one before it
 (tests/test_architecture.py pins this)::
 
     experiments/   sweeps, the study runner, results rows, statistics, tables, plots, report
+    pretrained/    Hugging Face causal LMs: config mapping, safetensors weights, tokenizers
     train/         run config, jit-compiled steps, the loop, checkpoints, metrics, sharding
     evaluation/    the evaluation plan and its execution (protocols, per-position loss, tasks)
     data/          byte corpora, synthetic tasks, windows (numpy only; imports only base/)

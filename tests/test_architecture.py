@@ -26,7 +26,8 @@ LAYERS: dict[str, set[str]] = {
     "data": {"base"},
     "evaluation": {"base", "core", "nn", "data"},
     "train": {"base", "core", "nn", "data", "evaluation"},
-    "experiments": {"base", "core", "nn", "data", "evaluation", "train"},
+    "pretrained": {"base", "core", "nn", "data", "evaluation", "train"},
+    "experiments": {"base", "core", "nn", "data", "evaluation", "train", "pretrained"},
 }
 # layer -> top-level third-party packages it must not import ("*": anything not stdlib)
 THIRD_PARTY: dict[str, set[str]] = {

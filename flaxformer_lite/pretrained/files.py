@@ -1,0 +1,202 @@
+"""A Hugging Face checkpoint folder, read as untrusted input (numpy only, no torch).
+
+Nothing in a folder is executed or unpickled: weights come only from safetensors files
+(``model.safetensors`` or the shards a ``model.safetensors.index.json`` names), and a folder
+that has only pickled PyTorch weights (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``) is
+refused with one line that names the file. A shard index may name only plain file names
+inside the folder (no ``/``, no ``..``). The files themselves may be links, as in the Hugging
+Face hub cache, whose ``snapshots/<revision>/`` entries link to ``blobs/<sha256>``.
+
+Reading is lazy: `CheckpointFiles` knows every tensor's name, dtype and shape from the
+safetensors headers (a few KB) before any tensor is read, so shapes are checked against the
+model config before anything large is allocated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "*.pt", "*.pth", "*.ckpt", "*.bin")
+# safetensors dtype names -> numpy dtypes (little-endian); bfloat16 from ml_dtypes, which
+# jax depends on
+_DTYPES = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+
+
+class PretrainedError(ValueError):
+    """A checkpoint folder or config that cannot be loaded; the message is one line."""
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """``config.json`` of ``folder`` as a dict (one-line errors for a missing or bad file)."""
+    path = folder / CONFIG
+    if not path.is_file():
+        raise PretrainedError(f"{folder}: no {CONFIG} (a Hugging Face model folder has one)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PretrainedError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(config, dict):
+        raise PretrainedError(f"{path}: must hold a JSON object, not {type(config).__name__}")
+    return config
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file: ``{name: {dtype, shape, data_offsets}}``, each
+    entry checked against the file's size, plus ``start``: where the data begins."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            total = path.stat().st_size
+            if not 0 < size <= min(total - 8, 100 * 2**20):
+                raise PretrainedError(f"{path}: not a safetensors file (header size {size})")
+            header = json.loads(f.read(size))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PretrainedError(f"{path}: not a readable safetensors file ({e})") from None
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        shape, dtype = info.get("shape"), info.get("dtype")
+        if dtype not in _DTYPES or not isinstance(shape, list):
+            raise PretrainedError(f"{path}: tensor {name!r} has dtype {dtype!r}, shape {shape!r}")
+        begin, end = info.get("data_offsets", (0, -1))
+        nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
+        if end - begin != nbytes or begin < 0 or end + 8 + size > total:
+            raise PretrainedError(f"{path}: tensor {name!r} does not fit its byte range")
+        info["start"] = 8 + size + begin
+    return header
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of ``folder``: ``model.safetensors``, or the shards its index
+    names (plain names inside the folder only). Pickled weights alone are refused."""
+    if (folder / INDEX).is_file():
+        try:
+            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise PretrainedError(f"{folder / INDEX}: not a safetensors index ({e})") from None
+        if not isinstance(weight_map, Mapping):
+            raise PretrainedError(f"{folder / INDEX}: weight_map must be an object")
+        files = []
+        for tensor, name in weight_map.items():
+            if (
+                not isinstance(name, str)
+                or not name
+                or Path(name).name != name
+                or name in (".", "..")
+                or not name.endswith(".safetensors")
+            ):
+                raise PretrainedError(
+                    f"{folder / INDEX}: tensor {tensor!r} points to {name!r}; a shard must be a "
+                    "plain .safetensors file name inside the model folder"
+                )
+            if name not in files:
+                files.append(name)
+        paths = [folder / name for name in files]
+        missing = [p.name for p in paths if not p.is_file()]
+        if missing:
+            raise PretrainedError(f"{folder}: the index names missing shard(s) {missing}")
+        return paths
+    if (folder / SINGLE).is_file():
+        return [folder / SINGLE]
+    pickles = sorted({p.name for pattern in PICKLES for p in folder.glob(pattern)})
+    if pickles:
+        raise PretrainedError(
+            f"{folder / pickles[0]}: pickled PyTorch weights are not loaded (unpickling can run "
+            "code); use the model's safetensors files (model.safetensors), e.g. from the hub's "
+            "safetensors revision or converted with transformers' save_pretrained"
+        )
+    raise PretrainedError(f"{folder}: no {SINGLE} or {INDEX}")
+
+
+class CheckpointFiles:
+    """The tensors of a checkpoint, by name, read lazily from its safetensors files.
+
+    ``strip`` prefixes (a model's base prefix such as ``"transformer."``) are removed from
+    the stored names, so a family's mapping sees one spelling whether the checkpoint was
+    saved from the bare model or the LM head model. `get` records what was read, so the
+    loader can refuse a checkpoint with tensors that nothing mapped.
+    """
+
+    def __init__(self, folder: Path, *, strip: tuple[str, ...] = ()):
+        self.folder = folder
+        self.files = weight_files(folder)
+        self.where: dict[str, tuple[Path, str]] = {}
+        self.info: dict[str, tuple[str, tuple[int, ...], int]] = {}
+        for path in self.files:
+            for stored, meta in _header(path).items():
+                name = stored
+                for prefix in strip:
+                    if name.startswith(prefix):
+                        name = name[len(prefix) :]
+                        break
+                if name in self.where:
+                    raise PretrainedError(f"{path}: tensor {name!r} is stored twice")
+                self.where[name] = (path, stored)
+                self.info[name] = (meta["dtype"], tuple(meta["shape"]), meta["start"])
+        self.used: set[str] = set()
+
+    def names(self) -> list[str]:
+        return sorted(self.where)
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info[self._check(name)][1]
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a read-only numpy array mapped from its file (bfloat16 as
+        ``ml_dtypes.bfloat16``); nothing is read until the array is used."""
+        path, _ = self.where[self._check(name)]
+        dtype, shape, start = self.info[name]
+        self.used.add(name)
+        if not math.prod(shape):
+            return np.zeros(shape, _DTYPES[dtype])
+        return np.memmap(path, dtype=_DTYPES[dtype], mode="r", offset=start, shape=shape)
+
+    def _check(self, name: str) -> str:
+        if name not in self.where:
+            raise PretrainedError(f"{self.folder}: the checkpoint has no tensor {name!r}")
+        return name
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.where) - self.used)
+
+
+def content_hash(paths: list[Path]) -> str:
+    """``sha256:<hex>`` over the files' contents in order (the hub cache's blob names are
+    the sha256 of each file, so linked blobs are read once more only to be sure)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def iter_headers(folder: Path) -> Iterator[tuple[str, str, tuple[int, ...]]]:
+    """``(name, dtype, shape)`` of every stored tensor (for listings and tests)."""
+    for path in weight_files(folder):
+        for name, meta in _header(path).items():
+            yield name, meta["dtype"], tuple(meta["shape"])

@@ -1,0 +1,249 @@
+"""Load a Hugging Face causal LM into `DecoderOnlyLM`: ``load_pretrained(folder or hub id)``.
+
+Steps, each refusing in one line before anything large is allocated: read ``config.json``
+and map it to a `ModelConfig` (`families`); check the parameters' memory against the memory
+available; read the safetensors headers; map every stored tensor onto a parameter path and
+compare shapes; only then read the tensors, cast them to ``param_dtype`` and place them
+(optionally sharded). Every parameter must come from the checkpoint and every stored tensor
+must be used (or be a known buffer): nothing is left at a random initialisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.nn.param_count import count_parameters
+from flaxformer_lite.pretrained import families
+from flaxformer_lite.pretrained.files import (
+    CheckpointFiles,
+    PretrainedError,
+    content_hash,
+    read_config,
+)
+from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
+from flaxformer_lite.train import memory
+
+HUB_FILES = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "generation_config.json",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedInfo:
+    """Where a loaded model came from (recorded in results rows)."""
+
+    model_id: str  # the hub id or folder given to `load_pretrained`
+    family: str  # `families.Family.name`
+    folder: str  # the local folder read
+    revision: str | None  # the hub commit, when loaded from the hub
+    weights_sha256: str  # "sha256:..." of the safetensors files, in order
+    tokenizer_sha256: str | None  # "sha256:..." of the tokenizer files, None without one
+    hf_config: dict[str, Any]  # config.json as read
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """`load_pretrained`'s result: the model, its config, its tokenizer and its provenance."""
+
+    model: DecoderOnlyLM
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    info: PretrainedInfo
+
+
+def resolve(source: str | os.PathLike, *, revision: str | None = None) -> tuple[Path, str | None]:
+    """A local model folder for ``source`` (a folder, or a hub id fetched with
+    ``huggingface_hub``: the cache first, then the network unless ``HF_HUB_OFFLINE=1``),
+    and the hub revision when it came from the hub."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path, None
+    repo = str(source)
+    if path.exists() or repo.count("/") > 1 or not repo.strip("/"):
+        raise PretrainedError(f"{repo}: not a model folder and not a hub id (org/name)")
+    how = (
+        f"download it where there is internet (e.g. `hf download {repo} --include "
+        f"'*.json' '*.safetensors' 'tokenizer*' --local-dir DIR`) and pass DIR, or fill the "
+        "Hugging Face cache (HF_HOME) with it"
+    )
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise PretrainedError(
+            f"{repo}: no such folder, and loading a hub id needs huggingface_hub (pip install "
+            f"'flaxformer-lite[pretrained]'); or {how}"
+        ) from None
+    errors = []
+    for local_only in (True, False):
+        if not local_only and os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+            break
+        try:
+            folder = huggingface_hub.snapshot_download(
+                repo, revision=revision, allow_patterns=HUB_FILES, local_files_only=local_only
+            )
+        except Exception as e:  # offline, unknown repo, gated, ...: one line below
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        return Path(folder), Path(folder).name
+    raise PretrainedError(
+        f"{repo}: not in the local cache and not downloadable ({errors[-1]}); {how}"
+    )
+
+
+def _check_memory(family: str, cfg: ModelConfig, files: CheckpointFiles | None) -> None:
+    """Refuse before allocating when the parameters alone exceed the memory available: the
+    count from the config (arithmetic, so absurd sizes are answered at once), then the
+    checkpoint's own tensor sizes (from its headers)."""
+    itemsize = cfg.params_dtype.itemsize
+    if files is None:
+        need, what = count_parameters(cfg) * itemsize, "config.json's model"
+    else:
+        need = sum(math.prod(files.shape(n)) for n in files.names()) * itemsize
+        what = "the checkpoint's tensors"
+    free, where, _ = memory.available_memory()
+    if free is not None and need > free:
+        raise PretrainedError(
+            f"{family}: {what} need(s) {memory.format_bytes(need)} as {cfg.params_dtype} "
+            f"({cfg.num_decoder_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab_size}) "
+            f"but {memory.format_bytes(free)} is free ({where}); load the parameters in "
+            "bfloat16 (param_dtype='bfloat16') or shard them over more devices"
+        )
+
+
+def _abstract(cfg: ModelConfig) -> tuple[Any, Any, Any]:
+    """``(graphdef, abstract params, concrete non-parameter state)`` without initialising a
+    single parameter (the non-parameter state, RNG counters, is tiny)."""
+    abstract = nnx.eval_shape(lambda: DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
+    rest = jax.jit(lambda: nnx.split(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)[2])()
+    return graphdef, params, rest
+
+
+def load_pretrained(
+    source: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    param_dtype: str | None = None,
+    shardings: Callable[[Any], Any] | None = None,
+    revision: str | None = None,
+    tokenizer: bool = True,
+    **overrides: Any,
+) -> Pretrained:
+    """Load a Hugging Face causal LM (a folder or a hub id) as a `DecoderOnlyLM`.
+
+    Args:
+      source: a folder with ``config.json``, safetensors weights and tokenizer files, or a
+        hub id (``"gpt2"``, ``"EleutherAI/pythia-160m"``) when ``huggingface_hub`` can fetch
+        it or has it cached.
+      dtype: compute dtype (``"float32"``, ``"bfloat16"``); param_dtype: storage dtype of
+        the parameters (default ``dtype``): ``"bfloat16"`` halves their memory.
+      shardings: ``shardings(abstract params) -> a tree of jax.sharding.Sharding`` (e.g.
+        ``lambda s: flaxformer_lite.train.sharding.state_shardings(s, mesh, rules)``): each
+        parameter is placed directly on its devices; None keeps the default device.
+      revision: a hub revision (branch, tag or commit).
+      tokenizer: also load the tokenizer (``tokenizers``).
+      **overrides: `ModelConfig` fields to change after the mapping (e.g.
+        ``attention_impl="chunked"``, or ``positional_options`` for another RoPE scaling).
+
+    Returns:
+      `Pretrained` (model, config, tokenizer, info). Its logits equal transformers'
+      (tests/pretrained/ checks every family to 1e-4 in float32).
+    """
+    folder, hub_revision = resolve(source, revision=revision)
+    hf_config = read_config(folder)
+    family = families.family_of(hf_config, where=str(folder / "config.json"))
+    cfg = families.model_config(hf_config, where=str(folder / "config.json"))
+    param_dtype = dtype if param_dtype is None else param_dtype
+    try:
+        cfg = cfg.replace(dtype=dtype, param_dtype=param_dtype, **overrides)
+    except (TypeError, ValueError) as e:
+        raise PretrainedError(f"{family.name}: {e}") from None
+    _check_memory(family.name, cfg, None)
+    files = CheckpointFiles(folder, strip=family.prefixes)
+    _check_memory(family.name, cfg, files)
+    arrays = _mapped(family, files, cfg)
+    graphdef, abstract, rest = _abstract(cfg)
+    params = _fill(family, abstract, arrays, cfg.params_dtype, shardings)
+    model = nnx.merge(graphdef, params, rest)
+    info = PretrainedInfo(
+        model_id=str(source),
+        family=family.name,
+        folder=str(folder),
+        revision=hub_revision,
+        weights_sha256=content_hash(files.files),
+        tokenizer_sha256=None,
+        hf_config=hf_config,
+    )
+    tok = load_tokenizer(folder) if tokenizer else None
+    if tok is not None:
+        info = dataclasses.replace(info, tokenizer_sha256=tok.sha256)
+    return Pretrained(model, cfg, tok, info)
+
+
+def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -> dict:
+    """``{parameter path: array}`` (lazy, memory-mapped) for every parameter; refuses a
+    checkpoint with tensors that nothing maps."""
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for path, array in family.weights(files, cfg):
+            arrays[path] = array
+    except PretrainedError as e:
+        raise PretrainedError(f"{family.name}: {e}") from None
+    unused = [n for n in files.unused() if not family.is_buffer(n)]
+    if unused:
+        raise PretrainedError(
+            f"{family.name}: {len(unused)} stored tensor(s) map to no parameter of the "
+            f"configured model, e.g. {unused[0]!r} {files.shape(unused[0])} (does config.json "
+            "match the weights?)"
+        )
+    return arrays
+
+
+def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
+    """The parameter state with every abstract leaf replaced by its checkpoint array."""
+    flat = nnx.to_flat_state(abstract)
+    placed = [] if shardings is None else nnx.to_flat_state(shardings(abstract))
+    placements = {p: s.get_value() if isinstance(s, nnx.Variable) else s for p, s in placed}
+    leaves = []
+    expected = set()
+    for path, var in flat:
+        name = ".".join(str(p) for p in path)
+        expected.add(name)
+        if name not in arrays:
+            raise PretrainedError(
+                f"{family.name}: parameter {name} {tuple(var.get_value().shape)} has no tensor "
+                "in the checkpoint"
+            )
+        array, want = arrays[name], tuple(var.get_value().shape)
+        if tuple(array.shape) != want:
+            raise PretrainedError(
+                f"{family.name}: parameter {name} expects shape {want}; the checkpoint gives "
+                f"{tuple(array.shape)}"
+            )
+        host = np.asarray(array).astype(dtype)  # reads the tensor from its file
+        sharding = placements.get(path)
+        value = jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
+        leaves.append((path, var.replace(value)))
+    extra = sorted(set(arrays) - expected)
+    if extra:
+        raise PretrainedError(f"{family.name}: the mapping names unknown parameter {extra[0]}")
+    return nnx.from_flat_state(leaves)

@@ -1,0 +1,73 @@
+"""The tokenizer of a Hugging Face model folder, with the Hugging Face ``tokenizers`` library.
+
+Read from ``tokenizer.json`` (the fast-tokenizer file most causal LMs ship) or, for
+GPT-2-style byte-level BPE folders that have only ``vocab.json`` + ``merges.txt``, built
+from those two files. A folder with neither (a SentencePiece ``.model`` only) is refused in
+one line. Nothing in the folder is executed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+from flaxformer_lite.pretrained.files import PretrainedError
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+    """A loaded tokenizer: ``encode`` / ``decode`` and the hash of the files it came from."""
+
+    backend: object  # tokenizers.Tokenizer
+    source: str  # the file(s) it was read from
+    sha256: str  # "sha256:<hex>" of those files' bytes
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS unless ``add_special_tokens``)."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+
+def _hash(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    """The tokenizer of a model folder (see the module docstring)."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise PretrainedError(
+            "loading a tokenizer needs the `tokenizers` package: pip install "
+            "'flaxformer-lite[pretrained]'"
+        ) from None
+    folder = Path(folder)
+    path = folder / "tokenizer.json"
+    try:
+        if path.is_file():
+            return Tokenizer(tokenizers.Tokenizer.from_file(str(path)), str(path), _hash([path]))
+        vocab, merges = folder / "vocab.json", folder / "merges.txt"
+        if vocab.is_file() and merges.is_file():
+            backend = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(vocab), str(merges)))
+            backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+            backend.decoder = tokenizers.decoders.ByteLevel()
+            return Tokenizer(backend, f"{vocab} + {merges.name}", _hash([vocab, merges]))
+    except Exception as e:  # the library's parse errors are plain Exceptions
+        raise PretrainedError(f"{folder}: cannot read the tokenizer ({e})") from None
+    others = sorted(p.name for p in folder.glob("*.model"))
+    hint = f" ({others[0]} is a SentencePiece model: save it as tokenizer.json with transformers)"
+    raise PretrainedError(
+        f"{folder}: no tokenizer.json (or vocab.json + merges.txt)" + (hint if others else "")
+    )
