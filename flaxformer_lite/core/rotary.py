@@ -2,7 +2,9 @@
 
 RoPE (Su et al. 2021) in the rotate-half and interleaved layouts, partial rotary
 (`rotary_dim_for`), xPos (Sun et al. 2022: RoPE with a per-pair decay) and RoPE context
-extension at evaluation time (`rope_scaled_inv_frequencies`: PI, NTK, dynamic NTK, YaRN).
+extension (`rope_scaled_inv_frequencies`: PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE),
+each as Hugging Face transformers computes it (``ROPE_INIT_FUNCTIONS`` in
+``transformers/modeling_rope_utils.py``; tests/core/rope_goldens.json pins them).
 Angles are float32: bfloat16 cannot tell position 256 from 257.
 """
 
@@ -14,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_lite.base.checks import check_positive_int, check_positive_number
+from flaxformer_lite.base.checks import check_positive_int, check_positive_number, is_number
 from flaxformer_lite.core.positions import as_batched_positions, scaled_positions
 
 Array = jax.Array
@@ -196,7 +198,8 @@ def apply_xpos(
 
 # ------------------------------------------------ partial rotary and RoPE context extension
 
-ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+ROPE_EVAL_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")  # derivable from a length
+ROPE_SCALINGS = (*ROPE_EVAL_SCALINGS, "llama3", "longrope")
 
 
 def rotary_dim_for(head_dim: int, fraction: float = 1.0) -> int:
@@ -237,21 +240,30 @@ def yarn_ramp(r: np.ndarray, *, alpha: float = 1.0, beta: float = 32.0) -> np.nd
 
 
 def yarn_correction_range(
-    rotary_dim: int, *, original_length: int, base: float, beta_fast: float, beta_slow: float
+    rotary_dim: int,
+    *,
+    original_length: int,
+    base: float,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool = True,
 ) -> tuple[float, float]:
     """The pair-index range YaRN blends over, as the authors' code and Hugging Face
-    transformers compute it (``find_correction_range`` with ``truncate=True``).
+    transformers compute it (``find_correction_range`` in ``_compute_yarn_parameters``).
 
     ``corr(n) = d ln(L / (2 pi n)) / (2 ln b)`` is the (fractional) pair index whose
     wavelength fits ``n`` times into ``L``; ``low = max(floor(corr(beta_fast)), 0)``,
-    ``high = min(ceil(corr(beta_slow)), d - 1)``, ``high += 0.001`` when they are equal.
+    ``high = min(ceil(corr(beta_slow)), d - 1)`` (``truncate=False``: without floor and
+    ceil, HF's ``truncate`` field), ``high += 0.001`` when they are equal.
     """
 
     def corr(n: float) -> float:
         return rotary_dim * math.log(original_length / (n * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(corr(beta_fast)), 0)
-    high = min(math.ceil(corr(beta_slow)), rotary_dim - 1)
+    low, high = corr(beta_fast), corr(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
     return float(low), float(high) + (0.001 if low == high else 0.0)
 
 
@@ -264,6 +276,7 @@ def yarn_inv_frequencies(
     alpha: float = 1.0,
     beta: float = 32.0,
     variant: str = "hf",
+    truncate: bool = True,
 ) -> Array:
     """YaRN frequencies (Peng et al. 2023, arXiv 2309.00071), float32 ``[d // 2]``.
 
@@ -274,13 +287,15 @@ def yarn_inv_frequencies(
 
     * ``variant="hf"`` (default): as the authors' code and Hugging Face transformers
       (``_compute_yarn_parameters``) ship it -- linear in the pair index ``i`` between the
-      truncated correction dimensions (`yarn_correction_range`), ``ramp_i = clip((i - low) /
-      (high - low), 0, 1)``; this is the YaRN people use and compare with;
+      correction dimensions (`yarn_correction_range`; ``truncate=False`` keeps them
+      fractional, HF's ``truncate`` field), ``ramp_i = clip((i - low) / (high - low), 0,
+      1)``; this is the YaRN people use and compare with;
     * ``variant="paper"``: Eq. 17-19, linear in ``r_i = L / lambda_i`` (``lambda_i = 2 pi /
       theta_i``), ``ramp_i = 1 - gamma(r_i)`` with `yarn_ramp`. The two give frequencies
       that differ by up to ~80 % for small head dims (docs/encodings.md).
 
-    Computed in float64 on the host. ``scale = 1`` gives RoPE exactly.
+    Computed in float64 on the host. ``scale = 1`` gives RoPE exactly (HF does too, up to
+    float32 rounding: its ramp then blends ``theta`` with itself).
     """
     _check_scale(scale)
     check_positive_int("original_length", original_length)
@@ -292,7 +307,12 @@ def yarn_inv_frequencies(
         return jnp.asarray(theta, jnp.float32)
     if variant == "hf":
         low, high = yarn_correction_range(
-            rotary_dim, original_length=original_length, base=base, beta_fast=beta, beta_slow=alpha
+            rotary_dim,
+            original_length=original_length,
+            base=base,
+            beta_fast=beta,
+            beta_slow=alpha,
+            truncate=truncate,
         )
         ramp = np.clip((np.arange(rotary_dim // 2) - low) / (high - low), 0.0, 1.0)
     else:
@@ -300,13 +320,27 @@ def yarn_inv_frequencies(
     return jnp.asarray(theta / scale * ramp + theta * (1.0 - ramp), jnp.float32)
 
 
-def yarn_attention_factor(scale: float) -> float:
+def yarn_attention_factor(
+    scale: float, *, mscale: float | None = None, mscale_all_dim: float | None = None
+) -> float:
     """YaRN's ``sqrt(1/t) = 0.1 ln(s) + 1`` (Eq. 22); queries and keys are both multiplied by
     it, so the logits scale by ``1/t``. Exactly 1 at ``s = 1``. Hugging Face multiplies the
     rotary cos and sin by it, so only the rotated dimensions of a partial rotary are scaled
-    (``variant="hf"``); the paper's temperature divides the whole logit (``"paper"``)."""
+    (``variant="hf"``); the paper's temperature divides the whole logit (``"paper"``).
+
+    With ``mscale`` and ``mscale_all_dim`` (DeepSeek-V2/V3 configs), HF's
+    ``_compute_yarn_parameters`` uses ``m(s, mscale) / m(s, mscale_all_dim)`` with ``m(s, c)
+    = 0.1 c ln(s) + 1`` (1 for ``s <= 1``); as there, both must be given and non-zero, else
+    the plain formula applies.
+    """
     _check_scale(scale)
-    return 1.0 if scale == 1 else 0.1 * math.log(scale) + 1.0
+
+    def m(c: float) -> float:
+        return 1.0 if scale <= 1 else 0.1 * c * math.log(scale) + 1.0
+
+    if mscale and mscale_all_dim:
+        return float(m(float(mscale)) / m(float(mscale_all_dim)))
+    return m(1.0)
 
 
 def dynamic_ntk_inv_frequencies(
@@ -342,6 +376,101 @@ def dynamic_ntk_inv_frequencies(
     return theta[None, :] * jnp.where(current > length, scaled, jnp.float32(1.0))
 
 
+def llama3_inv_frequencies(
+    rotary_dim: int,
+    *,
+    scale: float,
+    original_length: int,
+    base: float = 10000.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+) -> Array:
+    """Llama 3.1's frequencies, float32 ``[d // 2]`` (Meta, "The Llama 3 Herd of Models",
+    arXiv 2407.21783, and its reference ``apply_scaling``; Hugging Face
+    ``_compute_llama3_parameters``).
+
+    With wavelengths ``lambda_i = 2 pi / theta_i``: pairs slower than ``L / low_freq_factor``
+    are interpolated (``theta_i / s``), pairs faster than ``L / high_freq_factor`` kept, and
+    the band between blended, ``(1 - g) theta_i / s + g theta_i`` with ``g = (L / lambda_i -
+    low_freq_factor) / (high_freq_factor - low_freq_factor)`` (continuous at both edges).
+    ``L`` = ``original_length`` (HF ``original_max_position_embeddings``, 8192 for Llama
+    3.1), ``s`` = ``scale`` (HF ``factor``, 8). Computed in float64 on the host; ``s = 1`` gives
+    RoPE exactly.
+    """
+    _check_scale(scale)
+    check_positive_int("original_length", original_length)
+    check_positive_number("low_freq_factor", low_freq_factor)
+    if not is_number(high_freq_factor) or not high_freq_factor > low_freq_factor:
+        raise ValueError(
+            f"high_freq_factor must be a number > low_freq_factor={low_freq_factor!r}; "
+            f"got {high_freq_factor!r}"
+        )
+    rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
+    theta = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+    wavelen = 2 * math.pi / theta
+    low_wavelen = original_length / low_freq_factor
+    high_wavelen = original_length / high_freq_factor
+    smooth = (original_length / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * theta / scale + smooth * theta
+    out = np.where(wavelen > low_wavelen, theta / scale, theta)
+    out = np.where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), blended, out)
+    return jnp.asarray(out, jnp.float32)
+
+
+def longrope_inv_frequencies(
+    positions: Array,
+    rotary_dim: int,
+    *,
+    original_length: int,
+    short_factor: tuple[float, ...],
+    long_factor: tuple[float, ...],
+    base: float = 10000.0,
+) -> Array:
+    """LongRoPE frequencies, float32 ``[batch, d // 2]``, per row from its current length.
+
+    Ding et al. 2024, "LongRoPE" (arXiv 2402.13753), as Phi-3 ships it: Hugging Face
+    ``_compute_longrope_parameters`` and the ``longrope`` branch of ``dynamic_rope_update``.
+    ``theta_i / long_factor[i]`` when the current length ``n`` (largest position + 1, as in
+    `dynamic_ntk_inv_frequencies`: pass the positions of the tokens computed now) exceeds
+    ``L`` = ``original_length`` (HF ``original_max_position_embeddings``), else ``theta_i /
+    short_factor[i]`` -- the short factors apply at every length up to ``L``, so this is
+    not plain RoPE there unless they are all 1. Each factor list has ``d // 2`` entries.
+    HF takes ``n`` over the whole batch; here each row has its own (the same for rows of one
+    length). The attention factor is `longrope_attention_factor`, the same at every length.
+    """
+    check_positive_int("original_length", original_length)
+    rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
+    pairs = rotary_dim // 2
+    theta = float(base) ** (-2.0 * np.arange(pairs) / rotary_dim)
+    tables = []
+    for name, factors in (("short_factor", short_factor), ("long_factor", long_factor)):
+        f = np.asarray(factors, np.float64)
+        if f.shape != (pairs,) or not np.all(np.isfinite(f)) or not np.all(f > 0):
+            raise ValueError(
+                f"{name} must hold {pairs} finite numbers > 0 (rotary_dim // 2); got {factors!r}"
+            )
+        tables.append(jnp.asarray(theta / f, jnp.float32))
+    positions = as_batched_positions(positions)
+    current = positions.max(axis=1) + 1  # [b]
+    return jnp.where((current > original_length)[:, None], tables[1][None], tables[0][None])
+
+
+def longrope_attention_factor(scale: float, original_length: int) -> float:
+    """LongRoPE's attention factor ``sqrt(1 + ln(s) / ln(L))`` (1 for ``s = 1``), by which
+    Hugging Face multiplies the rotary cos and sin (``_compute_longrope_parameters``; Phi-3).
+
+    ``s`` = HF ``factor`` (``max_position_embeddings / original_max_position_embeddings``
+    when the config has none), ``L`` = ``original_length``. The same at every length.
+    """
+    _check_scale(scale)
+    check_positive_int("original_length", original_length)
+    if scale == 1:
+        return 1.0
+    if original_length < 2:
+        raise ValueError(f"original_length must be >= 2 for scale > 1; got {original_length}")
+    return math.sqrt(1 + math.log(scale) / math.log(original_length))
+
+
 def rope_scaled_inv_frequencies(
     rotary_dim: int,
     *,
@@ -352,22 +481,34 @@ def rope_scaled_inv_frequencies(
     alpha: float = 1.0,
     beta: float = 32.0,
     yarn_variant: str = "hf",
+    yarn_truncate: bool = True,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    short_factor: tuple[float, ...] | None = None,
+    long_factor: tuple[float, ...] | None = None,
     positions: Array | None = None,
 ) -> Array:
     """RoPE frequencies under a context-extension method, for `rope_angles`.
 
-    * ``"none"``: ``theta_i = base^(-2i/d)``;
+    * ``"none"``: ``theta_i = base^(-2i/d)`` (HF ``default``);
     * ``"pi"``: Position Interpolation (Chen et al. 2023, arXiv 2306.15595), positions
-      times ``1/s``, i.e. ``theta_i / s``;
-    * ``"ntk"``: ``theta_i`` from the base `ntk_scaled_base`;
-    * ``"dynamic_ntk"``: `dynamic_ntk_inv_frequencies` (needs ``positions``, those of the
-      tokens computed now, and ``original_length``; ``scale`` is Hugging Face's ``factor``;
-      returns ``[batch, d // 2]``);
-    * ``"yarn"``: `yarn_inv_frequencies` (needs ``original_length``; ``yarn_variant``
-      "hf" or "paper"); its attention factor is `yarn_attention_factor`.
+      times ``1/s``, i.e. ``theta_i / s`` (HF ``linear``);
+    * ``"ntk"``: ``theta_i`` from the base `ntk_scaled_base` (no HF counterpart);
+    * ``"dynamic_ntk"``: `dynamic_ntk_inv_frequencies` (HF ``dynamic``; needs
+      ``positions``, those of the tokens computed now, and ``original_length``; ``scale`` is
+      Hugging Face's ``factor``; returns ``[batch, d // 2]``);
+    * ``"yarn"``: `yarn_inv_frequencies` (HF ``yarn``; needs ``original_length``;
+      ``yarn_variant`` "hf" or "paper", ``yarn_truncate``); its attention factor is
+      `yarn_attention_factor`;
+    * ``"llama3"``: `llama3_inv_frequencies` (HF ``llama3``; needs ``original_length``;
+      ``low_freq_factor``, ``high_freq_factor``);
+    * ``"longrope"``: `longrope_inv_frequencies` (HF ``longrope``; needs ``positions``,
+      ``original_length``, ``short_factor`` and ``long_factor``; returns ``[batch, d // 2]``);
+      its attention factor is `longrope_attention_factor`.
 
-    All equal plain RoPE exactly at ``scale = 1`` (dynamic NTK: while ``max position + 1
-    <= original_length``). Returns float32 ``[d // 2]`` (``[batch, d // 2]`` for dynamic NTK).
+    All but LongRoPE equal plain RoPE exactly at ``scale = 1`` (dynamic NTK: while ``max
+    position + 1 <= original_length``). Returns float32 ``[d // 2]`` (``[batch, d // 2]`` for
+    dynamic NTK and LongRoPE).
     """
     if scaling not in ROPE_SCALINGS:
         raise ValueError(f"scaling={scaling!r} is not known; allowed: {list(ROPE_SCALINGS)}")
@@ -391,9 +532,30 @@ def rope_scaled_inv_frequencies(
             alpha=alpha,
             beta=beta,
             variant=yarn_variant,
+            truncate=yarn_truncate,
+        )
+    if scaling == "llama3":
+        return llama3_inv_frequencies(
+            rotary_dim,
+            scale=scale,
+            original_length=original_length,
+            base=base,
+            low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor,
         )
     if positions is None:
-        raise ValueError("scaling='dynamic_ntk' needs positions (the current length)")
+        raise ValueError(f"scaling={scaling!r} needs positions (the current length)")
+    if scaling == "longrope":
+        if short_factor is None or long_factor is None:
+            raise ValueError("scaling='longrope' needs short_factor and long_factor")
+        return longrope_inv_frequencies(
+            positions,
+            rotary_dim,
+            original_length=original_length,
+            short_factor=short_factor,
+            long_factor=long_factor,
+            base=base,
+        )
     return dynamic_ntk_inv_frequencies(
         positions, rotary_dim, original_length=original_length, base=base, factor=scale
     )

@@ -43,17 +43,46 @@ def _check_rotation(dims: ModelDims, path: str, layout: str, fraction: float, na
 
 @dataclasses.dataclass(frozen=True)
 class RopeOptions(EncodingOptions):
-    """Options of RoPE (Su et al. 2021) and its context extensions."""
+    """Options of RoPE (Su et al. 2021) and its context extensions.
 
-    base: float = 10000.0  # frequency base; theta_i = base^(-2i/d)
+    The Hugging Face names (``rope_parameters`` / ``rope_scaling``) of each field are in
+    brackets; `flaxformer_lite.nn.encodings.hf_rope.rope_options_from_hf` maps a config.
+    Fields of a scaling other than ``scaling`` are ignored (kept so evaluation-time
+    variants can switch scalings), except ``attention_factor``, which only yarn and
+    longrope take.
+    """
+
+    base: float = 10000.0  # frequency base; theta_i = base^(-2i/d) [rope_theta]
     layout: str = "half"  # pairing: "half" (i, i+d/2) or "interleaved" (2i, 2i+1)
     fraction: float = 1.0  # partial rotary: rotate the even dim count nearest f*head_dim
-    scaling: str = "none"  # context extension: "none", "pi", "ntk", "dynamic_ntk", "yarn"
-    scale: float = 1.0  # s = L'/L >= 1 (pi, ntk, yarn); dynamic_ntk: HF's factor; none: 1
-    original_length: int | None = None  # training length L (yarn, dynamic_ntk, eval scaling)
+    # context extension: "none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"
+    # [rope_type: default, linear, -, dynamic, yarn, llama3, longrope]
+    scaling: str = "none"
+    # s >= 1 [factor]: pi, ntk, yarn, llama3 (L'/L); dynamic_ntk: HF's factor; longrope: only
+    # for the default attention factor; none: 1
+    scale: float = 1.0
+    # training length L [original_max_position_embeddings; dynamic: max_position_embeddings]
+    # (yarn, dynamic_ntk, llama3, longrope, eval scaling)
+    original_length: int | None = None
     yarn_alpha: float = 1.0  # YaRN beta_slow: pairs turning < this over L are interpolated
     yarn_beta: float = 32.0  # YaRN beta_fast: pairs turning > this over L are kept
     yarn_variant: str = "hf"  # "hf": the authors' code / HF transformers; "paper": Eq. 17-22
+    yarn_truncate: bool = True  # YaRN: floor/ceil the ramp's correction range [truncate]
+    # YaRN attention factor m(s, yarn_mscale) / m(s, yarn_mscale_all_dim), m(s, c) = 0.1 c
+    # ln(s) + 1 (DeepSeek-V2/V3) [mscale, mscale_all_dim]; both or neither; None: 0.1 ln s + 1
+    yarn_mscale: float | None = None
+    yarn_mscale_all_dim: float | None = None
+    # yarn, longrope: the factor multiplying q and k (HF: cos and sin), instead of the
+    # scaling's formula [attention_factor]; None: the formula
+    attention_factor: float | None = None
+    llama3_low_freq_factor: float = (
+        1.0  # llama3: pairs slower than L/this: theta/s [low_freq_factor]
+    )
+    llama3_high_freq_factor: float = 4.0  # llama3: pairs faster than L/this kept [high_freq_factor]
+    # longrope: per-pair divisors of theta_i (d/2 of them) while the length <= L / beyond L
+    # [short_factor, long_factor]
+    longrope_short_factor: tuple[float, ...] | None = None
+    longrope_long_factor: tuple[float, ...] | None = None
 
     def check(self, dims: ModelDims, path: str) -> None:
         if not is_number(self.base) or not self.base > 1.0:
@@ -72,7 +101,7 @@ class RopeOptions(EncodingOptions):
             )
         if length is not None and (not is_int(length) or length <= 0):
             fail(f"{path}.original_length", length, "must be a positive int or None")
-        if scaling in ("yarn", "dynamic_ntk") and length is None:
+        if scaling in ("yarn", "dynamic_ntk", "llama3", "longrope") and length is None:
             fail(f"{path}.original_length", None, f"scaling={scaling!r} needs the training length")
         a, b = self.yarn_alpha, self.yarn_beta
         if not (is_number(a) and is_number(b)) or not 0.0 <= a < b:
@@ -84,23 +113,82 @@ class RopeOptions(EncodingOptions):
                 f"needs more than 2 rotated dims; fraction={self.fraction} of "
                 f"head_dim={dims.head_dim} rotates {rotary_dim}",
             )
+        self._check_hf_fields(path, rotary_dim)
+
+    def _check_hf_fields(self, path: str, rotary_dim: int) -> None:
+        """The fields of HF's yarn parameters, llama3 and longrope."""
+        if not isinstance(self.yarn_truncate, bool):
+            fail(f"{path}.yarn_truncate", self.yarn_truncate, "must be True or False")
+        for name in ("yarn_mscale", "yarn_mscale_all_dim", "attention_factor"):
+            value = getattr(self, name)
+            if value is not None and (not is_number(value) or not 0 < value < math.inf):
+                fail(f"{path}.{name}", value, "must be a finite number > 0 or None")
+        if (self.yarn_mscale is None) != (self.yarn_mscale_all_dim is None):
+            fail(
+                f"{path}.yarn_mscale",
+                self.yarn_mscale,
+                f"set both yarn_mscale and yarn_mscale_all_dim (={self.yarn_mscale_all_dim!r}) "
+                "or neither",
+            )
+        if self.attention_factor is not None and self.scaling not in ("yarn", "longrope"):
+            fail(
+                f"{path}.attention_factor",
+                self.attention_factor,
+                f"only scaling='yarn' or 'longrope' takes it; scaling={self.scaling!r}",
+            )
+        lo, hi = self.llama3_low_freq_factor, self.llama3_high_freq_factor
+        if not is_number(lo) or not 0 < lo < math.inf:
+            fail(f"{path}.llama3_low_freq_factor", lo, "must be a finite number > 0")
+        if not is_number(hi) or not lo < hi < math.inf:
+            fail(
+                f"{path}.llama3_high_freq_factor",
+                hi,
+                f"must be a finite number > llama3_low_freq_factor={lo!r}",
+            )
+        for name in ("longrope_short_factor", "longrope_long_factor"):
+            value = getattr(self, name)
+            if value is None:
+                if self.scaling == "longrope":
+                    fail(f"{path}.{name}", None, "scaling='longrope' needs it")
+                continue
+            ok = isinstance(value, tuple) and all(is_number(v) and 0 < v < math.inf for v in value)
+            if not ok:
+                fail(f"{path}.{name}", value, "must be a tuple of finite numbers > 0")
+            if self.scaling == "longrope" and len(value) != rotary_dim // 2:
+                fail(
+                    f"{path}.{name}",
+                    value,
+                    f"needs {rotary_dim // 2} entries (one per rotated pair: rotary_dim="
+                    f"{rotary_dim}); got {len(value)}",
+                )
 
 
 class RotaryEncoding(PositionalEncoding):
     """RoPE (Su et al. 2021, arXiv 2104.09864): rotate q and k by ``position * theta_i``.
 
     Honours partial rotary (``fraction``: only the first `core.rotary.rotary_dim_for`
-    dimensions rotate) and context extension (``scaling``: PI, NTK, dynamic NTK, YaRN; see
-    `core.rotary.rope_scaled_inv_frequencies`). YaRN also multiplies q and k by ``sqrt(1/t) =
-    0.1 ln(s) + 1``: the rotated dimensions only as Hugging Face does (``yarn_variant="hf"``),
-    every dimension as the paper's logit temperature (``"paper"``). Dynamic NTK takes its
-    scale from the queries' positions (the current length), so cached decoding equals a full
-    forward pass over the tokens so far at every step. RoPE has no parameters, so a trained
-    model is evaluated under a scaling by rebuilding it from
+    dimensions rotate) and context extension (``scaling``: PI, NTK, dynamic NTK, YaRN, Llama
+    3, LongRoPE; see `core.rotary.rope_scaled_inv_frequencies`), each as Hugging Face
+    transformers computes it. YaRN also multiplies q and k by ``sqrt(1/t) = 0.1 ln(s) + 1``
+    (or the ``yarn_mscale`` ratio, or ``attention_factor``): the rotated dimensions only as
+    Hugging Face does (``yarn_variant="hf"``), every dimension as the paper's logit
+    temperature (``"paper"``). LongRoPE multiplies the rotated dimensions by
+    `core.rotary.longrope_attention_factor` (or ``attention_factor``).
+
+    Dynamic NTK and LongRoPE take their frequencies from the queries' positions (the
+    current length: largest position + 1, per row). With a KV cache the keys are rotated
+    when they are written (``caches_rotated_keys``, Hugging Face's convention): each cached
+    key keeps the rotation of the step that wrote it. For plain RoPE and the static scalings
+    that is the rotation a full forward pass gives; for dynamic NTK and LongRoPE beyond
+    ``original_length`` it is not (the earlier keys keep the frequencies of a shorter
+    length), so cached decoding there differs from a full forward pass over the tokens so
+    far, exactly as Hugging Face's cached generation does. RoPE has no parameters, so a
+    trained model is evaluated under a scaling by rebuilding it from
     `flaxformer_lite.nn.model_config.rope_scaling_variant` with the same state.
     """
 
     hook = "rotate"
+    caches_rotated_keys = True
 
     def __init__(self, dims: ModelDims, options: RopeOptions, *, rngs: nnx.Rngs):
         del rngs
@@ -113,15 +201,20 @@ class RotaryEncoding(PositionalEncoding):
         self.yarn_alpha = options.yarn_alpha
         self.yarn_beta = options.yarn_beta
         self.yarn_variant = options.yarn_variant
-        yarn = options.scaling == "yarn"
-        self.attention_factor = rotary.yarn_attention_factor(options.scale) if yarn else 1.0
+        self.yarn_truncate = options.yarn_truncate
+        self.low_freq_factor = options.llama3_low_freq_factor
+        self.high_freq_factor = options.llama3_high_freq_factor
+        self.short_factor = options.longrope_short_factor
+        self.long_factor = options.longrope_long_factor
+        self.attention_factor = _attention_factor(options)
         # HF scales cos and sin (the rotated dims); the paper's temperature, the whole logit
-        self.factor_dims = self.rotary_dim if self.yarn_variant == "hf" else dims.head_dim
+        paper = options.scaling == "yarn" and self.yarn_variant == "paper"
+        self.factor_dims = dims.head_dim if paper else self.rotary_dim
 
-    def rotate(
-        self, q: Array, k: Array, q_positions: Array, k_positions: Array
-    ) -> tuple[Array, Array]:
-        inv_freq = rotary.rope_scaled_inv_frequencies(
+    def inv_frequencies(self, q_positions: Array) -> Array:
+        """float32 ``[rotary_dim // 2]``, or ``[batch, rotary_dim // 2]`` for the scalings
+        that depend on the current length (dynamic NTK, LongRoPE: from ``q_positions``)."""
+        return rotary.rope_scaled_inv_frequencies(
             self.rotary_dim,
             scaling=self.scaling,
             scale=self.scale,
@@ -130,8 +223,18 @@ class RotaryEncoding(PositionalEncoding):
             alpha=self.yarn_alpha,
             beta=self.yarn_beta,
             yarn_variant=self.yarn_variant,
-            positions=q_positions,  # dynamic NTK: the current length is the queries'
+            yarn_truncate=self.yarn_truncate,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            short_factor=self.short_factor,
+            long_factor=self.long_factor,
+            positions=q_positions,  # dynamic NTK, LongRoPE: the current length is the queries'
         )
+
+    def rotate(
+        self, q: Array, k: Array, q_positions: Array, k_positions: Array
+    ) -> tuple[Array, Array]:
+        inv_freq = self.inv_frequencies(q_positions)
         for name, x, pos in (("q_positions", q, q_positions), ("k_positions", k, k_positions)):
             as_batched_positions(pos, name=name, length=x.shape[1], batch=x.shape[0])
         q = rotary.apply_rotary(q, rotary.rope_angles(q_positions, inv_freq), layout=self.layout)
@@ -141,22 +244,39 @@ class RotaryEncoding(PositionalEncoding):
         return q, k
 
     def _scale(self, x: Array) -> Array:
-        """``x`` with its first ``factor_dims`` dimensions times the YaRN attention factor."""
+        """``x`` with its first ``factor_dims`` dimensions times the attention factor."""
         n = self.factor_dims
         scaled = x[..., :n].astype(jnp.float32) * jnp.float32(self.attention_factor)
         return jnp.concatenate([scaled.astype(x.dtype), x[..., n:]], axis=-1)
 
 
+def _attention_factor(options: RopeOptions) -> float:
+    """The factor q and k are multiplied by: yarn's and longrope's (1 for the others)."""
+    if options.scaling not in ("yarn", "longrope"):
+        return 1.0
+    if options.attention_factor is not None:
+        return float(options.attention_factor)
+    if options.scaling == "yarn":
+        return rotary.yarn_attention_factor(
+            options.scale, mscale=options.yarn_mscale, mscale_all_dim=options.yarn_mscale_all_dim
+        )
+    return rotary.longrope_attention_factor(options.scale, options.original_length)
+
+
 def rope_at_length(options: RopeOptions, scaling: str, eval_length: int) -> RopeOptions:
-    """RoPE's options for evaluating at ``eval_length`` under the context extension ``scaling``.
+    """RoPE's options for evaluating at ``eval_length`` under the context extension ``scaling``
+    (one of `core.rotary.ROPE_EVAL_SCALINGS`).
 
     ``s = max(1, eval_length / original_length)`` for ``"pi"``, ``"ntk"`` and ``"yarn"``;
     ``"none"`` and ``"dynamic_ntk"`` keep ``scale = 1`` (dynamic NTK takes its scale from the
-    positions it sees). RoPE has no parameters: a model built with these options reuses the
-    trained state.
+    positions it sees). ``attention_factor`` (a fixed number for the trained scaling) is
+    dropped when ``scaling`` differs from the options'. RoPE has no parameters: a model built
+    with these options reuses the trained state.
     """
-    if scaling not in rotary.ROPE_SCALINGS:
-        raise ValueError(f"scaling={scaling!r} is not known; allowed: {list(rotary.ROPE_SCALINGS)}")
+    if scaling not in rotary.ROPE_EVAL_SCALINGS:
+        raise ValueError(
+            f"scaling={scaling!r} is not known; allowed: {list(rotary.ROPE_EVAL_SCALINGS)}"
+        )
     if options.original_length is None:
         raise ValueError(
             "ModelConfig.positional_options.original_length=None: set it to the training "
@@ -166,7 +286,8 @@ def rope_at_length(options: RopeOptions, scaling: str, eval_length: int) -> Rope
     s = max(1.0, eval_length / options.original_length)
     if scaling in ("none", "dynamic_ntk"):
         s = 1.0
-    return dataclasses.replace(options, scaling=scaling, scale=float(s))
+    factor = options.attention_factor if scaling == options.scaling else None
+    return dataclasses.replace(options, scaling=scaling, scale=float(s), attention_factor=factor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,9 +364,9 @@ register(
         RotaryEncoding,
         options=RopeOptions,
         eval_variant=rope_at_length,
-        eval_variants=rotary.ROPE_SCALINGS,
+        eval_variants=rotary.ROPE_EVAL_SCALINGS,
         label_suffix=_rope_label,
-        incremental=lambda options: options.scaling == "dynamic_ntk",
+        incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
         num_params=lambda dims, options: 0,
         legacy_fields=_ROTATION_LEGACY
         | {
