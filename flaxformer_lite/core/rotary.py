@@ -360,7 +360,13 @@ def dynamic_ntk_inv_frequencies(
     follow). For ``n > L``, Hugging Face's ``_compute_dynamic_ntk_parameters``: base
     ``b * (factor * n / L - (factor - 1))^(d/(d-2))``, written as ``theta_i *
     s^(-2i/(d-2))`` with ``s = factor * n / L - (factor - 1)``; for ``n <= L`` plain RoPE, bit
-    for bit. ``factor = 1`` gives ``s = n / L``. A traced value: fine under jit.
+    for bit. ``factor = 1`` gives ``s = n / L``. A traced value: fine under jit. ``L`` is HF's
+    ``max_position_embeddings`` (not ``original_max_position_embeddings``).
+
+    Hugging Face's ``dynamic_rope_update`` takes ``n`` over the whole batch and keeps the
+    frequencies of the longest ``n`` seen until ``n`` drops below ``L``; this is stateless and
+    per row. The two agree on every forward pass of a fresh module and whenever ``n`` only
+    grows (cached generation).
     """
     check_positive_int("original_length", original_length)
     _check_scale(factor)
