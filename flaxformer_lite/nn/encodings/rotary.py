@@ -75,10 +75,10 @@ class RopeOptions(EncodingOptions):
     # yarn, longrope: the factor multiplying q and k (HF: cos and sin), instead of the
     # scaling's formula [attention_factor]; None: the formula
     attention_factor: float | None = None
-    llama3_low_freq_factor: float = (
-        1.0  # llama3: pairs slower than L/this: theta/s [low_freq_factor]
-    )
-    llama3_high_freq_factor: float = 4.0  # llama3: pairs faster than L/this kept [high_freq_factor]
+    # llama3: pairs slower than L / low_freq_factor become theta/s, pairs faster than
+    # L / high_freq_factor are kept, a blend between [low_freq_factor, high_freq_factor]
+    llama3_low_freq_factor: float = 1.0
+    llama3_high_freq_factor: float = 4.0
     # longrope: per-pair divisors of theta_i (d/2 of them) while the length <= L / beyond L
     # [short_factor, long_factor]
     longrope_short_factor: tuple[float, ...] | None = None
