@@ -184,6 +184,16 @@ class Checkpointer:
         return None
 
     def close(self) -> None:
+        """Wait for orbax's background work and close the manager. Its constructor starts a
+        thread that removes temporary directories of earlier runs, which ``close`` does not
+        wait for: a process exiting right after (a command refusing a workdir without
+        checkpoints) would print that thread's traceback at interpreter shutdown."""
+        cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
+        if cleanup is not None:
+            try:
+                cleanup()
+            except Exception:  # best effort: a leftover temporary directory is harmless
+                pass
         self.manager.close()
 
 

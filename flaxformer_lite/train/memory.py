@@ -51,6 +51,14 @@ the heap a study's earlier cells freed is reused), for the whole batch and one s
 data-parallel device. ``FLAXFORMER_LITE_MEMORY_CHECK=off`` skips the check (the estimate is an
 estimate).
 
+Generation (`generation_estimate`, `check_generation_memory`: ``flaxformer-lite generate``
+refuses before loading the checkpoint): the parameters and AdamW state as loaded (``3 P``),
+the key/value cache of every layer for ``prompt_len + max_new_tokens - 1`` slots
+(``2 n S KV hd`` values and ``n S`` positions per row), the prompt's forward pass (prefill)
+per token as in evaluation (``C_DE d + C_F f + C_VE V``) with the scores of one layer
+against every slot (dense: ``C_SE h`` per query and slot; chunked: blocks), and the fed
+positions and output tokens.
+
 The setting named: the batch when one sequence would fit; otherwise the setting that makes
 the estimate large -- of the model's size fields (``config.model.num_decoder_layers``,
 ``d_model``, ``d_ff``, ``vocab_size``, ``num_heads``) and the training length, the one whose
@@ -247,6 +255,76 @@ def evaluation_estimate(
         longest, value = "config.data.train_length", run.data.train_length
     return Estimate(
         what, state, worst, "config.eval.batch_size", plan.batch_size, f"{longest}={value}"
+    )
+
+
+def generation_estimate(
+    model: ModelConfig, *, prompt_len: int, max_new_tokens: int, batch: int = 1
+) -> Estimate:
+    """``nn.generate.generate`` of ``batch`` rows of ``prompt_len`` tokens continued by
+    ``max_new_tokens`` with a model of ``model`` restored with its AdamW state
+    (`train.restore.load_trained_model`); ``field`` is ``--max_new_tokens``, ``longest``
+    the prompt."""
+    m = model
+    slots = prompt_len + max_new_tokens - 1  # the last token is never fed back
+    kv_heads = getattr(m, "num_kv_heads", None) or m.num_heads
+    head_dim = m.d_model // m.num_heads
+    state = 3 * count_parameters(m) * m.params_dtype.itemsize
+    n = m.num_decoder_layers
+    cache = FLOAT_BYTES * batch * n * slots * (2 * kv_heads * head_dim + 1)
+    prefill = (
+        FLOAT_BYTES * batch * prompt_len * (C_DE * m.d_model + C_F * m.d_ff + C_VE * m.vocab_size)
+    )
+    if _dense(m.attention_impl, slots, m.chunked_threshold):
+        scores = FLOAT_BYTES * C_SE * batch * m.num_heads * prompt_len * slots
+    else:
+        blocks = min(prompt_len, DEFAULT_BLOCK_Q) * min(slots, DEFAULT_BLOCK_K)
+        scores = FLOAT_BYTES * C_SE * batch * m.num_heads * blocks
+    fed = 4 * batch * (2 * slots + max_new_tokens)  # positions (and their copy), output
+    what = f"generating {max_new_tokens} tokens after a {prompt_len}-token prompt"
+    return Estimate(
+        what,
+        state,
+        cache + prefill + scores + fed,
+        "--max_new_tokens",
+        max_new_tokens,
+        f"the prompt={prompt_len} tokens",
+    )
+
+
+def check_generation_memory(
+    model: ModelConfig,
+    *,
+    prompt_len: int,
+    max_new_tokens: int,
+    batch: int = 1,
+    available: tuple | None = None,
+) -> None:
+    """Raise `ConfigError` when `generation_estimate` exceeds the memory available (one
+    line: the estimate, the memory and the setting to change: ``--max_new_tokens`` when a
+    single new token would fit, else the prompt or the model); skipped as `check_memory`."""
+    if os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        return
+    free, where, _ = available_memory() if available is None else available
+    if free is None:
+        return
+    est = generation_estimate(
+        model, prompt_len=prompt_len, max_new_tokens=max_new_tokens, batch=batch
+    )
+    if est.total <= free:
+        return
+    one = generation_estimate(model, prompt_len=prompt_len, max_new_tokens=1, batch=batch)
+    if one.total <= free:
+        head, change = f"--max_new_tokens={max_new_tokens}", "lower --max_new_tokens"
+    elif one.state < free and one.activations >= one.state:
+        head, change = f"the prompt ({prompt_len} tokens)", "give a shorter prompt"
+    else:
+        head, change = "the model", "generate on a machine with more memory"
+    raise ConfigError(
+        f"{head}: {est.what} needs ≈ {format_bytes(est.total)} (key/value cache, prompt "
+        f"pass and output {format_bytes(est.activations)}, parameters + AdamW state "
+        f"{format_bytes(est.state)}), {format_bytes(free)} available ({where}); {change}, or "
+        f"set {ENV}=off to try anyway"
     )
 
 

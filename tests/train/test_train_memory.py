@@ -94,3 +94,34 @@ def test_the_command_line_refuses_an_absurd_model_in_one_line_within_seconds(
     assert len(lines) == 1 and lines[0].startswith(f"error: {named}: one training step"), lines
     assert seconds < 60, seconds  # the import of JAX is most of it; minutes before
     assert not (tmp_path / "w").exists()
+
+
+def test_generation_estimate_closed_form():
+    run = tiny(positional="alibi")
+    m = run.model
+    p, n, d, f, h, v = memory.count_parameters(m), 2, 32, 64, 2, 256
+    prompt, new = 4, 100
+    slots = prompt + new - 1
+    est = memory.generation_estimate(m, prompt_len=prompt, max_new_tokens=new)
+    assert est.state == 3 * p * 4
+    cache = 4 * n * slots * (2 * d + 1)
+    prefill = 4 * prompt * (8 * d + 2 * f + 2 * v) + 4 * 2 * h * prompt * slots
+    assert est.activations == cache + prefill + 4 * (2 * slots + new)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "new", "start"),
+    [
+        (4, 10**9, "--max_new_tokens=1000000000: generating 1000000000 tokens after a 4-token"),
+        (10**5, 5, "the prompt (100000 tokens): generating 5 tokens after a 100000-token"),
+    ],
+)
+def test_generation_that_cannot_fit_is_refused_naming_what_to_change(prompt, new, start):
+    with pytest.raises(ConfigError) as raised:
+        memory.check_generation_memory(
+            tiny(positional="alibi").model, prompt_len=prompt, max_new_tokens=new, available=HOST
+        )
+    assert str(raised.value).startswith(start), str(raised.value)
+    memory.check_generation_memory(
+        tiny().model, prompt_len=4, max_new_tokens=200, available=HOST
+    )  # the default call fits
