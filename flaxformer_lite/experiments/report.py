@@ -452,23 +452,42 @@ def render_report(
     missing: Sequence[str] = (),
     derived: Sequence[sweep_report.TextTable] = (),
     mixed: Sequence[str] = (),
+    failed: Mapping[str, str] | None = None,
 ) -> str:
     """The text of ``REPORT.md`` (links are relative to the report's directory);
     ``missing``: lines naming a study's cells without results (merged shards), stated;
     ``derived``: the learning-rate, extrapolation-gap and cost tables (`sweep_report`);
-    ``mixed``: what rows sharing a table differ in (`comparable.Verdict.report_lines`)."""
-    lines = [
-        f"# {md_text(title or _default_title(rows))}",
-        "",
-        f"Generated from {len(rows)} results rows alone by `flaxformer_lite.experiments.report` "
-        "(regenerate with `python scripts/make_report.py RUN_DIR [RUN_DIR ...]`). Tables are "
-        "also in `tables/` as LaTeX (booktabs) and CSV; figures in `plots/` as PNG and PDF.",
-        "",
-        "## Setup",
-        "",
-        *_setup_lines(rows),
-        "",
-    ]
+    ``mixed``: what rows sharing a table differ in (`comparable.Verdict.report_lines`);
+    ``failed``: cell -> its error line (a study's failed cells), stated. Without rows (every
+    cell failed) the report is just these statements."""
+    lines = [f"# {md_text(title or _default_title(rows))}", ""]
+    if rows:
+        lines += [
+            f"Generated from {len(rows)} results rows alone by "
+            "`flaxformer_lite.experiments.report` (regenerate with `python "
+            "scripts/make_report.py RUN_DIR [RUN_DIR ...]`). Tables are also in `tables/` as "
+            "LaTeX (booktabs) and CSV; figures in `plots/` as PNG and PDF.",
+            "",
+            "## Setup",
+            "",
+            *_setup_lines(rows),
+            "",
+        ]
+    else:
+        lines += ["No results rows: no cell has finished, so there are no tables or plots.", ""]
+    if failed:
+        lines += [
+            "## Failed cells",
+            "",
+            f"{len(failed)} cell(s) failed; they are not in any table (the traceback is in "
+            "`runs/<cell>/error.txt`; rerun the study to retry them):",
+            "",
+            *[
+                f"- {md_code(name)}: {md_code(error.replace('`', chr(39)))}"
+                for name, error in failed.items()
+            ],
+            "",
+        ]
     if problems:
         lines += [
             "## Problems",
@@ -497,6 +516,8 @@ def render_report(
             *["- " + md_code(m.replace("`", "'")) for m in mixed],
             "",
         ]
+    if not rows:
+        return "\n".join(lines)
     lines += ["## Results", ""]
     main = [t for t in tables if t.metric in MAIN_METRICS]
     other = [t for t in tables if t.metric not in MAIN_METRICS]
@@ -565,6 +586,7 @@ def write_report(
     common_rate: float | None = None,
     allow_mixed: Sequence[str] = (),
     origins: Sequence[str] | None = None,
+    failed: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``.
 
@@ -589,22 +611,31 @@ def write_report(
       allow_mixed: fields (`comparable`) in which rows sharing a table may differ on purpose;
         the captions and REPORT.md say what was mixed.
       origins: each row's file, named when rows are refused (default: ``row N``).
+      failed: cell -> its error line (a study's failed cells), stated in the report.
 
     Returns:
       The path of ``REPORT.md``. The same rows give byte-identical tables and ``REPORT.md``.
 
     Raises:
-      ValueError: no rows.
+      ValueError: no rows, and nothing failed or missing to state (with either, a REPORT.md
+        of just those is written: a study whose every cell failed still says so).
       comparable.MixedRowsError: rows that share a table differ in a field that changes
         numbers (not in ``allow_mixed``); nothing is written.
     """
     rows = list(rows)
-    if not rows:
+    if not rows and not (failed or missing):
         raise ValueError("write_report needs at least one results row; got none")
+    out_dir = Path(out_dir)
+    if not rows:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        text = render_report(
+            [], [], [], problems=list(problems), title=title, missing=list(missing), failed=failed
+        )
+        _write_text(out_dir / "REPORT.md", text)
+        return out_dir / "REPORT.md"
     verdict = comparable.check(rows, origins, allow_mixed)
     if verdict.refused:
         raise comparable.MixedRowsError(verdict.refused)
-    out_dir = Path(out_dir)
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
     choices = sweep_report.select_rates(rows)
     main_rows = sweep_report.rows_at_best_rates(rows, choices)  # rows itself without a grid
@@ -656,6 +687,7 @@ def write_report(
         missing=list(missing),
         derived=derived,
         mixed=verdict.report_lines(),
+        failed=failed,
     )
     _write_text(report, text)
     return report
@@ -692,15 +724,22 @@ def write_study_report(
     reference: str = paired.DEFAULT_REFERENCE,
     all_pairs: bool = False,
     common_rate: float | None = None,
+    failed: Mapping[str, str] | None = None,
+    missing: Sequence[str] = (),
+    title: str | None = None,
 ) -> Path | None:
     """The report of a study directory from its ``results.jsonl`` and ``blocks.jsonl``
-    (skipped lines are stated in it); None when no cell has finished yet. Rows that must not
-    share a table raise `comparable.MixedRowsError` naming each cell's ``rows.jsonl``."""
+    (skipped lines are stated in it), with its ``failed`` cells (cell -> error line) and
+    ``missing`` lines stated; written even when every cell failed, None only when no cell has
+    finished and nothing failed or is missing. Rows that must not share a table raise
+    `comparable.MixedRowsError` naming each cell's ``rows.jsonl``."""
     rows, problems, origins = results.load_rows_with_origins([workdir])
     for problem in problems:
         warnings.warn(str(problem), results.ResultsWarning, stacklevel=2)
-    if not rows:
+    if not rows and not (failed or missing):
         return None
+    if not rows and title is None:
+        title = _study_title(Path(workdir))
     blocks = results.load_blocks([workdir])
     files = [_cell_rows_file(Path(workdir), r, f) for r, (f, _) in zip(rows, origins, strict=True)]
     return write_report(
@@ -712,7 +751,37 @@ def write_study_report(
         all_pairs=all_pairs,
         common_rate=common_rate,
         origins=files,
+        failed=failed,
+        missing=missing,
+        title=title,
     )
+
+
+def _study_title(workdir: Path) -> str:
+    """``Results: <study> (<preset>)`` from the study's ``study.json`` (as rows would say)."""
+    try:
+        study = json.loads((workdir / "study.json").read_text(encoding="utf-8"))["study"]
+        name, preset = str(study["name"]), str(study.get("preset") or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"Results: {workdir.name}"
+    return f"Results: {name} ({preset})" if preset else f"Results: {name}"
+
+
+def error_line(path: str | Path, limit: int = 400) -> str | None:
+    """The last line of a failed cell's ``error.txt`` (the exception and its message), or
+    None when there is none (the cell did not fail, or the file cannot be read)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), None)
+    return None if last is None else one_line(last, limit)
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """``text`` on one line (whitespace runs as one space), clipped to ``limit``."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _cell_rows_file(workdir: Path, row: Mapping[str, Any], file: str) -> str:

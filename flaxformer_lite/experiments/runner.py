@@ -36,7 +36,7 @@ from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
 from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.experiments.comparable import MixedRowsError
-from flaxformer_lite.experiments.report import write_study_report
+from flaxformer_lite.experiments.report import error_line, one_line, write_study_report
 from flaxformer_lite.experiments.results import BLOCKS_FILE, RESULTS_FILE, DuplicateRowsError
 from flaxformer_lite.experiments.rows import blocks_for_cell, cell_rows_problem, rows_for_cell
 from flaxformer_lite.experiments.sweeps import (
@@ -235,6 +235,36 @@ class Study:
             atomic_write_text(self.workdir / name, "".join(lines))
         return self.workdir / RESULTS_FILE
 
+    def unfinished(self, failed: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+        """What the report must say is not in its tables: ``(failed, missing)``. ``failed``:
+        each selected cell that failed -- in this call (``failed``: cell -> error) or, not
+        run now, before (its ``error.txt``) -- with its error line; ``missing``: one line
+        naming the other selected cells without rows (another shard's, or not run)."""
+        errors: dict[str, str] = {}
+        absent = []
+        for name in self.selected:
+            if self.is_done(name):
+                continue
+            error = failed.get(name)
+            line = one_line(error) if error else error_line(self.cell_dir(name) / "error.txt")
+            if line:
+                errors[name] = line
+            else:
+                absent.append(name)
+        if not absent:
+            return errors, []
+        study = self.study_identity()
+        line = (
+            f"{len(absent)} cell(s) of study {study['name']} (preset {study['preset']}) have no "
+            f"results: {', '.join(absent)}"
+        )
+        if self.shard is not None:
+            line += (
+                f" (this workdir runs shard {self.shard[0]}/{self.shard[1]}: merge the shards' "
+                "workdirs with flaxformer-lite report)"
+            )
+        return errors, [line]
+
     def run_cell(self, cell: dict) -> None:
         config = apply_overrides(self.config, cell["overrides"])
         run = RunConfig.from_config(config)
@@ -301,7 +331,9 @@ def run_study(
     a state that the same call resumes; any other failure of a cell is recorded in its
     ``error.txt`` and the study goes on.
     Returns ``{"done": [...], "failed": {name: error}, "results": path, "report": path}``
-    (``report``: REPORT.md, or None when none was written).
+    (``report``: REPORT.md, or None when none was written). REPORT.md lists the failed cells
+    with their error lines and the selected cells without results, and is written even when
+    every cell failed.
     """
     interrupt.where(run=None, phase="checking the config and data")
     sweep = expand_sweep(config) if sweep is None else sweep
@@ -380,12 +412,15 @@ def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: 
     if report is True:
         evals = config.get("eval", {}) if hasattr(config, "get") else {}
         optim = config.get("optim", {}) if hasattr(config, "get") else {}
+        errors, missing = study.unfinished(failed)
         try:
             report_path = write_study_report(
                 study.workdir,
                 reference=evals.get("paired_reference", "alibi"),
                 all_pairs=bool(evals.get("paired_all", False)),
                 common_rate=optim.get("learning_rate"),  # a rate sweep's ranking is compared at it
+                failed=errors,  # stated in REPORT.md, which is written even if every cell failed
+                missing=missing,
             )
         except (DuplicateRowsError, MixedRowsError) as e:  # never averaged or pooled
             failed["report"] = f"{type(e).__name__}: {e}"

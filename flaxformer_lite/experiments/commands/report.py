@@ -50,6 +50,7 @@ from absl import app, flags
 from flaxformer_lite.base.io import write_error
 from flaxformer_lite.experiments import cli, comparable, report, results
 from flaxformer_lite.experiments.rows import blocks_for_cell, rows_for_cell
+from flaxformer_lite.experiments.sweeps import CELL_NAME
 from flaxformer_lite.train.run_config import RunConfig
 
 _OUT = flags.DEFINE_string("out", None, "report directory (default: the first RUN_DIR)")
@@ -115,9 +116,12 @@ def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None
     rows = sorted(rows, key=lambda r: order.get(r.get("run"), len(order)))
     files = [files[id(r)] for r in rows]
     verdict = _check_comparable(rows, files)
-    missing = _missing_cells(argv[1:], rows)
+    failed = _failed_cells(argv[1:], rows)
+    missing = _missing_cells(argv[1:], rows, failed)
     for line in missing:
         print(f"warning: {line}", file=sys.stderr)
+    for name, error in failed.items():
+        print(f"warning: cell {name} failed: {error}", file=sys.stderr)
     out = _OUT.value or argv[1]
     try:
         path = report.write_report(
@@ -131,6 +135,7 @@ def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None
             missing=missing,
             allow_mixed=_ALLOW_MIXED.value,
             origins=files,
+            failed=failed,
         )
     except OSError as e:  # a read-only or full --out, a file where a directory should be
         error = write_error(e, e.filename or out)
@@ -206,20 +211,36 @@ def _study_cells(run_dirs: list[str]) -> list[str]:
     return [c for cells in _selected_cells(run_dirs).values() for c in cells]
 
 
-def _missing_cells(run_dirs: list[str], rows: list[dict]) -> list[str]:
+def _missing_cells(run_dirs: list[str], rows: list[dict], failed=()) -> list[str]:
     """One line per study (``study.json`` in a RUN_DIR) naming its selected cells that have no
-    results row, e.g. the cells of a shard not merged."""
+    results row, e.g. the cells of a shard not merged (``failed`` ones are stated apart)."""
     expected = _selected_cells(run_dirs)
     have = {(r.get("study"), r.get("preset") or "", r.get("run")) for r in rows}
     lines = []
     for (name, preset), cells in expected.items():
-        absent = [c for c in cells if (name, preset or "", c) not in have]
+        absent = [c for c in cells if (name, preset or "", c) not in have and c not in failed]
         if absent:
             lines.append(
                 f"{len(absent)} cell(s) of study {name} (preset {preset}) have no results: "
                 f"{', '.join(absent)}"
             )
     return lines
+
+
+def _failed_cells(run_dirs: list[str], rows: list[dict]) -> dict[str, str]:
+    """The selected cells without results rows whose ``runs/<cell>/error.txt`` says why:
+    cell -> its error line."""
+    have = {r.get("run") for r in rows}
+    failed = {}
+    for run_dir in run_dirs:
+        for cells in _selected_cells([run_dir]).values():
+            for cell in cells:
+                if cell in have or cell in failed or not CELL_NAME.fullmatch(cell):
+                    continue
+                line = report.error_line(os.path.join(run_dir, "runs", cell, "error.txt"))
+                if line:
+                    failed[cell] = line
+    return failed
 
 
 def _selected_cells(run_dirs: list[str]) -> dict[tuple, list[str]]:

@@ -81,7 +81,8 @@ def main(argv: list[str]) -> None:
     if outcome["report"] is not None:
         study = outcome["report"].parent
         print(f"report: {outcome['report']}")
-        print(f"tables: {study / 'tables'}   plots: {study / 'plots'}")
+        if (study / "tables").is_dir():  # none when every cell failed
+            print(f"tables: {study / 'tables'}   plots: {study / 'plots'}")
     print(f"results: {outcome['results']} ({len(outcome['done'])} cells done)")
     if outcome["failed"]:
         for name, error in outcome["failed"].items():
