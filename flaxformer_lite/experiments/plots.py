@@ -3,7 +3,11 @@
 Figures are built as ``matplotlib.figure.Figure`` objects and saved with the non-interactive
 Agg renderer; ``pyplot`` is never imported, so the global backend (e.g. a notebook's inline
 one) is left alone and nothing opens a window. PNG/PDF metadata that would hold the software
-version or the creation time is cleared, so the same numbers give the same files.
+version or the creation time is cleared, so the same numbers give the same files. Each file
+is rendered in memory, then written like the tables are (`base.io.atomic_write_text`'s
+recipe): a temporary file in the same directory, synced, then ``os.replace`` -- a failure
+(a full disk, an error while rendering) leaves the previous file or none, never a 0-byte or
+half-written PNG.
 
 Inputs are plain data: a *series* maps an encoding label to points
 ``(eval_length, mean, ci_half_width_or_None)``; `flaxformer_lite.experiments.report` builds them
@@ -12,7 +16,9 @@ from results rows.
 
 from __future__ import annotations
 
+import io
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +26,9 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+
+from flaxformer_lite.base import faults, interrupt
+from flaxformer_lite.base.io import write_error
 
 Point = tuple[int, float, float | None]
 Series = Mapping[str, Sequence[Point]]
@@ -49,13 +58,49 @@ def encoding_styles(encodings: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def save_figure(fig: Figure, stem: str | Path) -> list[Path]:
-    """Save ``fig`` as ``stem.png`` (150 dpi) and ``stem.pdf``; returns both paths."""
+    """Save ``fig`` as ``stem.png`` (150 dpi) and ``stem.pdf``, each atomically; returns both
+    paths. An OS error is raised as `base.io.StateWriteError` naming the file."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
-    fig.savefig(png, dpi=150, bbox_inches="tight", metadata=_PNG_METADATA)
-    fig.savefig(pdf, bbox_inches="tight", metadata=_PDF_METADATA)
+    for path, options in (
+        (png, {"dpi": 150, "metadata": _PNG_METADATA}),
+        (pdf, {"metadata": _PDF_METADATA}),
+    ):
+        buffer = io.BytesIO()
+        try:
+            fig.savefig(buffer, format=path.suffix[1:], bbox_inches="tight", **options)
+        except OSError as e:
+            raise write_error(e, path) from e
+        write_bytes_atomically(path, buffer.getvalue())
     return [png, pdf]
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """`base.io.atomic_write_text` for bytes: a temporary file beside ``path`` (created
+    exclusively, never through a link), synced, then ``os.replace``; on any failure the
+    temporary file is removed, ``path`` is untouched and an OS error is raised as
+    `StateWriteError` naming ``path``; SIGINT/SIGTERM wait until the file is in place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with interrupt.deferred():
+        try:
+            tmp.unlink(missing_ok=True)  # a stale temporary file (or a link planted there)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with open(os.open(tmp, flags, 0o644), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            faults.hit(f"write:{path.name}")  # test-only fault point (base.faults)
+            os.replace(tmp, path)
+        except BaseException as e:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if isinstance(e, OSError):
+                raise write_error(e, path) from e
+            raise
 
 
 def _styles_for(

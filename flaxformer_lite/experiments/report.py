@@ -19,7 +19,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaxformer_lite.base.io import write_error
 from flaxformer_lite.experiments import comparable, paired, plots, results, sweep_report
 from flaxformer_lite.experiments.sweeps import learning_rate_tag
 from flaxformer_lite.experiments.tables import (
@@ -706,16 +705,9 @@ def with_notes(tables: Sequence[Table], verdict: comparable.Verdict) -> list[Tab
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a reader never sees half a table."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)  # a full or read-only disk leaves no temporary file
-        if isinstance(e, OSError):
-            raise write_error(e, path) from e  # names the table, not its temporary file
-        raise
+    """Write UTF-8 via a temporary file and rename (`plots.write_bytes_atomically`), so a
+    reader never sees half a table; a failure leaves no temporary file and names the table."""
+    plots.write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def write_study_report(
