@@ -120,3 +120,27 @@ def test_a_shard_names_the_other_shards_cells_as_missing(cells, tmp_path):
         f"1 cell(s) of study extrapolation\\_lm (preset tiny) have no results: {other} (this "
         "workdir runs shard 0/2: merge the shards' workdirs with flaxformer-lite report)"
     ) in text
+
+
+def test_the_study_report_refuses_cells_whose_rows_do_not_compare(cells, tmp_path, monkeypatch):
+    """Rows of one study that differ in what changes numbers (here: hand-edited steps) are
+    not pooled by the study's own report either: the report is a failure naming the cells'
+    rows.jsonl, and no REPORT.md is written."""
+    run_cell = runner.Study.run_cell
+
+    def edited(self, cell):
+        run_cell(self, cell)
+        path = self.cell_dir(cell["name"]) / "rows.jsonl"
+        steps = 60 if cell["name"] == "alibi-seed0" else 20
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows = [r | {"setting": {"train.num_steps": steps}} for r in rows]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    monkeypatch.setattr(runner.Study, "run_cell", edited)
+    outcome = _study(tmp_path / "study")
+    assert outcome["report"] is None and not (tmp_path / "study" / "REPORT.md").exists()
+    runs = tmp_path / "study" / "runs"
+    assert outcome["failed"]["report"] == (
+        f"MixedRowsError: train.num_steps: 20 (rope-seed0, {runs}/rope-seed0/rows.jsonl) vs "
+        f"60 (alibi-seed0, {runs}/alibi-seed0/rows.jsonl)"
+    )
