@@ -14,6 +14,10 @@ a full or failing disk would). Points:
 - ``write:<file name>``: `atomic_write_text` has written and synced the temporary file, before
   the rename, e.g. ``write:results.jsonl``, ``write:rows.jsonl``, ``write:eval.json``.
 
+Any other value is refused in one line naming the variable, the value and what is allowed
+(`check`, a `ConfigError`: the commands check it before any work; `hit` and `armed` raise
+the same), never a traceback and never a fault point that silently never fires.
+
 Unset (always, outside the kill tests), `hit` costs one environment lookup. SIGKILL, not an
 exception: no ``finally`` block or atexit handler runs, as when the machine dies or a
 preemptible VM is reclaimed.
@@ -25,18 +29,49 @@ import errno
 import os
 import signal
 
+from flaxformer_lite.base.checks import ConfigError
+
 ENV = "FLAXFORMER_LITE_FAULT"
+POINTS = ("train_step", "checkpoint_save", "eval_batch")  # and write:<file name>
+_SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")
 _counts: dict[str, int] = {}
+_ALLOWED = (
+    "must be <point>:<n>[:<action>] with <point> one of "
+    + ", ".join(POINTS)
+    + ", write:<file name>; <n> an int >= 1; <action> SIGKILL (the default), SIGINT, SIGTERM "
+    + "or an errno name (ENOSPC, EIO, ...); e.g. write:results.jsonl:1:ENOSPC"
+)
 
 
 def _parse(spec: str) -> tuple[str, int, str]:
-    """``(point, n, action)`` of ``<point>:<n>[:<action>]``."""
-    rest, _, last = spec.rpartition(":")
-    action = "SIGKILL"
-    if not last.isdigit():
-        rest, _, last = rest.rpartition(":")
-        action = spec.rpartition(":")[2]
-    return rest, int(last), action
+    """``(point, n, action)`` of ``<point>:<n>[:<action>]``; `ConfigError` (one line naming
+    `ENV`, the value and what is allowed) for anything else."""
+    parts = spec.split(":")
+    if parts[-1].isdigit() or len(parts) < 3:  # no action: SIGKILL
+        point, last, action = ":".join(parts[:-1]), parts[-1], "SIGKILL"
+    else:
+        point, last, action = ":".join(parts[:-2]), parts[-2], parts[-1]
+    problem = None
+    if len(parts) < 2:
+        problem = "no <n>"
+    elif not last.isdigit() or int(last) < 1:
+        problem = f"<n>={last!r} is not an int >= 1"
+    elif point not in POINTS and not (point.startswith("write:") and len(point) > len("write:")):
+        problem = f"unknown point {point!r}"
+    elif action not in _SIGNALS and not (
+        action.startswith("E") and isinstance(getattr(errno, action, None), int)
+    ):
+        problem = f"unknown action {action!r}"
+    if problem is not None:
+        raise ConfigError(f"{ENV}={spec!r}: {problem}; {_ALLOWED}")
+    return point, int(last), action
+
+
+def check() -> None:
+    """Raise `ConfigError` if `ENV` is set to a value that is not a fault (see `_parse`)."""
+    spec = os.environ.get(ENV)
+    if spec:
+        _parse(spec)
 
 
 def armed(point: str) -> bool:

@@ -34,17 +34,23 @@ ENVIRONMENT_ERRNOS = frozenset(
 _SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")
+_TENSORSTORE_FILE = re.compile(r'(?:Failed writing|local file|Error writing file): "([^"]+)"')
 
 
 class StateWriteError(OSError):
-    """Writing a run's state failed: ``str()`` names the file and the OS's reason."""
+    """Writing a run's state failed: ``str()`` names the file and the OS's reason; ``file``,
+    when the state is a directory (a checkpoint step), is the file inside it whose write
+    failed, e.g. ``cannot write runs/rope-seed0/checkpoints/4: [Errno 28] No space left on
+    device (writing runs/rope-seed0/checkpoints/4.orbax-checkpoint-tmp/.../d/3f2a...)``."""
 
-    def __init__(self, code: int | None, reason: str, path: str | Path):
+    def __init__(self, code: int | None, reason: str, path: str | Path, file: str | None = None):
         super().__init__(code, reason, str(path))
+        self.file = file
 
     def __str__(self) -> str:
         code = f"[Errno {self.errno}] " if self.errno is not None else ""
-        return f"cannot write {self.filename}: {code}{self.strerror}"
+        inside = f" (writing {self.file})" if self.file else ""
+        return f"cannot write {self.filename}: {code}{self.strerror}{inside}"
 
     @property
     def hint(self) -> str:
@@ -154,21 +160,39 @@ def _chain(error: BaseException):
 
 def write_error(error: BaseException, path: str | Path) -> StateWriteError:
     """``error`` (raised while writing ``path``) as a `StateWriteError` naming ``path``:
-    the first OS error in its chain, or an errno in a TensorStore/orbax message."""
+    the first OS error in its chain, or an errno in a TensorStore/orbax message; and, when
+    the error names a file inside ``path`` (a directory: a checkpoint step, or its orbax
+    temporary directory ``path.orbax-checkpoint-tmp*``), that file."""
     for e in _chain(error):
         if isinstance(e, StateWriteError):
             return e
         if isinstance(e, OSError) and (e.errno is not None or e.strerror):
-            wrapped = StateWriteError(e.errno, e.strerror or str(e), path)
+            file = _inside(path, e.filename) or _inside(path, *_TENSORSTORE_FILE.findall(str(e)))
+            wrapped = StateWriteError(e.errno, e.strerror or str(e), path, file)
             break
     else:
-        match = _TENSORSTORE_ERRNO.search(str(error))
+        text = str(error)
+        match = _TENSORSTORE_ERRNO.search(text)
+        file = _inside(path, *_TENSORSTORE_FILE.findall(text))
         if match:
             code = int(match.group(1))
-            wrapped = StateWriteError(code, os.strerror(code), path)
+            wrapped = StateWriteError(code, os.strerror(code), path, file)
         else:
-            wrapped = StateWriteError(None, f"{type(error).__name__}: {error}", path)
+            wrapped = StateWriteError(None, f"{type(error).__name__}: {error}", path, file)
     return wrapped
+
+
+def _inside(path: str | Path, *files: object) -> str | None:
+    """The last of ``files`` (the innermost a message names) that lies inside the directory
+    ``path`` or its orbax temporary directory; None if none does."""
+    root = str(path).rstrip("/")
+    for file in reversed(files):
+        file = os.fsdecode(file) if isinstance(file, str | bytes) else None
+        if file and file.rstrip("/") != root and file.startswith(root):
+            rest = file[len(root) :]
+            if rest.startswith("/") or rest.startswith(".orbax-checkpoint-tmp"):
+                return file
+    return None
 
 
 def environment_error(error: BaseException) -> StateWriteError | None:

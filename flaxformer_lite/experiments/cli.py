@@ -27,7 +27,7 @@ from typing import Any
 from absl import app, flags
 from absl import logging as absl_logging
 
-from flaxformer_lite.base import interrupt
+from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import StateWriteError, write_error
 from flaxformer_lite.nn.model_config import moved_field_message
@@ -65,6 +65,7 @@ def one_line_failures() -> typing.Iterator[None]:
     if _running_a_command:  # a process that exits on an interruption anyway
         try:
             grace = interrupt.exit_grace()
+            faults.check()  # a bad test-hook value: one line before any work
         except ValueError as e:
             fail(str(e))
     try:
