@@ -58,13 +58,14 @@ def _dense(
     d_out: int,
     axes: tuple[str, str],
     *,
-    use_bias: bool,
+    use_bias: bool | None = None,
     rngs: nnx.Rngs,
 ) -> nnx.Linear:
+    """A `_Dense` ``[d_in, d_out]`` with logical ``axes``; ``use_bias`` None: ``cfg.use_bias``."""
     return _Dense(
         d_in,
         d_out,
-        use_bias=use_bias,
+        use_bias=cfg.use_bias if use_bias is None else use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
         kernel_metadata={"logical_axes": axes},
