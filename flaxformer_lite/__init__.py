@@ -4,9 +4,9 @@ Layers; a folder may import the ones listed after it, never one before it
 (tests/test_architecture.py pins this)::
 
     experiments/   sweeps, the study runner, results rows, statistics, tables, plots, report
-    pretrained/    Hugging Face causal LMs: config mapping, safetensors weights, tokenizers
     train/         run config, jit-compiled steps, the loop, checkpoints, metrics, sharding
     evaluation/    the evaluation plan and its execution (protocols, per-position loss, tasks)
+    pretrained/    Hugging Face causal LMs: config mapping, safetensors weights, tokenizers
     data/          byte corpora, synthetic tasks, windows (numpy only; imports only base/)
     nn/            Flax NNX: the encoding registry and encodings, layers, models, generation
     core/          pure functions of arrays: attention, positional formulas, KV cache

@@ -25,8 +25,8 @@ LAYERS: dict[str, set[str]] = {
     "nn": {"base", "core"},
     "data": {"base"},
     "evaluation": {"base", "core", "nn", "data"},
-    "train": {"base", "core", "nn", "data", "evaluation"},
-    "pretrained": {"base", "core", "nn", "data", "evaluation", "train"},
+    "train": {"base", "core", "nn", "data", "evaluation", "pretrained"},
+    "pretrained": {"base", "core", "nn", "data"},
     "experiments": {"base", "core", "nn", "data", "evaluation", "train", "pretrained"},
 }
 # layer -> top-level third-party packages it must not import ("*": anything not stdlib)
@@ -36,6 +36,8 @@ THIRD_PARTY: dict[str, set[str]] = {
     "nn": {"optax", "orbax", "tensorboardX", "matplotlib", "ml_collections"},
     "data": {"jax", "jaxlib", "flax", "optax", "orbax", "tensorboardX", "matplotlib"},
     "evaluation": {"orbax", "tensorboardX", "matplotlib", "ml_collections"},
+    # Hugging Face checkpoints are read with numpy: never torch (nor its pickles)
+    "pretrained": {"torch", "transformers", "optax", "orbax", "tensorboardX", "matplotlib"},
 }
 API = PACKAGE  # the public facade flaxformer_lite/__init__.py may import every layer
 

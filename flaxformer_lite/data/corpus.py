@@ -170,6 +170,14 @@ class ByteSplit:
 
     @staticmethod
     def _iter_batches(data, length, stride, count, batch_size, pad_batch):
+        for batch, _ in ByteSplit._iter_batches_with_ids(
+            data, length, stride, count, batch_size, pad_batch
+        ):
+            yield batch
+
+    @staticmethod
+    def _iter_batches_with_ids(data, length, stride, count, batch_size, pad_batch):
+        """``(batch, index of its first window)`` pairs of `eval_batches`."""
         for first in range(0, count, batch_size):
             ids = np.arange(first, min(first + batch_size, count))
             batch = windows.window_arrays(data, ids, length, stride)
@@ -179,7 +187,7 @@ class ByteSplit:
                     k: np.concatenate([v, np.zeros((short, length), v.dtype)])
                     for k, v in batch.items()
                 }
-            yield batch
+            yield batch, first
 
     def context_starts(self, *, max_context: int, block: int, blocks: int) -> np.ndarray:
         """First target positions of the context protocol's target blocks

@@ -16,7 +16,9 @@ import numpy as np
 
 DEFAULT_BLOCK_TOKENS = 1024  # target bytes per statistics block (corpus protocols)
 DEFAULT_BLOCK_EXAMPLES = 8  # examples per statistics block (tasks)
-FIELDS = ("loss", "correct", "count", "exact", "examples")
+# "bytes": the UTF-8 bytes the scored tokens cover (tokenized corpora; for byte-level models
+# every target is one byte and "count" is the bytes)
+FIELDS = ("loss", "correct", "count", "bytes", "exact", "examples")
 
 
 class BlockSums:

@@ -61,9 +61,11 @@ def evaluate_context(
     batches = split.context_batches(starts, context, block, batch_size)
     with bar:  # closed also when interrupted
         for index, batch in enumerate(batches):
+            target_bytes = batch.pop("target_bytes", None)  # a token split's
+            batch.pop("target_offset", None)
             batch = dict(batch, positions=positions_fn(index, batch_size, length))
             out = evaluator(batch)
-            for k in sums:
+            for k in ("loss_sum", "correct_sum", "count"):
                 sums[k] += out[k][context - 1 :]
             ids = np.repeat(
                 ((index * batch_size + np.arange(batch_size)) // per_stat)[:, None], length, 1
@@ -72,8 +74,13 @@ def evaluate_context(
             stats.add("loss", ids[mask], out["token_loss"][mask])
             stats.add("correct", ids[mask], out["token_correct"][mask])
             stats.add("count", ids[mask], np.ones(int(mask.sum())))
+            if target_bytes is not None:
+                scored = (target_bytes * mask).sum(axis=0)[context - 1 :]
+                sums["bytes"] = sums.get("bytes", 0.0) + scored
+                stats.add("bytes", ids[mask], target_bytes[mask])
             bar.update(min(batch_size, len(starts) - index * batch_size))
-    result = summarize(**sums)
+    byte_sum = sums.pop("bytes", None)
+    result = summarize(**sums, byte_sum=byte_sum)
     result.update(
         eval_length=context,
         protocol="context",

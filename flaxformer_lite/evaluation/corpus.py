@@ -54,7 +54,9 @@ def evaluate_length(
     incremental: bool = False,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
 ) -> dict[str, Any]:
-    """Score ``model`` on windows of ``length`` tokens of a byte ``split``.
+    """Score ``model`` on windows of ``length`` tokens of a ``split``: a byte split, or a
+    `flaxformer_lite.data.tokens.TokenSplit` (then bits per byte divide by the bytes of text
+    the scored tokens cover, and blocks are byte ranges of that text).
 
     Args:
       model: a causal LM called as ``model(tokens, positions, deterministic=True)``.
@@ -86,20 +88,29 @@ def evaluate_length(
     bar = tqdm(total=total, desc=f"eval L'={length}", unit="win", disable=not progress, leave=False)
     with bar:  # closed also when interrupted: the interrupt's message gets a line of its own
         for index, batch in enumerate(batches):
+            # a token split (`data.tokens.TokenSplit`) says what bytes each target covers
+            target_bytes = batch.pop("target_bytes", None)
+            target_offset = batch.pop("target_offset", None)
             batch = dict(batch, positions=positions_fn(index, batch_size, length))
             out = evaluator(batch)
-            for k in sums:
+            for k in ("loss_sum", "correct_sum", "count"):
                 sums[k] += out[k]
             # window w starts at byte w * step; its column j predicts byte w * step + j + 1
             windows = index * batch_size + np.arange(batch_size)
             target = windows[:, None] * step + np.arange(length)[None, :] + 1
+            if target_offset is not None:  # blocks are byte ranges of the text
+                target = target_offset
             ids = target // block_tokens
             mask = batch["loss_mask"] > 0
             blocks.add("loss", ids[mask], out["token_loss"][mask])
             blocks.add("correct", ids[mask], out["token_correct"][mask])
             blocks.add("count", ids[mask], np.ones(int(mask.sum())))
+            if target_bytes is not None:
+                sums["bytes"] = sums.get("bytes", 0.0) + (target_bytes * mask).sum(axis=0)
+                blocks.add("bytes", ids[mask], target_bytes[mask])
             bar.update(min(batch_size, total - index * batch_size))
-    result = summarize(**sums, train_length=train_length)
+    byte_sum = sums.pop("bytes", None)
+    result = summarize(**sums, train_length=train_length, byte_sum=byte_sum)
     result.update(
         eval_length=length,
         protocol="nonoverlapping" if stride in (None, length) else "sliding",

@@ -17,14 +17,18 @@ def summarize(
     count: np.ndarray,
     *,
     train_length: int | None = None,
+    byte_sum: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Aggregate per-position sums (float ``[length]``) into the reported metrics.
 
-    ``loss`` is mean nats per scored token, ``bits_per_byte = loss / ln 2`` (tokens are bytes),
-    ``perplexity = exp(loss)``. ``loss_by_position[t]`` is the mean loss of targets at window
-    offset ``t`` (``t + 1`` tokens of context; NaN where none were scored). With
-    ``train_length`` L, ``bucket_loss`` averages the positions in ``[0, L), [L, 2L), [2L, 4L),
-    ...`` (the buckets where the failure modes of extrapolation show).
+    ``loss`` is mean nats per scored token and ``perplexity = exp(loss)`` (per token). Bits
+    per byte: byte-level models, ``loss / ln 2`` (tokens are bytes); with ``byte_sum`` (the
+    UTF-8 bytes the scored tokens cover, per position, from a tokenized split),
+    ``sum(loss) / ln 2 / sum(bytes)`` -- total bits over total bytes, so models with
+    different tokenizers are compared on the same text. ``loss_by_position[t]`` is the mean
+    loss of targets at window offset ``t`` (``t + 1`` tokens of context; NaN where none were
+    scored). With ``train_length`` L, ``bucket_loss`` averages the positions in ``[0, L),
+    [L, 2L), [2L, 4L), ...`` (the buckets where the failure modes of extrapolation show).
     """
     tokens = float(count.sum())
     if tokens == 0:
@@ -32,14 +36,22 @@ def summarize(
     loss = float(loss_sum.sum() / tokens)
     with np.errstate(invalid="ignore", divide="ignore"):
         by_pos = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)
+    bits_per_byte = loss / LN2
+    if byte_sum is not None:
+        scored_bytes = float(np.sum(byte_sum))
+        if scored_bytes <= 0:
+            raise ValueError("the scored tokens cover no bytes of text")
+        bits_per_byte = float(loss_sum.sum()) / LN2 / scored_bytes
     out: dict[str, Any] = {
         "loss": loss,
-        "bits_per_byte": loss / LN2,
+        "bits_per_byte": bits_per_byte,
         "perplexity": math.exp(min(loss, 700.0)),
         "accuracy": float(correct_sum.sum() / tokens),
         "tokens": int(tokens),
         "loss_by_position": [None if math.isnan(v) else float(v) for v in by_pos],
     }
+    if byte_sum is not None:
+        out["scored_bytes"] = round(float(np.sum(byte_sum)))
     if train_length:
         out["bucket_loss"] = bucket_losses(loss_sum, count, train_length)
     return out

@@ -142,9 +142,19 @@ class EvalPlan:
 
     @classmethod
     def build(
-        cls, model: ModelConfig, data: DataConfig, eval: EvalConfig, *, seed: int
+        cls,
+        model: ModelConfig,
+        data: DataConfig,
+        eval: EvalConfig,
+        *,
+        seed: int,
+        name: str | None = None,
     ) -> EvalPlan:
-        """The plan of a run; raises `ConfigError` naming the field to change."""
+        """The plan of a run; raises `ConfigError` naming the field to change.
+
+        ``name``: the subject's name in the labels in place of the encoding's (a pretrained
+        model's, e.g. ``"pythia-160m"``, so rows read ``pythia-160m`` and
+        ``pythia-160m+yarn``); None: the encoding's label (``rope``, ``rope+yarn``)."""
         spec = model.encoding
         known = {v for n in registry.positional_encoding_names() for v in _variants_of(n)}
         unknown = [v for v in eval.rope_scalings if v not in known]
@@ -196,12 +206,15 @@ class EvalPlan:
                 options = spec.variant_options(cfg.positional_options, variant, length)
                 cfg = cfg.replace(positional_options=options)
             suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
-            if capacity is not None and capacity > train_seq:
-                suffix += UNTRAINED_SUFFIX  # positions past L were never trained
+            if capacity is not None and capacity > train_seq and name is None:
+                suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
             if variant == WINDOW:
                 suffix += "+window"
+            encoding = spec.label(cfg.positional_options)
+            if name is not None:
+                encoding = name + encoding[len(spec.name) :]
             label = EvalLabel(
-                encoding=spec.label(cfg.positional_options) + suffix,
+                encoding=encoding + suffix,
                 positional=model.positional,
                 variant=variant,
                 randomized=model.randomized_positions,

@@ -10,7 +10,9 @@ every cell, on:
   (``model.positional``, its options ``model.positional_options.*`` and
   ``model.randomized_positions``) -- and the fields any of the group's cells had set by its
   study's sweep (``swept``: a rate sweep's ``optim.learning_rate``, a size sweep's
-  ``model.*``, the tasks' ``data.task``), which the report tabulates separately;
+  ``model.*``, the tasks' ``data.task``), which the report tabulates separately; in a study
+  of pretrained models (``pretrained.source`` swept) the architecture ``model.*`` too, except
+  ``model.dtype`` and ``model.param_dtype``;
 * ``corpus_sha256``: the corpus content hash (``data.sha256`` of the rows);
 * ``versions.python`` and ``versions.<package>`` for the packages a resume refuses
   (`train.identity.VERSION_PACKAGES`: flaxformer-lite, jax, jaxlib, flax, optax, numpy).
@@ -55,6 +57,10 @@ ENCODING_FIELDS = (
     "model.positional_options",
     "model.randomized_positions",
 )
+# A pretrained-model study compares models: their architecture (everything config.json sets,
+# ``model.*``) is its subject, as the encoding is a trained study's; how they compute is not.
+PRETRAINED_SUBJECT = "model"
+PRETRAINED_COMPARED = ("model.dtype", "model.param_dtype")
 CORPUS_FIELD = "corpus_sha256"
 VERSION_PREFIX = "versions."
 
@@ -183,10 +189,12 @@ def check(
     for group, members in groups.items():
         swept = {str(f) for i in members for f in (rows[i].get("swept") or ())}
         excluded = (*ENCODING_FIELDS, *sorted(swept))
+        if _under("pretrained.source", sorted(swept)) or "pretrained.source" in swept:
+            excluded = (*excluded, PRETRAINED_SUBJECT)
         seen: dict[str, dict[str, tuple[Any, int]]] = {}  # field -> canonical value -> first
         for i in members:
             for field, value in compared_fields(rows[i]).items():
-                if _under(field, excluded):
+                if _under(field, excluded) and field not in PRETRAINED_COMPARED:
                     continue
                 key = json.dumps(value, sort_keys=True, default=str)
                 seen.setdefault(field, {}).setdefault(key, (value, i))

@@ -94,6 +94,12 @@ class BlockIndex:
             return None
         field, count_field, scale, transform = spec
         records = [self._records.get(block_key(r)) for r in rows]
+        if (
+            metric == "bits_per_byte"
+            and records
+            and all(b is not None and "bytes" in b for b in records)
+        ):
+            count_field = "bytes"  # tokenized text: bits over the bytes the tokens cover
         # Records written before all-zero fields were kept drop them: with its count field
         # present, a missing field was measured as zero in every block.
         records = [

@@ -23,7 +23,17 @@ from typing import Any
 from flaxformer_lite.base.checks import ConfigError, fail, is_int, is_number
 from flaxformer_lite.train.run_config import MAX_SEED
 
-SWEEP_FIELDS = ("encodings", "seeds", "randomized", "tasks", "learning_rates", "model_sizes")
+SWEEP_FIELDS = (
+    "encodings",
+    "seeds",
+    "randomized",
+    "tasks",
+    "learning_rates",
+    "model_sizes",
+    "models",
+)
+# the keys of one entry of sweep.models (pretrained models, `experiments/pretrained.py`)
+MODEL_FIELDS = ("name", "source", "train_length", "revision")
 # A cell name is one directory under STUDY/runs/: a portable file name, nothing that a path
 # resolves (no separators, no "." or ".."), not hidden and not an option-like "-x".
 CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
@@ -76,6 +86,33 @@ def _model_sizes(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``sweep.models``: pretrained models, each ``{"name", "source", "train_length"
+    (its training context in tokens), "revision" (optional)}`` -> (cell name, overrides)."""
+    out = []
+    for i, entry in enumerate(_field(sweep, "models")):
+        entry = dict(entry.items()) if hasattr(entry, "items") else entry
+        if (
+            not isinstance(entry, dict)
+            or set(entry) - set(MODEL_FIELDS)
+            or not ({"name", "source", "train_length"} <= set(entry))
+        ):
+            fail(
+                f"config.sweep.models[{i}]",
+                entry,
+                f"must be a mapping with keys name, source, train_length (and revision); "
+                f"allowed keys: {list(MODEL_FIELDS)}",
+            )
+        overrides = {
+            "pretrained.source": entry["source"],
+            "pretrained.name": entry["name"],
+            "pretrained.revision": entry.get("revision", ""),
+            "data.train_length": entry["train_length"],
+        }
+        out.append((entry["name"], overrides))
+    return out
+
+
 def expand_sweep(config: Any) -> list[dict[str, Any]]:
     """The cells of the study ``config`` (a ConfigDict or dict with a ``sweep`` section),
     in order: for each model size, for each learning rate, every encoding x seed, then every
@@ -89,13 +126,16 @@ def expand_sweep(config: Any) -> list[dict[str, Any]]:
             f"config.sweep has unknown field(s) {unknown}; allowed: {list(SWEEP_FIELDS)}"
         )
     encodings, seeds = _field(sweep, "encodings"), _field(sweep, "seeds")
+    pretrained = _pretrained_models(sweep)
+    if pretrained:  # one cell per pretrained model (x seed: the same model; seeds=(0,))
+        encodings = ("pretrained",)
     if not encodings or not seeds:
         raise ConfigError(
             f"config.sweep: encodings={encodings!r} and seeds={seeds!r} must both be non-empty"
         )
     if not all(is_int(s) and 0 <= s <= MAX_SEED for s in seeds):
         fail("config.sweep.seeds", seeds, f"each seed must be an int in [0, {MAX_SEED}]")
-    models = [(e, {"model.positional": e}) for e in encodings]
+    models = pretrained or [(e, {"model.positional": e}) for e in encodings]
     models += [
         (f"{e}-randomized", {"model.positional": e, "model.randomized_positions": True})
         for e in _field(sweep, "randomized")
@@ -144,8 +184,8 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
 
 
 def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:
-    """Cells whose name, encoding (``model.positional``), task, model size or learning rate
-    (``lr3e-3``) is in ``only`` (all if empty)."""
+    """Cells whose name, encoding (``model.positional``), pretrained model (its name), task,
+    model size or learning rate (``lr3e-3``) is in ``only`` (all if empty)."""
     if not only:
         return sweep
 
@@ -155,6 +195,7 @@ def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:
         return {
             cell["name"],
             o.get("model.positional"),
+            o.get("pretrained.name"),
             o.get("data.task"),
             cell.get("labels", {}).get("model_size"),
             None if rate is None else f"lr{learning_rate_tag(rate)}",

@@ -5,12 +5,12 @@
 `flaxformer_lite.pretrained.families`; the reading rules for untrusted folders:
 `flaxformer_lite.pretrained.files`.
 
-Layer: may import base, core, nn, data, evaluation and train (it checks memory with
-`flaxformer_lite.train.memory`); experiments import it.
+Layer: may import base, core, nn and data; train (a run config may name a pretrained model
+to evaluate), evaluation and experiments import it.
 """
 
 from flaxformer_lite.pretrained.families import FAMILIES, family_of, model_config
-from flaxformer_lite.pretrained.files import PretrainedError
+from flaxformer_lite.pretrained.files import PretrainedError, read_config
 from flaxformer_lite.pretrained.load import Pretrained, PretrainedInfo, load_pretrained, resolve
 from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
 
@@ -24,5 +24,6 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "model_config",
+    "read_config",
     "resolve",
 ]

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxformer_lite.base.memory import format_bytes, host_available
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.nn.param_count import count_parameters
@@ -33,7 +34,6 @@ from flaxformer_lite.pretrained.files import (
     read_config,
 )
 from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
-from flaxformer_lite.train import memory
 
 HUB_FILES = [
     "config.json",
@@ -119,14 +119,29 @@ def _check_memory(family: str, cfg: ModelConfig, files: CheckpointFiles | None) 
     else:
         need = sum(math.prod(files.shape(n)) for n in files.names()) * itemsize
         what = "the checkpoint's tensors"
-    free, where, _ = memory.available_memory()
+    free, where = _free_memory()
     if free is not None and need > free:
         raise PretrainedError(
-            f"{family}: {what} need(s) {memory.format_bytes(need)} as {cfg.params_dtype} "
+            f"{family}: {what} need(s) {format_bytes(need)} as {cfg.params_dtype} "
             f"({cfg.num_decoder_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab_size}) "
-            f"but {memory.format_bytes(free)} is free ({where}); load the parameters in "
+            f"but {format_bytes(free)} is free ({where}); load the parameters in "
             "bfloat16 (param_dtype='bfloat16') or shard them over more devices"
         )
+
+
+def _free_memory() -> tuple[int | None, str]:
+    """Memory free on the first device (an accelerator's statistics, else the host's)."""
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        return host_available()
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # a backend without memory statistics
+        stats = {}
+    if "bytes_limit" not in stats:
+        return None, f"{device.device_kind} reports no memory statistics"
+    free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return free, f"free on one {device.device_kind}"
 
 
 def _abstract(cfg: ModelConfig) -> tuple[Any, Any, Any]:

@@ -33,6 +33,12 @@ class Tokenizer:
         """Token ids of ``text`` (no BOS/EOS unless ``add_special_tokens``)."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of ``text`` (no special tokens) and each token's ``(start, end)``
+        character offsets in ``text`` (what `flaxformer_lite.data.tokens` counts bytes from)."""
+        encoding = self.backend.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
 

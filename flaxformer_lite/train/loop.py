@@ -42,10 +42,12 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import fail
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
+from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import (
@@ -246,8 +248,15 @@ def train_and_evaluate(
     dataset = batches.open_run_data(run, plan)  # bad data settings fail before any write
     placement = sharding.Plan.create(run)  # None on one device: the plain single-device path
     memory.check_memory(run, plan)  # before any work: the estimate vs the memory free
-    train_matmul(run)  # config.train.cpu_matmul="onednn" on a jaxlib that fails its check
     workdir = Path(workdir)
+    if run.pretrained.source:  # evaluate a Hugging Face model: nothing to train
+        multihost.on_process_0(
+            lambda: check_workdir(workdir, run, dataset, restart_changed=restart_changed)
+        )
+        with contextlib.ExitStack() as held:
+            multihost.on_process_0(lambda: bool(held.enter_context(workdir_lock(workdir))))
+            return _evaluate_pretrained(run, plan, dataset, placement, workdir, restart_changed)
+    train_matmul(run)  # config.train.cpu_matmul="onednn" on a jaxlib that fails its check
     # writes nothing: a bad call leaves no lock file behind
     multihost.on_process_0(
         lambda: check_workdir(workdir, run, dataset, restart_changed=restart_changed)
@@ -318,6 +327,83 @@ def _train_and_evaluate_locked(
     }
 
     def publish() -> dict[str, Any]:  # process 0 writes; every process returns its summary
+        atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
+        atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
+        return summary
+
+    return multihost.on_process_0(publish)
+
+
+def _evaluate_pretrained(run, plan, dataset, placement, workdir: Path, restart_changed: bool):
+    """`train_and_evaluate` for ``config.pretrained.source``: load the model
+    (`pretrained.load_pretrained`), tokenize the corpus with its tokenizer
+    (`data.tokens.TokenCorpus`: lengths in tokens, bits per UTF-8 byte of the scored text) and
+    evaluate the plan. Leaves identity.json, config.json, eval.json and provenance.json."""
+    record = multihost.on_process_0(
+        lambda: prepare_workdir(workdir, run, dataset, restart_changed=restart_changed)
+    )
+    eval_path = workdir / "eval.json"
+    cached = multihost.on_process_0(lambda: _cached_result(eval_path, record["hash"]))
+    if cached is not None:
+        return cached
+    interrupt.where(phase="loading the pretrained model of", step=None, checkpoint=None)
+    shardings = None
+    if placement is not None:
+        shardings = lambda abstract: sharding.state_shardings(
+            abstract, placement.mesh, placement.rules
+        )
+    try:
+        lm = hf.load_pretrained(
+            run.pretrained.source,
+            revision=run.pretrained.revision or None,
+            dtype=run.model.dtype,
+            param_dtype=run.model.param_dtype,
+            shardings=shardings,
+            attention_impl=run.model.attention_impl,
+            chunked_threshold=run.model.chunked_threshold,
+            positional_options=run.model.positional_options,
+        )
+    except hf.PretrainedError as e:
+        raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: {e}") from None
+    if lm.tokenizer is None:
+        raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: no tokenizer")
+    separator = lm.info.hf_config.get("eos_token_id")
+    separator = separator[0] if isinstance(separator, list) else separator
+    tokens = TokenCorpus(
+        dataset,
+        lm.tokenizer.encode_with_offsets,
+        separator_id=0 if separator is None else int(separator),
+        tokenizer_sha256=lm.tokenizer.sha256,
+        vocab_size=run.model.vocab_size,
+    )
+    interrupt.where(phase="evaluating")
+    t0 = time.perf_counter()
+    progress = run.train.progress and multihost.is_primary()
+    results = run_evaluation.evaluate_plan(lm.model, plan, tokens, progress=progress)
+    info = lm.info
+    env = provenance.environment() | {
+        "data": tokens.provenance(),
+        "pretrained": {
+            "model_id": info.model_id,
+            "family": info.family,
+            "revision": info.revision,
+            "weights_sha256": info.weights_sha256,
+            "tokenizer_sha256": info.tokenizer_sha256,
+        },
+    }
+    summary = {
+        "config": run.to_dict(),
+        "config_hash": record["hash"],
+        "steps": 0,
+        "train_seconds": 0.0,
+        "train_steps": 0,
+        "eval_seconds": time.perf_counter() - t0,
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "eval": results,
+        "provenance": env,
+    }
+
+    def publish() -> dict[str, Any]:
         atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
         atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
         return summary

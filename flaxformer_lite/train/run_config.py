@@ -19,6 +19,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base.checks import ConfigError, check_type, fail
 from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
@@ -63,6 +64,21 @@ class TrainConfig:
 
 
 MESH_AXES = ("data", "fsdp")
+# ModelConfig fields a pretrained model's run may set: how it computes, not what
+PRETRAINED_MODEL_FIELDS = ("dtype", "param_dtype", "attention_impl", "chunked_threshold")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedConfig:
+    # A Hugging Face model folder or hub id (`flaxformer_lite.pretrained`): the run evaluates
+    # that model instead of training config.model; "" trains as usual.
+    source: str = ""
+    revision: str = ""  # hub revision (branch, tag or commit); "": the default branch
+    name: str = ""  # the model's row name in tables; "": the source's last path part
+
+    @property
+    def label(self) -> str:
+        return self.name or self.source.rstrip("/").rsplit("/", 1)[-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +109,7 @@ class RunConfig:
     train: TrainConfig
     eval: EvalConfig
     mesh: MeshConfig = MeshConfig()
+    pretrained: PretrainedConfig = PretrainedConfig()
 
     @property
     def eval_lengths(self) -> tuple[int, ...]:
@@ -100,31 +117,38 @@ class RunConfig:
 
     def eval_plan(self) -> EvalPlan:
         """Every evaluation of this run (`flaxformer_lite.evaluation.plan.EvalPlan`)."""
-        return EvalPlan.build(self.model, self.data, self.eval, seed=self.seed)
+        name = self.pretrained.label if self.pretrained.source else None
+        return EvalPlan.build(self.model, self.data, self.eval, seed=self.seed, name=name)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
         values = _move_fields(_to_dict(config))
         known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
-        known |= {"mesh", "sweep"}
+        known |= {"mesh", "sweep", "pretrained"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"config has unknown field(s) {unknown}; allowed: {sorted(known)}")
-        try:
-            model = ModelConfig.from_mapping(values.get("model", {}))
-        except ValueError as e:
-            raise ConfigError(f"config.model: {e}") from None
+        pretrained = _build(PretrainedConfig, values.get("pretrained", {}), "config.pretrained")
+        data = _build(DataConfig, values.get("data", {}), "config.data")
+        if pretrained.source:
+            model = _pretrained_model(pretrained, values.get("model", {}), data)
+        else:
+            try:
+                model = ModelConfig.from_mapping(values.get("model", {}))
+            except ValueError as e:
+                raise ConfigError(f"config.model: {e}") from None
         run = cls(
             study=check_type("config.study", values.get("study", "run"), str),
             preset=check_type("config.preset", values.get("preset", ""), str),
             seed=check_type("config.seed", values.get("seed", 0), int),
             model=model,
-            data=_build(DataConfig, values.get("data", {}), "config.data"),
+            data=data,
             optim=_build(OptimConfig, values.get("optim", {}), "config.optim"),
             train=_build(TrainConfig, values.get("train", {}), "config.train"),
             eval=_build(EvalConfig, values.get("eval", {}), "config.eval"),
             mesh=_build(MeshConfig, values.get("mesh", {}), "config.mesh"),
+            pretrained=pretrained,
         )
         _validate(run)
         return run
@@ -176,7 +200,36 @@ NOT_IDENTITY_FIELDS = {
         "cpu_matmul",  # which library computes the products (equal to float32 tolerance)
     ),
     "eval": ("paired_reference", "paired_all"),  # what the report compares
+    "pretrained": ("name",),  # the model's row name
 }
+
+
+def _pretrained_model(
+    pretrained: PretrainedConfig, values: Mapping[str, Any], data: DataConfig
+) -> ModelConfig:
+    """The `ModelConfig` of ``config.pretrained.source`` (its ``config.json``), with the
+    `PRETRAINED_MODEL_FIELDS` of ``config.model`` applied. A RoPE model's ``original_length``
+    (the length evaluation-time scalings extend from) defaults to ``config.data.train_length``,
+    the model's training context."""
+    values = dict(values) if isinstance(values, Mapping) else {}
+    extra = sorted(set(values) - set(PRETRAINED_MODEL_FIELDS))
+    if extra:
+        raise ConfigError(
+            f"config.model has field(s) {extra}, but config.pretrained.source="
+            f"{pretrained.source!r} takes its architecture from its config.json; only "
+            f"{list(PRETRAINED_MODEL_FIELDS)} may be set"
+        )
+    try:
+        folder, _ = hf.resolve(pretrained.source, revision=pretrained.revision or None)
+        model = hf.model_config(hf.read_config(folder), where=f"{folder}/config.json")
+        model = model.replace(**values)
+    except ValueError as e:
+        raise ConfigError(f"config.pretrained.source={pretrained.source!r}: {e}") from None
+    options = model.positional_options
+    if getattr(options, "original_length", 0) is None and model.encoding.rope_scaling:
+        options = dataclasses.replace(options, original_length=data.train_length)
+        model = model.replace(positional_options=options)
+    return model
 
 
 def flat_diff(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

@@ -1,0 +1,138 @@
+r"""How pretrained Hugging Face models extrapolate: one model per encoding family, scored in bits
+per byte on the same text, from their training context L to 16 L (lengths in each model's tokens).
+
+Usage (installed as ``flaxformer_lite.configs.pretrained``)::
+
+    flaxformer-lite study --config=pretrained:tiny --workdir=runs/pretrained-tiny
+    flaxformer-lite study --config=pretrained:small --workdir=runs/pretrained-small  # online
+    flaxformer-lite study --config=pretrained:small --config.data.corpus=pg19 ...    # on PG-19
+
+Nothing is trained: each cell loads a model (`flaxformer_lite.pretrained.load_pretrained`,
+a folder or a hub id), tokenizes the corpus's validation split with the model's own tokenizer
+(`flaxformer_lite.data.tokens`) and evaluates it with the study's protocols. Bits per byte
+divide each model's summed -log2 p of the scored tokens by the UTF-8 bytes of text they
+cover, so models with different tokenizers are compared on the same text; statistics blocks
+are byte ranges of that text, so paired differences pair the same bytes. RoPE models also get
+rows under the evaluation-time scalings of ``eval.rope_scalings``.
+
+Presets:
+  tiny         the tiny random models of tests/pretrained/hf_models (gpt2, opt, xglm,
+               gpt_neox, llama, qwen2, bloom, mpt; a clone of the repository has them), L = 16
+               tokens, the first 4,096 targets: seconds per model. A smoke test of the
+               pipeline; random weights say nothing about extrapolation.
+  small        one small model per family from the hub (needs internet once, or a filled
+               Hugging Face cache): GPT-2 and OPT-125m (learned), XGLM-564M (sinusoidal),
+               Pythia-160m (partial RoPE), SmolLM-135M (Llama architecture, RoPE), BLOOM-560m
+               (ALiBi), each at its own training context L (1024 or 2048 tokens) x {1, 2, 4,
+               8, 16}, the first 32,768 targets of the split; RoPE rows also under PI, NTK,
+               YaRN and dynamic NTK. Hours on a laptop CPU, minutes on a GPU.
+  yarn_table1  the protocol of the YaRN paper's Table 1 (Peng et al. 2023): Llama-2-7B
+               extended from 4k to 8k by PI (s = 2), NTK (theta = 20k) and YaRN (s = 2), token
+               perplexity with a sliding window of stride 256 at 2048 ... 10240 tokens, in
+               bfloat16 for one GPU. The paper scores ten Proof-pile documents; this preset
+               scores PG-19's validation split (set ``--config.data.corpus`` for another).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_collections
+
+# The tiny models the tests load (committed in a clone of the repository).
+TINY_MODELS = Path(__file__).resolve().parent.parent / "tests" / "pretrained" / "hf_models"
+TINY_CASES = ("gpt2", "opt", "xglm", "gpt_neox", "llama", "qwen2", "bloom", "mpt")
+SMALL_MODELS = (
+    dict(name="gpt2", source="gpt2", train_length=1024),
+    dict(name="opt-125m", source="facebook/opt-125m", train_length=2048),
+    dict(name="xglm-564m", source="facebook/xglm-564M", train_length=2048),
+    dict(name="pythia-160m", source="EleutherAI/pythia-160m", train_length=2048),
+    dict(name="smollm-135m", source="HuggingFaceTB/SmolLM-135M", train_length=2048),
+    dict(name="bloom-560m", source="bigscience/bloom-560m", train_length=2048),
+)
+YARN_TABLE1_MODELS = (
+    dict(name="pi-s2", source="conceptofmind/LLongMA-2-7b", train_length=2048),
+    dict(name="ntk-20k", source="emozilla/NTK-Llama-2-7b-8k", train_length=2048),
+    dict(name="yarn-s2", source="emozilla/Yarn-Llama-2-7b-8k", train_length=2048),
+)
+
+
+def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
+    """The study config for ``preset`` (one of `PRESETS`)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r} is not known; allowed: {sorted(PRESETS)}")
+    c = ml_collections.ConfigDict()
+    c.study = "pretrained"  # recorded in every results row
+    c.preset = preset
+    c.seed = 0  # unused: nothing is trained or sampled
+    c.pretrained = ml_collections.ConfigDict(dict(source="", revision="", name=""))
+    c.data = ml_collections.ConfigDict(
+        dict(
+            source="corpus",
+            corpus="stdlib",  # this Python's standard library source: no download
+            path="",
+            cache_dir="",
+            task="",
+            train_length=1024,  # each model's training context L, in its tokens (per cell)
+            batch_size=1,  # unused: nothing is trained
+        )
+    )
+    # How the models compute (their architecture comes from their config.json).
+    c.model = ml_collections.ConfigDict(
+        dict(dtype="float32", param_dtype="float32", attention_impl="auto")
+    )
+    c.train = ml_collections.ConfigDict(dict(num_steps=1, progress=True))
+    c.eval = ml_collections.ConfigDict(
+        dict(
+            length_multiples=(1, 2, 4, 8, 16),  # evaluation lengths = L x these, in tokens
+            protocols=("nonoverlapping",),  # and/or "sliding"
+            stride_fraction=0.5,
+            sliding_stride=0,
+            max_tokens=32768,  # the same first targets at every length; 0: the whole split
+            batch_size=1,  # windows per evaluation batch
+            split="validation",
+            rope_scalings=("pi", "ntk", "yarn", "dynamic_ntk"),  # extra rows for RoPE models
+            paired_reference="bloom-560m",  # the report's paired differences: each vs this
+            paired_all=False,
+        )
+    )
+    c.sweep = ml_collections.ConfigDict(dict(encodings=(), seeds=(0,), models=()))
+    PRESETS[preset](c)
+    return c
+
+
+def _tiny(c: ml_collections.ConfigDict) -> None:
+    # L = 16, the tiny Llama's max_position_embeddings; one table for every model
+    c.sweep.models = tuple(
+        dict(name=case, source=str(TINY_MODELS / case), train_length=16) for case in TINY_CASES
+    )
+    c.train.progress = False
+    c.eval.update(
+        length_multiples=(1, 2, 4, 8, 16),
+        protocols=("nonoverlapping", "sliding"),
+        max_tokens=4096,
+        batch_size=8,
+        rope_scalings=("pi", "yarn"),
+        paired_reference="bloom",
+    )
+
+
+def _small(c: ml_collections.ConfigDict) -> None:
+    c.sweep.models = SMALL_MODELS
+
+
+def _yarn_table1(c: ml_collections.ConfigDict) -> None:
+    c.sweep.models = YARN_TABLE1_MODELS
+    c.data.corpus = "pg19"
+    c.model.update(dtype="bfloat16", param_dtype="bfloat16")
+    c.eval.update(
+        length_multiples=(1, 2, 3, 4, 5),  # 2048, 4096, 6144, 8192, 10240 tokens
+        protocols=("sliding",),
+        sliding_stride=256,
+        max_tokens=0,
+        rope_scalings=(),  # each checkpoint carries its own scaling in its config.json
+        paired_reference="yarn-s2",
+    )
+
+
+PRESETS = {"tiny": _tiny, "small": _small, "yarn_table1": _yarn_table1}
