@@ -72,12 +72,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
 
 from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.memory import format_bytes, host_available
 from flaxformer_lite.core import attention
 from flaxformer_lite.core.chunked_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from flaxformer_lite.data.data_config import DataConfig
@@ -341,48 +341,7 @@ def available_memory() -> tuple[int | None, str, bool]:
             free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
             return free, f"free on one {device.device_kind}", True
         return None, f"{device.device_kind} reports no memory statistics", True
-    return (*_host_available(), False)
-
-
-def _host_available() -> tuple[int | None, str]:
-    free, where = None, "host memory"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                free, where = int(line.split()[1]) * 1024, "host memory, MemAvailable"
-    except (OSError, ValueError, IndexError):
-        pass
-    if free is None:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None, "host memory unknown"
-    try:  # a container's cgroup v2 limit
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            if int(limit) - used < free:
-                free, where = int(limit) - used, "cgroup memory.max - memory.current"
-    except (OSError, ValueError):
-        pass
-    try:  # what this process holds is reused (`allocator` keeps freed heap): a study's
-        # later cells must not be refused for the memory its earlier cells left in the heap
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                free += int(line.split()[1]) * 1024
-                where += " + this process's resident memory"
-    except (OSError, ValueError, IndexError):
-        pass
-    return free, where
-
-
-def format_bytes(n: float) -> str:
-    """``1.5 GiB``, ``396.0 KiB``, ``12 B``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    return (*host_available(), False)
 
 
 def check_memory(
