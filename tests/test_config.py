@@ -215,7 +215,7 @@ def test_options_of_the_wrong_encoding_or_shape_are_rejected():
     with pytest.raises(
         ConfigError,
         match=r"ModelConfig\.positional_options has no option\(s\) \['bse'\] for "
-        r"positional='rope'; allowed: \['base', ",
+        r"positional='rope'; allowed: \['attention_factor', 'base', ",
     ):
         ModelConfig(positional="rope", positional_options={"bse": 500.0})
     with pytest.raises(ConfigError, match=r"no option\(s\) \['scaling'\] for positional='xpos'"):

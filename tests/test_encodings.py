@@ -225,6 +225,14 @@ def test_settings_record_the_exact_variant():
         "yarn_alpha": 1.0,
         "yarn_beta": 32.0,
         "yarn_variant": "hf",
+        "yarn_truncate": True,
+        "yarn_mscale": None,
+        "yarn_mscale_all_dim": None,
+        "attention_factor": None,
+        "llama3_low_freq_factor": 1.0,
+        "llama3_high_freq_factor": 4.0,
+        "longrope_short_factor": None,
+        "longrope_long_factor": None,
     }
     assert cfg.encoding.settings(cfg.positional_options) == settings
     none = small_cfg("none")
@@ -233,6 +241,7 @@ def test_settings_record_the_exact_variant():
     assert learned.encoding.settings(learned.positional_options) == {
         "positional": "learned",
         "max_length": 16,
+        "offset": 0,
     }
 
 

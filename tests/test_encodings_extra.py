@@ -654,6 +654,14 @@ def test_registry_entries():
         "yarn_alpha",
         "yarn_beta",
         "yarn_variant",
+        "yarn_truncate",
+        "yarn_mscale",
+        "yarn_mscale_all_dim",
+        "attention_factor",
+        "llama3_low_freq_factor",
+        "llama3_high_freq_factor",
+        "longrope_short_factor",
+        "longrope_long_factor",
     )
     assert fl.get_positional_encoding("xpos").option_names() == (
         "base",

@@ -193,28 +193,43 @@ def test_incremental_scoring_equals_one_pass_for_length_independent_encodings(na
         np.testing.assert_allclose(incremental[key], one_pass[key], rtol=2e-5, atol=2e-5)
 
 
-def test_dynamic_ntk_is_scored_with_each_targets_own_prefix():
-    """Incremental scoring of a dynamic-NTK window equals scoring every prefix in its own
-    forward pass (a target at offset o sees o + 1 tokens: scale (o + 1) / L), and differs
-    from one pass over the window (every target at the window's scale: static NTK)."""
+def test_dynamic_ntk_is_scored_as_cached_decoding_with_hf_convention():
+    """Incremental scoring of a dynamic-NTK window is cached decoding, one target per step,
+    with Hugging Face's convention (each cached key keeps the rotation of the step that wrote
+    it; tests/pretrained pins it against transformers' own cached generation). With 2 layers:
+    it equals a teacher-forced `decode_step` loop; up to L the targets see plain RoPE; beyond
+    L it differs both from one pass over the window (static NTK at the window's scale) and
+    from recomputing each prefix (which re-rotates every key and re-runs deeper layers)."""
     from flaxformer_lite.evaluation.step import Evaluator, rebuild_model, token_losses
 
-    cfg = tiny_model_config("rope", options={"scaling": "dynamic_ntk", "original_length": 4})
+    cfg = tiny_model_config(
+        "rope", options={"scaling": "dynamic_ntk", "original_length": 4}, num_decoder_layers=2
+    )
     model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(2))
     batch = _batch(1, 2, 12)
     got = Evaluator(model, incremental=True)(batch)["loss_sum"]
-    want = []
+    inputs, targets = jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"])
+    cache = model.init_cache(2, 12)
+    stepwise, prefix = [], []
     for o in range(12):
-        logits = model(jnp.asarray(batch["inputs"][:, : o + 1]), batch["positions"][:, : o + 1])
-        ce, _ = token_losses(logits[:, -1:], jnp.asarray(batch["targets"][:, o : o + 1]))
-        want.append(float(ce.sum()))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        logits, cache = model.decode_step(
+            inputs[:, o : o + 1], batch["positions"][:, o : o + 1], cache
+        )
+        ce, _ = token_losses(logits, targets[:, o : o + 1])
+        stepwise.append(float(ce.sum()))
+        full = model(inputs[:, : o + 1], batch["positions"][:, : o + 1])
+        ce, _ = token_losses(full[:, -1:], targets[:, o : o + 1])
+        prefix.append(float(ce.sum()))
+    np.testing.assert_allclose(got, stepwise, rtol=1e-5, atol=1e-5)
     # up to L the targets see plain RoPE (s = 1) ...
     plain = rebuild_model(model, cfg.replace(positional_options={"original_length": 4}))
     np.testing.assert_allclose(got[:4], Evaluator(plain)(batch)["loss_sum"][:4], rtol=1e-5)
-    # ... while one pass gives every target the window's scale 12 / 4 (static NTK)
+    np.testing.assert_allclose(got[:4], prefix[:4], rtol=1e-5)
+    # ... while one pass gives every target the window's scale 12 / 4 (static NTK), and a
+    # per-prefix recompute rotates every key at the current scale
     one_pass = Evaluator(model)(batch)["loss_sum"]
     assert not np.allclose(got, one_pass, atol=1e-4)
+    assert not np.allclose(got[4:], prefix[4:], atol=1e-4)
 
 
 def test_the_study_scores_dynamic_ntk_incrementally():

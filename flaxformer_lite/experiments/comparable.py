@@ -188,13 +188,13 @@ def check(
     refused, mixed, patch, used = [], [], [], set()
     for group, members in groups.items():
         swept = {str(f) for i in members for f in (rows[i].get("swept") or ())}
-        excluded = (*ENCODING_FIELDS, *sorted(swept))
-        if _under("pretrained.source", sorted(swept)) or "pretrained.source" in swept:
-            excluded = (*excluded, PRETRAINED_SUBJECT)
+        excluded, kept = (*ENCODING_FIELDS, *sorted(swept)), ()
+        if "pretrained.source" in swept:
+            excluded, kept = (*excluded, PRETRAINED_SUBJECT), PRETRAINED_COMPARED
         seen: dict[str, dict[str, tuple[Any, int]]] = {}  # field -> canonical value -> first
         for i in members:
             for field, value in compared_fields(rows[i]).items():
-                if _under(field, excluded) and field not in PRETRAINED_COMPARED:
+                if _under(field, excluded) and field not in kept:
                     continue
                 key = json.dumps(value, sort_keys=True, default=str)
                 seen.setdefault(field, {}).setdefault(key, (value, i))
