@@ -11,7 +11,9 @@ table). What made it is recorded too, so the report can refuse rows that must no
 table (`experiments.comparable`): ``setting`` (the run's identity config,
 `RunConfig.identity`, flattened to dotted names: ``{"train.num_steps": 20, ...}``),
 ``swept`` (the fields its study's sweep set for its cell: they are meant to differ between
-cells), ``data`` (the corpus provenance with its content hash), ``packages`` and ``python``.
+cells), ``data`` (the corpus provenance with its content hash; with the tokenizer's hash for a
+pretrained model), ``pretrained`` (a pretrained model's id, family, revision and weights hash),
+``packages`` and ``python``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def rows_for_cell(
         "device_kind": env["device_kind"],
         "device_count": env["device_count"],
         "data": env["data"],
+        # a pretrained model's id, family, revision and weights / tokenizer sha256 (else None)
+        "pretrained": env.get("pretrained"),
         "train_seconds": round(summary["train_seconds"], 3),
         "train_steps": summary.get("train_steps"),  # None in an eval.json from before it
         "eval_seconds": round(summary["eval_seconds"], 3),
