@@ -4,29 +4,35 @@ Writes, under tests/pretrained/hf_models/<case>/, one folder per case in Hugging
 format (what ``model.save_pretrained(safe_serialization=True)`` and
 ``PreTrainedTokenizerFast.save_pretrained`` write: config.json, generation_config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json) plus golden.npz with the outputs of
-transformers (PyTorch, eager attention, float32) on fixed inputs, and tests/pretrained/hf_models/README.md.
+transformers (PyTorch, eager attention, float32) on fixed inputs, and
+tests/pretrained/hf_models/README.md.
 
 Nothing is downloaded: the byte-level BPE tokenizer is trained here on text embedded in this script,
 and every model is built from a config with random weights (fixed seeds).
 
-Regenerate (CPU is enough; a few seconds per case):
+Regenerate (CPU is enough; a few seconds per case) with the Python of a virtual environment with
+`pip install torch==2.13.0 transformers tokenizers safetensors` (numpy comes with transformers):
 
-    pip install torch==2.13.0 transformers   # plus numpy, safetensors, tokenizers (transformers' deps)
-    python scripts/make_hf_goldens.py        # here: /work/golden-venv/bin/python scripts/make_hf_goldens.py
+    python scripts/make_hf_goldens.py
 
-Options: ``--cases gpt2,llama`` builds only those cases (the README's table is then rewritten for the
-cases present on disk); ``--out DIR`` writes elsewhere.
+Options: ``--cases gpt2,llama`` builds only those cases (the README's table is then rewritten for
+the cases present on disk); ``--out DIR`` writes elsewhere.
 
 golden.npz (np.savez_compressed; float32 / int32 only):
-    input_ids                [2, T]        two text snippets, tokenized with the tiny tokenizer, cut to T
-    logits                   [2, T, V]     model(input_ids).logits, one full forward pass, no mask/padding
+    input_ids                [2, T]        two text snippets, tokenized with the tiny tokenizer,
+                                           cut to T
+    logits                   [2, T, V]     model(input_ids).logits, one full forward pass,
+                                           no mask/padding
     prompt_ids               [1, P]        input_ids[:1, :P]
-    generated_ids            [1, N]        greedy generate(prompt, max_new_tokens=N, min_new_tokens=N,
-                                           do_sample=False, use_cache=True): the N new tokens only
-    generated_logits         [1, N, V]     the raw logits of each cached generation step (output_logits=True)
-    full_logits_of_generated [1, P+N, V]   model(concat(prompt_ids, generated_ids)).logits, one full pass;
-                                           full_logits_of_generated[:, P-1+i] is the full-pass twin of
-                                           generated_logits[:, i] (they differ for dynamic NTK and longrope).
+    generated_ids            [1, N]        greedy generate(prompt, max_new_tokens=N,
+                                           min_new_tokens=N, do_sample=False, use_cache=True):
+                                           the N new tokens only
+    generated_logits         [1, N, V]     the raw logits of each cached generation step
+                                           (output_logits=True)
+    full_logits_of_generated [1, P+N, V]   model(concat(prompt_ids, generated_ids)).logits, one
+                                           full pass; full_logits_of_generated[:, P-1+i] is the
+                                           full-pass twin of generated_logits[:, i] (they differ
+                                           for dynamic NTK and longrope).
 
 Every golden is computed on a freshly loaded copy of the saved folder (dynamic NTK and longrope keep
 state in the rotary module between calls, so each pass starts from a newly loaded model), and the
@@ -43,9 +49,9 @@ import sys
 
 import numpy as np
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Fixed sizes
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 VOCAB_SIZE = 300  # 256 bytes + 1 special token + 43 merges
 SPECIAL = "<|endoftext|>"  # id 0 (BpeTrainer puts special tokens first); bos = eos = pad
 T = 40  # tokens per row of input_ids
@@ -57,9 +63,11 @@ LAYERS = 2
 INIT_STD = 0.2
 SEED = 1234
 
-# Training text for the tokenizer (~4 KB, embedded so that regeneration does not depend on the Python
-# version's stdlib). The first part is the Zen of Python (Tim Peters, PEP 20).
-CORPUS = r'''
+# Training text for the tokenizer (~4 KB, embedded so that regeneration does not depend on the
+# Python version's stdlib). The first part is the Zen of Python (Tim Peters, PEP 20). It has no
+# backslashes, so it needs no raw string; a backslash at the end of a line below only continues the
+# line in the source (the text keeps its own line breaks, which change the trained tokenizer).
+CORPUS = '''
 Beautiful is better than ugly.
 Explicit is better than implicit.
 Simple is better than complex.
@@ -105,19 +113,23 @@ class Attention:
         return weights @ value
 
 A language model assigns a probability to every sequence of tokens. The transformer computes, for
-each position, a distribution over the next token from the tokens that came before it. Attention lets
-every position look back at all earlier positions; the feed-forward layers transform each position on
+each position, a distribution over the next token from the tokens that came before it. Attention \
+lets
+every position look back at all earlier positions; the feed-forward layers transform each position \
+on
 its own. Position information enters through learned or sinusoidal embeddings, through rotary
 embeddings that turn queries and keys by an angle proportional to their position, or through a bias
 on the attention scores that grows with the distance between query and key.
 
 When a model is asked to read sequences longer than those it was trained on, the rotary frequencies
 can be rescaled: linear interpolation divides every position by a factor, the dynamic variant grows
-the base of the frequencies with the length of the sequence, and other schemes treat the high and low
+the base of the frequencies with the length of the sequence, and other schemes treat the high and \
+low
 frequencies differently. Each of them changes the numbers that come out of the model, which is why a
 loader must read every option of the configuration and not only the shapes of the weights.
 
-The quick brown fox jumps over the lazy dog. The five boxing wizards jump quickly. How vexingly quick
+The quick brown fox jumps over the lazy dog. The five boxing wizards jump quickly. How vexingly \
+quick
 daft zebras jump! Pack my box with five dozen liquor jugs. Sphinx of black quartz, judge my vow.
 '''
 
@@ -132,9 +144,9 @@ SNIPPETS = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tokenizer
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def train_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from tokenizers.processors import ByteLevel as ByteLevelProcessor
@@ -170,9 +182,9 @@ def wrap_tokenizer(tok):
     )
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Cases
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 LLAMA_HEAD_DIM = HIDDEN // 4  # 8
 
 ROPE_VARIANTS = {
@@ -211,100 +223,230 @@ def make_config(case):
 
     V = VOCAB_SIZE
     if case == "gpt2":
-        return tf.GPT2Config(
-            vocab_size=V, n_positions=64, n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_inner=INTERMEDIATE,
-            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            **common_ids(),
-        ), "GPT2LMHeadModel", "learned positions (64), pre-LN, gelu_new, tied head, Conv1D [in,out] weights"
+        return (
+            tf.GPT2Config(
+                vocab_size=V,
+                n_positions=64,
+                n_embd=HIDDEN,
+                n_layer=LAYERS,
+                n_head=4,
+                n_inner=INTERMEDIATE,
+                activation_function="gelu_new",
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                **common_ids(),
+            ),
+            "GPT2LMHeadModel",
+            "learned positions (64), pre-LN, gelu_new, tied head, Conv1D [in,out] weights",
+        )
     if case == "opt":
-        return tf.OPTConfig(
-            vocab_size=V, hidden_size=HIDDEN, num_hidden_layers=LAYERS, ffn_dim=INTERMEDIATE,
-            max_position_embeddings=64, do_layer_norm_before=True, word_embed_proj_dim=HIDDEN,
-            num_attention_heads=4, activation_function="relu", dropout=0.0, attention_dropout=0.0,
-            **common_ids(),
-        ), "OPTForCausalLM", "learned positions with offset 2 (66 rows), pre-LN, relu, tied head"
+        return (
+            tf.OPTConfig(
+                vocab_size=V,
+                hidden_size=HIDDEN,
+                num_hidden_layers=LAYERS,
+                ffn_dim=INTERMEDIATE,
+                max_position_embeddings=64,
+                do_layer_norm_before=True,
+                word_embed_proj_dim=HIDDEN,
+                num_attention_heads=4,
+                activation_function="relu",
+                dropout=0.0,
+                attention_dropout=0.0,
+                **common_ids(),
+            ),
+            "OPTForCausalLM",
+            "learned positions with offset 2 (66 rows), pre-LN, relu, tied head",
+        )
     if case == "xglm":
-        return tf.XGLMConfig(
-            vocab_size=V, max_position_embeddings=64, d_model=HIDDEN, ffn_dim=INTERMEDIATE, num_layers=LAYERS,
-            attention_heads=4, activation_function="gelu", dropout=0.0, attention_dropout=0.0,
-            activation_dropout=0.0, scale_embedding=True, decoder_start_token_id=0, **common_ids(),
-        ), "XGLMForCausalLM", "fairseq sinusoidal positions (offset 2, not saved), scale_embedding sqrt(d), gelu (erf), tied head"
+        return (
+            tf.XGLMConfig(
+                vocab_size=V,
+                max_position_embeddings=64,
+                d_model=HIDDEN,
+                ffn_dim=INTERMEDIATE,
+                num_layers=LAYERS,
+                attention_heads=4,
+                activation_function="gelu",
+                dropout=0.0,
+                attention_dropout=0.0,
+                activation_dropout=0.0,
+                scale_embedding=True,
+                decoder_start_token_id=0,
+                **common_ids(),
+            ),
+            "XGLMForCausalLM",
+            (
+                "fairseq sinusoidal positions (offset 2, not saved), scale_embedding sqrt(d), "
+                "gelu (erf), tied head"
+            ),
+        )
     if case in ("gpt_neox", "gpt_neox_sequential"):
         parallel = case == "gpt_neox"
-        return tf.GPTNeoXConfig(
-            vocab_size=V, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=2,
-            intermediate_size=INTERMEDIATE, hidden_act="gelu", max_position_embeddings=64,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-            use_parallel_residual=parallel, tie_word_embeddings=False, attention_dropout=0.0, hidden_dropout=0.0,
-            **common_ids(),
-        ), "GPTNeoXForCausalLM", (
-            f"2 heads (head_dim 16), rotary on 25% of head_dim (4 dims), fused qkv per head, gelu (erf), "
-            f"untied head, use_parallel_residual {parallel}"
+        return (
+            tf.GPTNeoXConfig(
+                vocab_size=V,
+                hidden_size=HIDDEN,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=2,
+                intermediate_size=INTERMEDIATE,
+                hidden_act="gelu",
+                max_position_embeddings=64,
+                rope_parameters={
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.25,
+                },
+                use_parallel_residual=parallel,
+                tie_word_embeddings=False,
+                attention_dropout=0.0,
+                hidden_dropout=0.0,
+                **common_ids(),
+            ),
+            "GPTNeoXForCausalLM",
+            (
+                "2 heads (head_dim 16), rotary on 25% of head_dim (4 dims), fused qkv per head, "
+                f"gelu (erf), untied head, use_parallel_residual {parallel}"
+            ),
         )
     if case == "llama" or case.startswith("llama_rope_"):
         cfg = dict(
-            vocab_size=V, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-            num_attention_heads=4, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=16,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, **common_ids(),
+            vocab_size=V,
+            hidden_size=HIDDEN,
+            intermediate_size=INTERMEDIATE,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            hidden_act="silu",
+            max_position_embeddings=16,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            **common_ids(),
         )
         rope = {"rope_type": "default", "rope_theta": 10000.0}
-        note = "4 heads / 2 kv heads (GQA), head_dim 8, RMSNorm eps 1e-6, SwiGLU, untied head, max_position_embeddings 16"
+        note = (
+            "4 heads / 2 kv heads (GQA), head_dim 8, RMSNorm eps 1e-6, SwiGLU, untied head, "
+            "max_position_embeddings 16"
+        )
         if case != "llama":
-            kind = case[len("llama_rope_"):]
+            kind = case[len("llama_rope_") :]
             rope = dict(ROPE_VARIANTS[kind], rope_theta=10000.0)
             if kind == "longrope":
                 cfg["max_position_embeddings"] = 64
-            if kind == "llama3":  # HF warns unless original_max_position_embeddings < max_position_embeddings
+            if (
+                kind == "llama3"
+            ):  # HF warns unless original_max_position_embeddings < max_position_embeddings
                 cfg["max_position_embeddings"] = 128
             note = f"llama's weights; rope {json.dumps({k: v for k, v in rope.items()})}"
             if kind in ("longrope", "llama3"):
                 note += f"; max_position_embeddings {cfg['max_position_embeddings']}"
         return tf.LlamaConfig(rope_parameters=rope, **cfg), "LlamaForCausalLM", note
     if case == "mistral":
-        return tf.MistralConfig(
-            vocab_size=V, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
-            sliding_window=None, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common_ids(),
-        ), "MistralForCausalLM", "4 heads / 2 kv heads, head_dim 8, sliding_window None, untied head"
+        return (
+            tf.MistralConfig(
+                vocab_size=V,
+                hidden_size=HIDDEN,
+                intermediate_size=INTERMEDIATE,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                rms_norm_eps=1e-6,
+                sliding_window=None,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                **common_ids(),
+            ),
+            "MistralForCausalLM",
+            "4 heads / 2 kv heads, head_dim 8, sliding_window None, untied head",
+        )
     if case == "qwen2":
-        return tf.Qwen2Config(
-            vocab_size=V, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
-            tie_word_embeddings=True, use_sliding_window=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common_ids(),
-        ), "Qwen2ForCausalLM", "4 heads / 2 kv heads, head_dim 8, q/k/v biases (no o_proj/MLP bias), tied head"
+        return (
+            tf.Qwen2Config(
+                vocab_size=V,
+                hidden_size=HIDDEN,
+                intermediate_size=INTERMEDIATE,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                use_sliding_window=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                **common_ids(),
+            ),
+            "Qwen2ForCausalLM",
+            "4 heads / 2 kv heads, head_dim 8, q/k/v biases (no o_proj/MLP bias), tied head",
+        )
     if case == "bloom":
-        return tf.BloomConfig(
-            vocab_size=V, hidden_size=48, n_layer=LAYERS, n_head=6, hidden_dropout=0.0, attention_dropout=0.0,
-            **common_ids(),
-        ), "BloomForCausalLM", (
-            "hidden 48, 6 heads (head_dim 8): ALiBi slopes take the non-power-of-two path; "
-            "word_embeddings_layernorm; fused qkv interleaved per head; MLP 4*48=192 (fixed by HF), gelu tanh form; tied head"
+        return (
+            tf.BloomConfig(
+                vocab_size=V,
+                hidden_size=48,
+                n_layer=LAYERS,
+                n_head=6,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                **common_ids(),
+            ),
+            "BloomForCausalLM",
+            (
+                "hidden 48, 6 heads (head_dim 8): ALiBi slopes take the non-power-of-two path; "
+                "word_embeddings_layernorm; fused qkv interleaved per head; "
+                "MLP 4*48=192 (fixed by HF), gelu tanh form; tied head"
+            ),
         )
     if case == "mpt":
-        return tf.MptConfig(
-            d_model=48, n_heads=6, n_layers=LAYERS, expansion_ratio=4, max_seq_len=64, vocab_size=V,
-            attn_config={"alibi": True, "alibi_bias_max": 8}, no_bias=True, resid_pdrop=0.0, emb_pdrop=0.0,
-            use_cache=True, **common_ids(),
-        ), "MptForCausalLM", (
-            "d_model 48, 6 heads (MPT's own ALiBi slopes, non-power-of-two), no_bias (no Linear or LayerNorm "
-            "biases), fused Wqkv, MLP 4*48=192 (HF hard-codes 4*d_model), gelu (erf), tied head"
+        return (
+            tf.MptConfig(
+                d_model=48,
+                n_heads=6,
+                n_layers=LAYERS,
+                expansion_ratio=4,
+                max_seq_len=64,
+                vocab_size=V,
+                attn_config={"alibi": True, "alibi_bias_max": 8},
+                no_bias=True,
+                resid_pdrop=0.0,
+                emb_pdrop=0.0,
+                use_cache=True,
+                **common_ids(),
+            ),
+            "MptForCausalLM",
+            (
+                "d_model 48, 6 heads (MPT's own ALiBi slopes, non-power-of-two), "
+                "no_bias (no Linear or LayerNorm biases), fused Wqkv, MLP 4*48=192 "
+                "(HF hard-codes 4*d_model), gelu (erf), tied head"
+            ),
         )
     raise ValueError(case)
 
 
 CASES = [
-    "gpt2", "llama",
-    "llama_rope_linear", "llama_rope_dynamic", "llama_rope_yarn", "llama_rope_longrope", "llama_rope_llama3",
-    "opt", "xglm", "gpt_neox", "gpt_neox_sequential", "mistral", "qwen2", "bloom", "mpt",
+    "gpt2",
+    "llama",
+    "llama_rope_linear",
+    "llama_rope_dynamic",
+    "llama_rope_yarn",
+    "llama_rope_longrope",
+    "llama_rope_llama3",
+    "opt",
+    "xglm",
+    "gpt_neox",
+    "gpt_neox_sequential",
+    "mistral",
+    "qwen2",
+    "bloom",
+    "mpt",
 ]
 SEEDS = {c: SEED + i for i, c in enumerate(CASES)}
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Models and goldens
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def init_weights(model, seed):
     """Large random weights: N(0, 0.2) for matrices and biases, 1 + N(0, 0.2) for norm scales."""
     import torch
@@ -346,8 +488,16 @@ def generate(path, prompt, config_file=None):
 
     model = load(path, config_file)
     gen_cfg = GenerationConfig(
-        max_new_tokens=N, min_new_tokens=N, do_sample=False, num_beams=1, use_cache=True,
-        output_logits=True, return_dict_in_generate=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        max_new_tokens=N,
+        min_new_tokens=N,
+        do_sample=False,
+        num_beams=1,
+        use_cache=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     with torch.no_grad():
         out = model.generate(
@@ -393,7 +543,7 @@ def build_case(case, out_dir, hf_tok, input_ids):
     with torch.no_grad():
         mem_logits = model(torch.as_tensor(input_ids, dtype=torch.long)).logits.numpy()
 
-    kind = case[len("llama_rope_"):] if case.startswith("llama_rope_") else None
+    kind = case[len("llama_rope_") :] if case.startswith("llama_rope_") else None
     if kind in LEGACY:
         with open(os.path.join(path, "config.json")) as f:
             legacy = json.load(f)
@@ -429,10 +579,11 @@ def build_case(case, out_dir, hf_tok, input_ids):
     report["reload_exact"] = bool(np.array_equal(again, g["logits"]))
     report["in_memory_exact"] = bool(np.array_equal(mem_logits, g["logits"]))
     report["logits_std"] = float(g["logits"].std())
-    # greedy consistency: each generated token is the argmax of its raw step logits (eos never masked)
+    # greedy consistency: each generated token is the argmax of its raw step logits
+    # (eos never masked)
     report["greedy_argmax_ok"] = bool((gen_logits.argmax(-1) == gen_ids).all())
     report["eos_generated"] = bool((gen_ids == 0).any())
-    twin = full_logits[:, P - 1: P - 1 + N]
+    twin = full_logits[:, P - 1 : P - 1 + N]
     report["cached_vs_full_maxdiff"] = float(np.abs(twin - gen_logits).max())
     report["cached_vs_full_argmax_agree"] = bool((twin.argmax(-1) == gen_logits.argmax(-1)).all())
     if kind in LEGACY:
@@ -449,7 +600,9 @@ def build_case(case, out_dir, hf_tok, input_ids):
     with open(os.path.join(path, "config.json")) as f:
         saved = json.load(f)
     report["saved_rope"] = saved.get("rope_parameters", saved.get("rope_scaling"))
-    report["files"] = {fn: os.path.getsize(os.path.join(path, fn)) for fn in sorted(os.listdir(path))}
+    report["files"] = {
+        fn: os.path.getsize(os.path.join(path, fn)) for fn in sorted(os.listdir(path))
+    }
     report["size"] = sum(report["files"].values())
     report["shapes"] = {k: list(v.shape) for k, v in golden.items()}
     return report
@@ -467,14 +620,21 @@ def write_readme(out_dir, tok_info):
             continue
         _, arch, note = make_config(case)
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        extra = " (+ config_legacy.json)" if case[len("llama_rope_"):] in LEGACY and case.startswith("llama_rope_") else ""
+        extra = (
+            " (+ config_legacy.json)"
+            if case[len("llama_rope_") :] in LEGACY and case.startswith("llama_rope_")
+            else ""
+        )
         g = np.load(os.path.join(path, "golden.npz"))
-        twin = g["full_logits_of_generated"][:, P - 1: P - 1 + N]
+        twin = g["full_logits_of_generated"][:, P - 1 : P - 1 + N]
         diff = float(np.abs(twin - g["generated_logits"]).max())
         rows.append(f"| `{case}` | `{arch}` | {note}{extra} | {diff:.1e} | {size / 1024:.0f} KB |")
-    text = f"""# Tiny Hugging Face causal LMs (offline test fixtures)
+    # A backslash at the end of a line below continues the line (it is not in the text).
+    text = (
+        f"""# Tiny Hugging Face causal LMs (offline test fixtures)
 
-Random tiny models of each family the pretrained loader supports, saved in Hugging Face's own on-disk
+Random tiny models of each family the pretrained loader supports, saved in Hugging Face's own \
+on-disk
 format, with the outputs transformers gives for them. Nothing here came from the Hugging Face Hub.
 
 Made by `scripts/make_hf_goldens.py` (see its docstring):
@@ -482,53 +642,75 @@ Made by `scripts/make_hf_goldens.py` (see its docstring):
     pip install torch==2.13.0 transformers
     python scripts/make_hf_goldens.py
 
-with torch {torch.__version__}, transformers {transformers.__version__}, tokenizers {tokenizers.__version__},
+with torch {torch.__version__}, transformers {transformers.__version__}, tokenizers \
+{tokenizers.__version__},
 numpy {np.__version__}, on CPU (1 thread), float32, `attn_implementation="eager"`.
 
 ## Every folder
 
-- `config.json`, `generation_config.json`, `model.safetensors`: `model.save_pretrained(safe_serialization=True)`.
+- `config.json`, `generation_config.json`, `model.safetensors`: \
+`model.save_pretrained(safe_serialization=True)`.
   transformers 5 writes RoPE options as `rope_parameters` (with `rope_theta` inside it).
-- `tokenizer.json`, `tokenizer_config.json`: `PreTrainedTokenizerFast.save_pretrained`. The same tokenizer in
+- `tokenizer.json`, `tokenizer_config.json`: `PreTrainedTokenizerFast.save_pretrained`. The same \
+tokenizer in
   every folder: byte-level BPE ({tok_info}), ByteLevel pre-tokenizer (no prefix space) and decoder,
-  trained with `tokenizers` on ~4 KB of text embedded in the script. `{SPECIAL}` (id 0) is bos = eos = pad = unk;
+  trained with `tokenizers` on ~4 KB of text embedded in the script. `{SPECIAL}` (id 0) is bos = \
+eos = pad = unk;
   the text never produces it.
 - `golden.npz` (float32 / int32):
 
   | array | shape | what |
   |---|---|---|
   | `input_ids` | [2, {T}] | two text snippets tokenized, cut to {T} tokens |
-  | `logits` | [2, {T}, {VOCAB_SIZE}] | `model(input_ids).logits`: one full pass, no attention mask, no padding |
+  | `logits` | [2, {T}, {VOCAB_SIZE}] | `model(input_ids).logits`: one full pass, no attention \
+mask, no padding |
   | `prompt_ids` | [1, {P}] | `input_ids[:1, :{P}]` |
-  | `generated_ids` | [1, {N}] | greedy `generate` (do_sample False, use_cache True, max_new_tokens = min_new_tokens = {N}): new tokens only |
-  | `generated_logits` | [1, {N}, {VOCAB_SIZE}] | raw logits of each cached step (`output_logits=True`) |
-  | `full_logits_of_generated` | [1, {P + N}, {VOCAB_SIZE}] | one full pass over prompt + generated; row `{P - 1} + i` is the full-pass twin of step `i` |
+  | `generated_ids` | [1, {N}] | greedy `generate` (do_sample False, use_cache True, \
+max_new_tokens = min_new_tokens = {N}): new tokens only |
+  | `generated_logits` | [1, {N}, {VOCAB_SIZE}] | raw logits of each cached step \
+(`output_logits=True`) |
+  | `full_logits_of_generated` | [1, {P + N}, {VOCAB_SIZE}] | one full pass over prompt + \
+generated; row `{P - 1} + i` is the full-pass twin of step `i` |
 
-  Each is computed on a freshly loaded copy of the folder. Weights: N(0, {INIT_STD}) for every matrix and bias,
-  1 + N(0, {INIT_STD}) for norm scales (fixed seeds), so logits are far from trivial. Layers {LAYERS}.
+  Each is computed on a freshly loaded copy of the folder. Weights: N(0, {INIT_STD}) for every \
+matrix and bias,
+  1 + N(0, {INIT_STD}) for norm scales (fixed seeds), so logits are far from trivial. Layers \
+{LAYERS}.
 
-HF's cached and full passes agree (to float rounding) except where the rotary frequencies depend on the
-length: `llama_rope_dynamic` (dynamic NTK: each cached key keeps the rotation of the step that wrote it) and
-`llama_rope_longrope` (the prompt is encoded with `short_factor`, steps past 16 positions with `long_factor`;
+HF's cached and full passes agree (to float rounding) except where the rotary frequencies depend \
+on the
+length: `llama_rope_dynamic` (dynamic NTK: each cached key keeps the rotation of the step that \
+wrote it) and
+`llama_rope_longrope` (the prompt is encoded with `short_factor`, steps past 16 positions with \
+`long_factor`;
 the full pass of 32 tokens uses `long_factor` everywhere).
 
 `llama_rope_*` share the weights of `llama` (only the config differs). `llama_rope_linear` and
-`llama_rope_yarn` also carry `config_legacy.json`: the same config in the old form (top-level `rope_theta` and
-`rope_scaling` with `rope_type` (linear) or `type` (yarn)); transformers loads it to exactly the same logits
+`llama_rope_yarn` also carry `config_legacy.json`: the same config in the old form (top-level \
+`rope_theta` and
+`rope_scaling` with `rope_type` (linear) or `type` (yarn)); transformers loads it to exactly the \
+same logits
 and generation.
 
 Notes for a loader:
-- Tied heads (gpt2, opt, xglm, qwen2, bloom, mpt) have no head tensor in model.safetensors. GPT-2 stores
-  Conv1D weights as [in, out]; every other family stores nn.Linear weights as [out, in]. GPT-NeoX and BLOOM
-  fuse q/k/v per head ([H, 3, hd] along the output axis); MPT's Wqkv is [q; k; v] along the output axis.
+- Tied heads (gpt2, opt, xglm, qwen2, bloom, mpt) have no head tensor in model.safetensors. GPT-2 \
+stores
+  Conv1D weights as [in, out]; every other family stores nn.Linear weights as [out, in]. GPT-NeoX \
+and BLOOM
+  fuse q/k/v per head ([H, 3, hd] along the output axis); MPT's Wqkv is [q; k; v] along the output \
+axis.
 - XGLM's sinusoidal table is not saved (HF rebuilds it; offset 2). OPT's learned table has
   max_position_embeddings + 2 rows (offset 2).
-- MPT: HF's MptMLP hard-codes 4 * d_model (expansion_ratio is ignored by transformers), so the config says
+- MPT: HF's MptMLP hard-codes 4 * d_model (expansion_ratio is ignored by transformers), so the \
+config says
   expansion_ratio 4 to agree with the weights.
 - `llama_rope_longrope` has no `factor` (Phi-3 style): HF takes max_position_embeddings /
-  original_max_position_embeddings = 4 and the attention factor sqrt(1 + ln 4 / ln 16); HF warns about it.
-  `llama_rope_llama3` has max_position_embeddings 128 (HF warns unless original < max; llama3 does not read it).
-- transformers 5 writes `"tokenizer_class": "TokenizersBackend"`; tokenizer.json is plain `tokenizers` JSON.
+  original_max_position_embeddings = 4 and the attention factor sqrt(1 + ln 4 / ln 16); HF warns \
+about it.
+  `llama_rope_llama3` has max_position_embeddings 128 (HF warns unless original < max; llama3 does \
+not read it).
+- transformers 5 writes `"tokenizer_class": "TokenizersBackend"`; tokenizer.json is plain \
+`tokenizers` JSON.
 - Sizes: the golden logits of random models barely compress (~150 KB of golden.npz per case).
 
 ## Cases
@@ -537,7 +719,10 @@ Notes for a loader:
 
 | case | architecture | notable options | cached vs full | size |
 |---|---|---|---|---|
-""" + "\n".join(rows) + "\n"
+"""
+        + "\n".join(rows)
+        + "\n"
+    )
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write(text)
 
@@ -587,18 +772,23 @@ def main():
             f"{case:22s} {r['size'] / 1024:6.1f} KB  reload_exact={r['reload_exact']} "
             f"in_memory_exact={r['in_memory_exact']} std={r['logits_std']:.2f} "
             f"greedy_ok={r['greedy_argmax_ok']} eos={r['eos_generated']} "
-            f"cached_vs_full={r['cached_vs_full_maxdiff']:.2e} argmax_agree={r['cached_vs_full_argmax_agree']}"
+            f"cached_vs_full={r['cached_vs_full_maxdiff']:.2e} "
+            f"argmax_agree={r['cached_vs_full_argmax_agree']}"
             + (
-                f" legacy_exact={r['legacy_config_exact']} legacy_gen_exact={r['legacy_generate_exact']} "
+                f" legacy_exact={r['legacy_config_exact']} "
+                f"legacy_gen_exact={r['legacy_generate_exact']} "
                 f"legacy_same_params={r['legacy_same_rope_parameters']}"
-                if "legacy_config_exact" in r else ""
+                if "legacy_config_exact" in r
+                else ""
             ),
             flush=True,
         )
         print(f"{'':22s} rope={r['saved_rope']}", flush=True)
     write_readme(out_dir, tok_info)
     print("shapes:", reports[0]["shapes"])
-    bad = [r["case"] for r in reports if not (r["reload_exact"] and r.get("legacy_config_exact", True))]
+    bad = [
+        r["case"] for r in reports if not (r["reload_exact"] and r.get("legacy_config_exact", True))
+    ]
     if bad:
         sys.exit(f"FAILED exact reload for {bad}")
     print("all reloads exact")
