@@ -87,11 +87,6 @@ def _model(**overrides) -> ml_collections.ConfigDict:
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     """The run config for ``preset`` (one of `PRESETS`)."""
-    if preset in RENAMED:
-        raise ValueError(
-            f"preset={preset!r} was renamed {RENAMED[preset]!r} (it is a byte-level study on "
-            "WikiText-103, not the ALiBi paper's setting; docs/results.md compares the two)"
-        )
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not known; allowed: {sorted(PRESETS)}")
     c = ml_collections.ConfigDict()
@@ -295,4 +290,3 @@ PRESETS = {
     "lr": _lr,
     "scaling": _scaling,
 }
-RENAMED = {"paper": "wikitext103_bytes"}  # old name -> new name, for the error message

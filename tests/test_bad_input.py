@@ -118,8 +118,8 @@ COMMON = [
     (
         "moved_model_field",
         ["--config.model.rope_base=5.0"],
-        r"--config\.model\.rope_base=5\.0: config\.model has no field 'rope_base': 'rope_base' "
-        r"is now an option of its encoding: config\.model\.positional_options\.rope\.base",
+        r"--config\.model\.rope_base=5\.0: config\.model has no field 'rope_base'; allowed: "
+        r"\[.*'positional_options'",
     ),
     (
         "moved_eval_field",

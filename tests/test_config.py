@@ -244,15 +244,23 @@ def test_options_of_the_wrong_encoding_or_shape_are_rejected():
         ("sinusoidal_base", 100.0, "positional_options.sinusoidal.base"),
     ],
 )
-def test_an_old_flat_field_in_the_constructor_names_its_new_place(old, value, place):
+def test_an_old_flat_field_is_refused_like_any_unknown_field(old, value, place):
+    """A flat field that became an encoding option is not a field: the constructor refuses it
+    as Python refuses any keyword, ``from_mapping`` with the allowed fields listed; the option
+    it became is given as ``positional_options``."""
     with pytest.raises(TypeError) as err:
         ModelConfig(**{old: value})
     msg = str(err.value)
-    assert repr(old) in msg and place in msg, msg
-    assert "positional_options={option: value}" in msg, msg
-    # an old field shared by RoPE and xPos names both places
-    if old == "rope_base":
-        assert "positional_options.xpos.base" in msg, msg
+    assert f"unexpected keyword argument {old!r}" in msg, msg
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_mapping({old: value})
+    msg = str(err.value)
+    assert f"ModelConfig has no field(s) [{old!r}]; allowed fields: [" in msg, msg
+    assert "'positional_options'" in msg, msg
+    # the new place holds the option
+    encoding, option = place.split(".")[1:]
+    new = ModelConfig(positional=encoding, positional_options={option: value})
+    assert getattr(new.positional_options, option) == value
 
 
 def test_unknown_constructor_field_is_still_a_plain_type_error():
@@ -260,29 +268,46 @@ def test_unknown_constructor_field_is_still_a_plain_type_error():
         ModelConfig(rope_bass=500.0)  # type: ignore[call-arg]
 
 
-def test_from_mapping_translates_old_flat_fields():
-    old = ModelConfig.from_mapping({"positional": "rope", "rope_base": 500.0, "t5_num_buckets": 8})
+def test_from_mapping_refuses_old_flat_fields():
+    """Old flat fields are unknown fields, alone, mixed or beside the new form; the new form
+    alone builds the config they described."""
+    allowed = r"; allowed fields: \[.*'positional_options'"
+    with pytest.raises(
+        ConfigError, match=r"no field\(s\) \['rope_base', 't5_num_buckets'\]" + allowed
+    ):
+        ModelConfig.from_mapping({"positional": "rope", "rope_base": 500.0, "t5_num_buckets": 8})
     new = ModelConfig(positional="rope", positional_options={"base": 500.0})
-    assert old == new
-    assert old.positional_options == RopeOptions(base=500.0)  # t5_num_buckets dropped
-    t5 = ModelConfig.from_mapping({"positional": "t5", "rope_base": 500.0, "t5_num_buckets": 8})
-    assert t5.positional_options == T5Options(num_buckets=8, max_distance=128)
-    learned = ModelConfig.from_mapping({"positional": "learned", "max_length": 16})
+    assert new.positional_options == RopeOptions(base=500.0)
+    with pytest.raises(ConfigError, match=r"no field\(s\) \['max_length'\]" + allowed):
+        ModelConfig.from_mapping({"positional": "learned", "max_length": 16})
+    learned = ModelConfig.from_mapping(
+        {"positional": "learned", "positional_options": {"max_length": 16}}
+    )
     assert learned.positional_options == LearnedOptions(max_length=16)
+    t5 = ModelConfig.from_mapping({"positional": "t5", "positional_options": {"num_buckets": 8}})
+    assert t5.positional_options == T5Options(num_buckets=8, max_distance=128)
+    old_xpos = {
+        "positional": "xpos",
+        "rope_base": 500.0,
+        "xpos_scale_base": 4.0,
+        "rope_scaling": "pi",
+    }
+    with pytest.raises(ConfigError, match=r"\['rope_base', 'rope_scaling', 'xpos_scale_base'\]"):
+        ModelConfig.from_mapping(old_xpos)
     xpos = ModelConfig.from_mapping(
-        {"positional": "xpos", "rope_base": 500.0, "xpos_scale_base": 4.0, "rope_scaling": "pi"}
+        {"positional": "xpos", "positional_options": {"base": 500.0, "scale_base": 4.0}}
     )
     assert xpos.positional_options == XPosOptions(base=500.0, scale_base=4.0)
-    # old and new forms together: the same value is fine, a different one is an error
+    # old and new forms together: the old field is refused even when it agrees
     both = {"positional": "rope", "rope_base": 500.0, "positional_options": {"base": 500.0}}
-    assert ModelConfig.from_mapping(both) == new
     with pytest.raises(ConfigError) as err:
-        ModelConfig.from_mapping(both | {"positional_options": {"base": 100.0}})
+        ModelConfig.from_mapping(both)
     msg = str(err.value)
-    assert "ModelConfig.rope_base=500.0" in msg and "positional_options.base=100.0" in msg, msg
-    # the translated value is validated like any option
+    assert "no field(s) ['rope_base']" in msg and "allowed fields: [" in msg, msg
+    assert ModelConfig.from_mapping({k: v for k, v in both.items() if k != "rope_base"}) == new
+    # the option is validated like any option
     with pytest.raises(ConfigError, match=r"ModelConfig\.positional_options\.base=1\.0: must"):
-        ModelConfig.from_mapping({"positional": "rope", "rope_base": 1.0})
+        ModelConfig.from_mapping({"positional": "rope", "positional_options": {"base": 1.0}})
 
 
 def test_from_mapping_per_encoding_options_pick_the_chosen_encoding():

@@ -163,17 +163,17 @@ def test_register_requires_frozen_encoding_options(options):
     assert positional_encoding_names() == before
 
 
-def test_register_rejects_legacy_fields_naming_no_option():
+def test_encoding_spec_has_no_old_field_names():
+    """A spec declares its options only; old flat field names are not a spec field."""
     before = positional_encoding_names()
-    spec = EncodingSpec(
-        "thing",
-        "rotate",
-        encodings.RotaryEncoding,
-        options=encodings.RopeOptions,
-        legacy_fields={"thing_base": "bse"},
-    )
-    with pytest.raises(ValueError, match=r"legacy_fields of 'thing' name no option \['bse'\]"):
-        register(spec)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'legacy_fields'"):
+        EncodingSpec(
+            "thing",
+            "rotate",
+            encodings.RotaryEncoding,
+            options=encodings.RopeOptions,
+            legacy_fields={"thing_base": "bse"},
+        )
     assert positional_encoding_names() == before
 
 

@@ -669,21 +669,22 @@ def test_registry_entries():
         "fraction",
         "scale_base",
     )
-    # every option the old flat fields held is still there, under its new name
-    assert dict(fl.get_positional_encoding("rope").legacy_fields) == {
-        "rope_base": "base",
-        "rope_layout": "layout",
-        "rope_fraction": "fraction",
-        "rope_scaling": "scaling",
-        "rope_scale": "scale",
-        "rope_original_length": "original_length",
-        "yarn_alpha": "yarn_alpha",
-        "yarn_beta": "yarn_beta",
-    }
-    assert dict(fl.get_positional_encoding("t5").legacy_fields) == {
-        "t5_num_buckets": "num_buckets",
-        "t5_max_distance": "max_distance",
-    }
+    # every setting the old flat fields held is an option, and the spec keeps no old names
+    assert {
+        "base",
+        "layout",
+        "fraction",
+        "scaling",
+        "scale",
+        "original_length",
+        "yarn_alpha",
+        "yarn_beta",
+    } <= set(fl.get_positional_encoding("rope").option_names())
+    assert {"num_buckets", "max_distance"} <= set(fl.get_positional_encoding("t5").option_names())
+    assert not any(
+        hasattr(fl.get_positional_encoding(name), "legacy_fields")
+        for name in fl.positional_encoding_names()
+    )
     # the classes live in their hook's module and are re-exported by the package
     assert encodings.KerpleBias is bias_encodings.KerpleBias
     assert encodings.T5RelativeBias is bias_encodings.T5RelativeBias

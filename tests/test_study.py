@@ -193,7 +193,7 @@ def test_encoding_hyperparameters_are_sized_to_the_training_length():
 
 def test_presets_of_the_citeable_study():
     """The cpu preset: 5 seeds, both protocols, the whole split; quick: 1 seed, whole split;
-    only the smoke preset caps the evaluation; the old "paper" name says what it became."""
+    only the smoke preset caps the evaluation; the old "paper" name is an unknown preset."""
     cpu = extrapolation_lm.get_config("cpu")
     assert tuple(cpu.sweep.seeds) == (0, 1, 2, 3, 4)
     assert tuple(cpu.eval.protocols) == ("nonoverlapping", "context")
@@ -201,5 +201,7 @@ def test_presets_of_the_citeable_study():
     quick = extrapolation_lm.get_config("quick")
     assert tuple(quick.sweep.seeds) == (0,) and quick.eval.max_tokens == 0
     assert extrapolation_lm.get_config("tiny").eval.max_tokens > 0
-    with pytest.raises(ValueError, match="'paper' was renamed 'wikitext103_bytes'"):
+    with pytest.raises(
+        ValueError, match=r"preset='paper' is not known; allowed: \[.*'wikitext103_bytes'"
+    ):
         extrapolation_lm.get_config("paper")

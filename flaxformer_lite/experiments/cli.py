@@ -30,7 +30,6 @@ from absl import logging as absl_logging
 from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import StateWriteError, write_error
-from flaxformer_lite.nn.model_config import moved_field_message
 from flaxformer_lite.train import provenance
 from flaxformer_lite.train.run_config import MOVED_FIELDS
 
@@ -345,8 +344,7 @@ def _check_path(config: Any, name: str) -> str | None:
         if not hasattr(node, "keys"):
             return f"{path} is a {type(node).__name__}, not a section with field {part!r}"
         if part not in node:
-            moved = moved_field_message(part) if path == "config.model" else None
-            moved = moved or _MOVED.get(f"{path}.{part}")
+            moved = _MOVED.get(f"{path}.{part}")
             if moved:
                 return f"{path} has no field {part!r}: {moved}"
             return f"{path} has no field {part!r}; allowed: {sorted(node.keys())}"

@@ -25,7 +25,6 @@ Every error names the field, the value and what is allowed, e.g.::
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -150,13 +149,10 @@ class ModelConfig:
         ``positional_options`` is either the chosen encoding's options (``{"base": 10000.0}``,
         as `to_dict` writes it) or one mapping per registered encoding (``{"rope": {...},
         "t5": {...}}``, as a study config holds them so that a sweep can switch encodings).
-        Configs written before options existed (flat ``rope_base=...`` fields) still load:
-        each old field moves to the option of the chosen encoding that replaced it.
         """
         values = _to_plain(values)
         known = {f.name for f in dataclasses.fields(cls)}
-        legacy = registry.legacy_field_names()
-        unknown = sorted(set(values) - known - set(legacy))
+        unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(
                 f"ModelConfig has no field(s) {unknown}; allowed fields: {sorted(known)}"
@@ -168,49 +164,11 @@ class ModelConfig:
             raise
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        for old in sorted(set(values) & set(legacy)):
-            option = spec.legacy_fields.get(old)
-            value = values.pop(old)
-            if option is None:
-                continue  # an old field of another encoding: it never affected this model
-            if option in options and options[option] != value:
-                raise ConfigError(
-                    f"ModelConfig.{old}={value!r} (an old field, now "
-                    f"{OPTIONS_PATH}.{option}) contradicts {OPTIONS_PATH}.{option}="
-                    f"{options[option]!r}; give it once, as {OPTIONS_PATH}.{option}"
-                )
-            options[option] = value
         values["positional_options"] = options
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def moved_field_message(name: str) -> str | None:
-    """Where an old flat ``ModelConfig`` field went (for error messages), or None."""
-    moves = registry.legacy_field_names().get(name)
-    if not moves:
-        return None
-    where = " / ".join(f"config.model.positional_options.{enc}.{opt}" for enc, opt in moves)
-    return f"{name!r} is now an option of its encoding: {where}"
-
-
-_dataclass_init = ModelConfig.__init__
-
-
-@functools.wraps(_dataclass_init)
-def _init(self, *args: Any, **kwargs: Any) -> None:
-    moved = [moved_field_message(k) for k in kwargs if moved_field_message(k)]
-    if moved:
-        raise TypeError(
-            f"ModelConfig got an old field: {'; '.join(moved)} (in Python: "
-            "ModelConfig(positional=..., positional_options={option: value}))"
-        )
-    _dataclass_init(self, *args, **kwargs)
-
-
-ModelConfig.__init__ = _init
 
 
 def options_template() -> dict[str, dict[str, Any]]:

@@ -137,7 +137,6 @@ register(
         "add",
         SinusoidalEncoding,
         options=SinusoidalOptions,
-        legacy_fields={"sinusoidal_base": "base"},
         num_params=lambda dims, options: 0,
         summary="fixed sinusoids added to the embeddings (Vaswani et al. 2017)",
     )
@@ -150,7 +149,6 @@ register(
         options=LearnedOptions,
         max_positions=lambda options: options.max_length - options.offset,
         capacity_field="max_length",
-        legacy_fields={"max_length": "max_length"},
         num_params=lambda dims, options: options.max_length * dims.d_model,
         summary="trained absolute table added to the embeddings",
     )

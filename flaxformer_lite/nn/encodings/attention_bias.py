@@ -289,7 +289,6 @@ register(
         "bias",
         T5RelativeBias,
         options=T5Options,
-        legacy_fields={"t5_num_buckets": "num_buckets", "t5_max_distance": "max_distance"},
         num_params=lambda dims, options: options.num_buckets * dims.num_heads,
         summary="learned bias per log-spaced distance bucket and head (Raffel et al. 2020)",
     )
@@ -320,7 +319,6 @@ register(
         "bias",
         FireBias,
         options=FireOptions,
-        legacy_fields={"fire_mlp_width": "mlp_width", "fire_threshold_init": "threshold_init"},
         # w1 [1, w], b1 [w], w2 [w, heads], b2 [heads], c, threshold_scale
         num_params=lambda dims, options: (options.mlp_width + 1) * (dims.num_heads + 2),
         summary="MLP of the progressively normalised log distance (Li et al. 2024)",

@@ -58,8 +58,6 @@ class EncodingSpec:
         length of the sequence so far (dynamic NTK scaling), so that scoring a whole window
         in one pass would give every target the scale of the window's length; evaluation
         then scores such a model token by token through its KV cache.
-      legacy_fields: old flat ``ModelConfig`` field -> option name, so configs written
-        before options existed (``rope_base=...``) still load.
       num_params: ``num_params(dims, options)``, how many parameters the encoding module
         has (`flaxformer_lite.nn.param_count` counts a model by arithmetic); None: it is
         counted by tracing the module alone.
@@ -77,7 +75,6 @@ class EncodingSpec:
     eval_variants: tuple[str, ...] = ()
     label_suffix: Callable[[Any], str] | None = None
     incremental: Callable[[Any], bool] | None = None
-    legacy_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
     num_params: Callable[[ModelDims, Any], int] | None = None
     summary: str = ""
 
@@ -188,9 +185,6 @@ def register(spec: EncodingSpec) -> EncodingSpec:
             f"EncodingSpec.options={spec.options!r}: must be a frozen dataclass subclassing "
             "EncodingOptions"
         )
-    unknown = sorted(set(spec.legacy_fields.values()) - set(spec.option_names()))
-    if unknown:
-        raise ValueError(f"EncodingSpec.legacy_fields of {spec.name!r} name no option {unknown}")
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -209,15 +203,6 @@ def get_positional_encoding(name: str) -> EncodingSpec:
             f"ModelConfig.positional={name!r} is not a known positional encoding; "
             f"allowed: {list(_REGISTRY)}"
         ) from None
-
-
-def legacy_field_names() -> dict[str, list[tuple[str, str]]]:
-    """Old flat ``ModelConfig`` field -> ``[(encoding, option), ...]`` it moved to."""
-    out: dict[str, list[tuple[str, str]]] = {}
-    for spec in _REGISTRY.values():
-        for old, option in spec.legacy_fields.items():
-            out.setdefault(old, []).append((spec.name, option))
-    return out
 
 
 def default_options_by_name() -> dict[str, dict[str, Any]]:

@@ -355,8 +355,6 @@ def _rope_label(options: RopeOptions) -> str:
     return f"+{options.scaling}" + ("_paper" if paper else "")
 
 
-_ROTATION_LEGACY = {"rope_base": "base", "rope_layout": "layout", "rope_fraction": "fraction"}
-
 register(
     EncodingSpec(
         "rope",
@@ -368,14 +366,6 @@ register(
         label_suffix=_rope_label,
         incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
         num_params=lambda dims, options: 0,
-        legacy_fields=_ROTATION_LEGACY
-        | {
-            "rope_scaling": "scaling",
-            "rope_scale": "scale",
-            "rope_original_length": "original_length",
-            "yarn_alpha": "yarn_alpha",
-            "yarn_beta": "yarn_beta",
-        },
         summary="rotary embedding of queries and keys (Su et al. 2021)",
     )
 )
@@ -386,7 +376,6 @@ register(
         XPosEncoding,
         options=XPosOptions,
         causal_only=True,
-        legacy_fields=_ROTATION_LEGACY | {"xpos_scale_base": "scale_base"},
         num_params=lambda dims, options: 0,
         summary="RoPE with exponential decay of the logits with distance (Sun et al. 2022)",
     )
