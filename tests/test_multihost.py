@@ -3,7 +3,7 @@
 Each worker (this file run as a script) calls ``jax.distributed.initialize`` with a coordinator
 on 127.0.0.1, has 2 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=2``) and
 gloo CPU collectives, and trains a few steps of the ``tiny`` model on a ``(data=2, fsdp=2)``
-mesh spanning both processes, with the library's `sharding.Plan` and `Checkpointer`. The test
+mesh spanning both processes, with the library's `sharding.Placement` and `Checkpointer`. The test
 checks that the losses and parameters equal a single-process, single-device run on the same
 global batches, and that the checkpoint the two processes wrote together restores here, in one
 process. A second pair of workers runs `train_and_evaluate` itself (``mesh.multihost``) in
@@ -338,7 +338,7 @@ def _worker(port: int, pid: int, workdir: Path, out_dir: Path) -> None:
         "devices": jax.device_count(),
         "library_initialize_is_noop": distributed.global_state.client is client,
     }
-    plan = sharding.Plan.create(run)
+    plan = sharding.Placement.create(run)
     out["mesh"] = dict(plan.mesh.shape)
     out["mesh_processes"] = sorted({d.process_index for d in plan.mesh.devices.flat})
     tx = make_optimizer(run.optim, run.train.num_steps)

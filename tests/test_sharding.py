@@ -199,7 +199,7 @@ def _worker(workdir: Path) -> dict:
 
     out: dict = {"devices": jax.device_count()}
     run = RunConfig.from_config(_tiny(data=DATA, fsdp=FSDP))
-    plan = sharding.Plan.create(run)
+    plan = sharding.Placement.create(run)
     out["mesh"] = dict(plan.mesh.shape)
     tx = make_optimizer(run.optim, run.train.num_steps)
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
@@ -260,7 +260,7 @@ def _worker(workdir: Path) -> dict:
         run, data=dataclasses.replace(run.data, batch_size=12), mesh=MeshConfig()
     )
     try:  # data=-1 takes all 8 devices; 12 rows do not split 8 ways
-        sharding.Plan.create(indivisible)
+        sharding.Placement.create(indivisible)
         out["indivisible"] = "no error"
     except ConfigError as e:
         out["indivisible"] = str(e)

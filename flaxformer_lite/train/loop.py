@@ -24,6 +24,7 @@ uninterrupted one would have seen.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import json
@@ -33,12 +34,14 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -49,6 +52,7 @@ from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
 from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.evaluation import run as run_evaluation
+from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import (
     allocator,
@@ -81,6 +85,33 @@ def prepare_process(run: RunConfig) -> None:
     allocator.configure_host_allocator()
     provenance.git_commit()
     sharding.initialize_distributed(run.mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preflight:
+    """What `preflight` opened for a run: its evaluation plan, its corpus or task, and where
+    its state lives (`sharding.Placement`; None on one device: the plain single-device path)."""
+
+    plan: EvalPlan
+    dataset: Any
+    placement: sharding.Placement | None
+
+
+def preflight(run: RunConfig, workdir: str | Path) -> Preflight:
+    """Every check of ``run`` that writes nothing, in the order a bad call fails: the one
+    pre-flight of `train_and_evaluate` and of the study runner (for each of its cells, before
+    any cell runs). Prepares the process (`prepare_process`), opens the data and checks it
+    against the evaluation plan (`batches.open_run_data`), builds the mesh against the devices
+    and the batch (`sharding.Placement.create`), checks the memory estimate against what is
+    free (`memory.check_memory`) and that ``workdir`` is, or can become, a writable directory
+    (`check_writable_dir`). Raises `ConfigError` naming the setting."""
+    prepare_process(run)  # before JAX touches a device
+    plan = run.eval_plan()
+    dataset = batches.open_run_data(run, plan)  # corpus / task / length errors
+    placement = sharding.Placement.create(run)  # the batch vs the devices
+    memory.check_memory(run, plan)  # the estimate of training and evaluation vs what is free
+    check_writable_dir(Path(workdir), "workdir")
+    return Preflight(plan=plan, dataset=dataset, placement=placement)
 
 
 def build_model(run: RunConfig) -> DecoderOnlyLM:
@@ -239,16 +270,13 @@ def train_and_evaluate(
     and checkpoint saves and restores are collective (each process writes its shards of a
     checkpoint); only process 0 checks and locks the workdir and writes the run's own files,
     and it takes every decision that reads them (`multihost.on_process_0`: refusal, finished
-    run); each process evaluates the whole model by itself (`sharding.Plan.local_copy`), and
+    run); each process evaluates the whole model by itself (`sharding.Placement.local_copy`), and
     every process returns process 0's summary, as decoded from ``eval.json``'s JSON.
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
-    prepare_process(run)
-    plan = run.eval_plan()
-    dataset = batches.open_run_data(run, plan)  # bad data settings fail before any write
-    placement = sharding.Plan.create(run)  # None on one device: the plain single-device path
-    memory.check_memory(run, plan)  # before any work: the estimate vs the memory free
     workdir = Path(workdir)
+    ready = preflight(run, workdir)  # bad settings fail before any write
+    plan, dataset, placement = ready.plan, ready.dataset, ready.placement
     if run.pretrained.source:  # evaluate a Hugging Face model: nothing to train
         multihost.on_process_0(
             lambda: check_workdir(workdir, run, dataset, restart_changed=restart_changed)
@@ -295,11 +323,19 @@ def _train_and_evaluate_locked(
                 return cached
         info = {"train_seconds": 0.0, "train_steps": 0}  # steps that train_seconds timed
         if start < run.train.num_steps:
-            train_data = batches.TrainBatches(run, dataset, plan)
-            validate = functools.partial(run_evaluation.quick_evaluate, plan=plan, dataset=dataset)
-            state, info = _train(
-                run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement
+            training = _Training(
+                run=run,
+                graphdef=graphdef,
+                tx=tx,
+                placement=placement,
+                ckpt=ckpt,
+                workdir=workdir,
+                batches=batches.TrainBatches(run, dataset, plan),
+                validate=functools.partial(
+                    run_evaluation.quick_evaluate, plan=plan, dataset=dataset
+                ),
             )
+            state, info = _train(training, state, start)
         interrupt.where(phase="saving the final checkpoint of")
         ckpt.save(run.train.num_steps, state)
     finally:
@@ -422,7 +458,7 @@ def _cached_result(eval_path: Path, config_hash: str) -> dict[str, Any] | None:
 
 def _evaluation_model(graphdef, state, placement) -> nnx.Module:
     """The model to evaluate. On several processes its state is first gathered whole onto
-    each process's first device (`sharding.Plan.local_copy`): each process then evaluates
+    each process's first device (`sharding.Placement.local_copy`): each process then evaluates
     on its own (the evaluation code is not SPMD), the same model on the same batches."""
     params, rest = state["params"], state["rest"]
     if placement is not None and jax.process_count() > 1:
@@ -436,14 +472,35 @@ def train_matmul(run: RunConfig) -> str:
     return cpu_matmul.resolve(run.train.cpu_matmul, compute_dtype=run.model.compute_dtype)
 
 
-def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start, placement=None):
+@dataclasses.dataclass(frozen=True)
+class _Training:
+    """What stays fixed while `_train` runs the steps of one run: its config, the model's
+    graph definition, the optimizer, where the state lives (``placement``: None on one
+    device), the checkpointer, the workdir (metrics), the batch of each step and the
+    validation of a model."""
+
+    run: RunConfig
+    graphdef: nnx.GraphDef
+    tx: optax.GradientTransformation
+    placement: sharding.Placement | None
+    ckpt: Checkpointer
+    workdir: Path
+    batches: Callable[[int], dict[str, jax.Array]]  # step -> its batch (`batches.TrainBatches`)
+    validate: Callable[[nnx.Module], dict[str, float]]
+
+
+def _train(training: _Training, state, start: int) -> tuple[Any, dict[str, Any]]:
+    """Train ``state`` from step ``start`` to ``run.train.num_steps``, checkpointing and
+    validating on the run's cadences; returns the final state and ``{"train_seconds",
+    "train_steps"}`` (the steps this call ran, and their time)."""
+    run, placement = training.run, training.placement
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
     several = run.train.steps_per_call
     # each jit compiles on its first call: a run that never calls one never compiles it
     multi_step = None
     options = cpu_matmul.compiler_options(train_matmul(run))
     if placement is None:
-        one_step = make_train_step(graphdef, tx, schedule)
+        one_step = make_train_step(training.graphdef, training.tx, schedule)
         train_step = jax.jit(one_step, donate_argnums=0, compiler_options=options)
         if several > 1:
             multi_step = jax.jit(
@@ -451,14 +508,23 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
             )
     else:
         train_step = placement.jit_train_step(
-            graphdef, tx, schedule, state, compiler_options=options
+            training.graphdef, training.tx, schedule, state, compiler_options=options
         )
         if several > 1:
             multi_step = placement.jit_train_step(
-                graphdef, tx, schedule, state, steps_per_call=several, compiler_options=options
+                training.graphdef,
+                training.tx,
+                schedule,
+                state,
+                steps_per_call=several,
+                compiler_options=options,
             )
     # the run's logs are process 0's: the other processes compute the same metrics
-    writer = MetricsWriter(workdir, resume_step=start) if multihost.is_primary() else _NoWriter()
+    writer = (
+        MetricsWriter(training.workdir, resume_step=start)
+        if multihost.is_primary()
+        else _NoWriter()
+    )
     bar = tqdm(
         total=run.train.num_steps,
         initial=start,
@@ -475,9 +541,12 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
         while step < run.train.num_steps:
             n = _steps_this_call(run.train, step)
             if n == 1:
-                batch, call = train_data(step), train_step
+                batch, call = training.batches(step), train_step
             else:
-                batch, call = _stack([train_data(t) for t in range(step, step + n)]), multi_step
+                batch, call = (
+                    _stack([training.batches(t) for t in range(step, step + n)]),
+                    multi_step,
+                )
             if placement is not None:
                 batch = placement.shard_batch(batch, stacked=n > 1)
             state, metrics = call(state, batch)
@@ -490,10 +559,10 @@ def _train(run, train_data, validate, graphdef, state, tx, ckpt, workdir, start,
             if step % run.train.checkpoint_every == 0 or step == run.train.num_steps:
                 _log_steps(run, writer, bar, *pending)
                 pending = None
-                ckpt.save(step, state)
+                training.ckpt.save(step, state)
             if run.train.eval_every and step % run.train.eval_every == 0:
-                model = _evaluation_model(graphdef, state, placement)
-                writer.write(step, "validation", validate(model))
+                model = _evaluation_model(training.graphdef, state, placement)
+                writer.write(step, "validation", training.validate(model))
         if pending is not None:
             _log_steps(run, writer, bar, *pending)
     finally:

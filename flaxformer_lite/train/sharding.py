@@ -17,7 +17,7 @@ MaxText's logical axis rules. Hence:
 Nothing here is home-made parallelism: states and batches become global ``jax.Array`` s with
 a ``NamedSharding``, the step is jitted with input and output shardings, and XLA's SPMD
 partitioner inserts the collectives. A dimension that its mesh axes do not divide evenly
-stays replicated. On one device `Plan.create` returns None and the training loop keeps its
+stays replicated. On one device `Placement.create` returns None and the training loop keeps its
 plain single-device path.
 
 The state is created sharded (STYLE.md habit 13): ``nnx.eval_shape`` gives the abstract
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 Rules = Mapping[str, tuple[str, ...]]
 
 
-def _identity(x: Any) -> Any:  # module-level, so `Plan.local_copy` compiles once per tree
+def _identity(x: Any) -> Any:  # module-level, so `Placement.local_copy` compiles once per tree
     return x
 
 
@@ -178,15 +178,15 @@ def state_shardings(state: Any, mesh: Mesh, rules: Rules) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Placement:
     """Where a run's state and batches live on a multi-device mesh."""
 
     mesh: Mesh
     rules: Rules
 
     @classmethod
-    def create(cls, run: RunConfig, *, devices: list | None = None) -> Plan | None:
-        """The plan for ``run``, or None on a single device (nothing to shard).
+    def create(cls, run: RunConfig, *, devices: list | None = None) -> Placement | None:
+        """The placement for ``run``, or None on a single device (nothing to shard).
 
         On several processes the mesh must hold devices of every process (each one runs the
         same steps on its share); `ConfigError` otherwise.
