@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -156,6 +157,18 @@ class TokenEmbedding(nnx.Module):
         return logits.astype(jnp.float32)
 
 
+class _Prepared(NamedTuple):
+    """One attention call's inputs after projection and the positional hooks."""
+
+    q_BTNH: Array
+    k_BSKH: Array
+    v_BSKH: Array
+    q_positions: Array
+    kv_positions: Array
+    bias_fn: Callable | None
+    window: int | None
+
+
 class MultiHeadAttention(nnx.Module):
     """Multi-head attention (paper §3.2.2): project, split heads, attend, merge, project.
 
@@ -188,37 +201,46 @@ class MultiHeadAttention(nnx.Module):
         heads, from the width)."""
         return x.reshape((*x.shape[:2], x.shape[-1] // self.head_dim, self.head_dim))
 
-    def _qkv(
-        self,
-        x: Array,
-        kv: Array | None,
-        q_positions: Array,
-        kv_positions: Array,
-        pe: PositionalEncoding | None,
-    ) -> tuple[Array, Array, Array]:
-        kv = x if kv is None else kv
-        q = self._split(self.query(x))
-        k = self._split(self.key(kv))
-        v = self._split(self.value(kv))
-        if pe is not None:
-            q, k = pe.rotate(q, k, q_positions, kv_positions)
-        return q, k, v
+    def _merge(self, out_BTNH: Array) -> Array:
+        """``[b, l, heads, head_dim]`` -> the output projection ``[b, l, d_model]``."""
+        return self.out(out_BTNH.reshape((*out_BTNH.shape[:2], -1)))
 
-    @staticmethod
-    def _positions(
-        x: Array, kv: Array | None, q_positions: Array, kv_positions: Array | None
-    ) -> tuple[Array, Array]:
-        """Both positions as int32 ``[batch or 1, len]``, from ``[len]`` or ``[batch, len]``."""
-        kv = x if kv is None else kv
+    def _prepare(
+        self,
+        x_BTD: Array,
+        kv_BSD: Array | None,
+        q_positions: Array,
+        kv_positions: Array | None,
+        pe: PositionalEncoding | None,
+        causal: bool,
+    ) -> _Prepared:
+        """What `__call__` and `weights` share: positions as int32 ``[batch or 1, len]``
+        (from ``[len]`` or ``[batch, len]``; kv defaults to q), the projected heads with the
+        rotate hook applied, the bias hook as a function of positions, and the window
+        (causal self-attention only)."""
+        kv_BSD = x_BTD if kv_BSD is None else kv_BSD
         kv_positions = q_positions if kv_positions is None else kv_positions
-        batch = x.shape[0]
+        batch = x_BTD.shape[0]
         q_positions = as_batched_positions(
-            q_positions, name="q_positions", length=x.shape[1], batch=batch
+            q_positions, name="q_positions", length=x_BTD.shape[1], batch=batch
         )
         kv_positions = as_batched_positions(
-            kv_positions, name="kv_positions", length=kv.shape[1], batch=batch
+            kv_positions, name="kv_positions", length=kv_BSD.shape[1], batch=batch
         )
-        return q_positions, kv_positions
+        q_BTNH = self._split(self.query(x_BTD))
+        k_BSKH = self._split(self.key(kv_BSD))
+        v_BSKH = self._split(self.value(kv_BSD))
+        if pe is not None:
+            q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, q_positions, kv_positions)
+        return _Prepared(
+            q_BTNH,
+            k_BSKH,
+            v_BSKH,
+            q_positions,
+            kv_positions,
+            bias_fn=self._bias_fn(pe, causal),
+            window=self.window if causal else None,
+        )
 
     @staticmethod
     def _bias_fn(pe: PositionalEncoding | None, causal: bool) -> Callable | None:
@@ -245,22 +267,21 @@ class MultiHeadAttention(nnx.Module):
           mask: bool, broadcastable to ``[batch, heads, q_len, kv_len]``; True = attend.
           causal: query i sees only keys j <= i.
         """
-        q_positions, kv_positions = self._positions(x, kv, q_positions, kv_positions)
-        q, k, v = self._qkv(x, kv, q_positions, kv_positions, pe)
-        out = attention.attend(
-            q,
-            k,
-            v,
-            q_positions=q_positions,
-            k_positions=kv_positions,
-            bias_fn=self._bias_fn(pe, causal),
+        p = self._prepare(x, kv, q_positions, kv_positions, pe, causal)
+        out_BTNH = attention.attend(
+            p.q_BTNH,
+            p.k_BSKH,
+            p.v_BSKH,
+            q_positions=p.q_positions,
+            k_positions=p.kv_positions,
+            bias_fn=p.bias_fn,
             mask=mask,
             causal=causal,
-            window=self.window if causal else None,
+            window=p.window,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
-        return self.out(out.reshape((*out.shape[:2], -1)))
+        return self._merge(out_BTNH)
 
     def weights(
         self,
@@ -274,12 +295,11 @@ class MultiHeadAttention(nnx.Module):
         causal: bool = False,
     ) -> Array:
         """Attention probabilities ``[batch, heads, q_len, kv_len]`` (for plots)."""
-        q_positions, kv_positions = self._positions(x, kv, q_positions, kv_positions)
-        q, k, _ = self._qkv(x, kv, q_positions, kv_positions, pe)
-        bias_fn = self._bias_fn(pe, causal)
-        bias = None if bias_fn is None else bias_fn(q_positions, kv_positions)
-        window = self.window if causal else None
-        return attention.attention_weights(q, k, mask=mask, bias=bias, causal=causal, window=window)
+        p = self._prepare(x, kv, q_positions, kv_positions, pe, causal)
+        bias_BNTS = None if p.bias_fn is None else p.bias_fn(p.q_positions, p.kv_positions)
+        return attention.attention_weights(
+            p.q_BTNH, p.k_BSKH, mask=mask, bias=bias_BNTS, causal=causal, window=p.window
+        )
 
     # ------------------------------------------------------------------ cached decoding
 
@@ -328,20 +348,22 @@ class MultiHeadAttention(nnx.Module):
         Returns:
           ``([batch, l, d_model], updated cache)``.
         """
-        positions, _ = self._positions(x, None, positions, None)
+        positions = as_batched_positions(
+            positions, name="q_positions", length=x.shape[1], batch=x.shape[0]
+        )
         positions = jnp.broadcast_to(positions, x.shape[:2])
-        q = self._split(self.query(x))
-        k_new, v_new = self._split(self.key(x)), self._split(self.value(x))
+        q_BTNH = self._split(self.query(x))
+        k_new_BTKH, v_new_BTKH = self._split(self.key(x)), self._split(self.value(x))
         rotate_new = pe is not None and pe.caches_rotated_keys
         if rotate_new:
-            q, k_new = pe.rotate(q, k_new, positions, positions)
-        cache = kv_cache.write(cache, k_new, v_new, positions)
-        k = cache.key
+            q_BTNH, k_new_BTKH = pe.rotate(q_BTNH, k_new_BTKH, positions, positions)
+        cache = kv_cache.write(cache, k_new_BTKH, v_new_BTKH, positions)
+        k_BSKH = cache.key
         if pe is not None and not rotate_new:
-            q, k = pe.rotate(q, k, positions, cache.positions)
-        out = attention.attend(
-            q,
-            k,
+            q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, positions, cache.positions)
+        out_BTNH = attention.attend(
+            q_BTNH,
+            k_BSKH,
             cache.value,
             q_positions=positions,
             k_positions=cache.positions,
@@ -351,7 +373,7 @@ class MultiHeadAttention(nnx.Module):
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
-        return self.out(out.reshape((*out.shape[:2], -1))), cache
+        return self._merge(out_BTNH), cache
 
     def cross_cache(
         self, kv: Array, kv_positions: Array, kv_valid: Array | None = None
@@ -378,7 +400,7 @@ class MultiHeadAttention(nnx.Module):
         Equals `__call__` ``(x, encoded, kv_positions=..., mask=padding_mask(...))`` (no
         positional encoding, as in cross-attention); returns ``[batch, l, d_model]``.
         """
-        out = attention.attend(
+        out_BTNH = attention.attend(
             self._split(self.query(x)),
             cache.key,
             cache.value,
@@ -388,7 +410,7 @@ class MultiHeadAttention(nnx.Module):
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
-        return self.out(out.reshape((*out.shape[:2], -1)))
+        return self._merge(out_BTNH)
 
 
 class FeedForward(nnx.Module):
