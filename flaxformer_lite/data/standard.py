@@ -32,6 +32,7 @@ import tempfile
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from flaxformer_lite.data import store
 from flaxformer_lite.data.corpus import ByteCorpus
@@ -151,6 +152,23 @@ def _fetch(name: str, directory: Path, download: bool, fetcher: Callable) -> Non
         raise _missing(name, directory, f"download failed: {type(err).__name__}: {err}") from err
 
 
+T = TypeVar("T")
+
+
+def _find_or_fetch(
+    name: str, directory: Path, download: bool, find: Callable[[Path], T | None], fetcher: Callable
+) -> T:
+    """What ``find(directory)`` finds there; when it finds nothing (None), `_fetch` with
+    ``fetcher`` and look once more, so a download that leaves no files is a `_missing` error."""
+    found = find(directory)
+    if found is None:
+        _fetch(name, directory, download, fetcher)
+        found = find(directory)
+        if found is None:
+            raise _missing(name, directory, "download left no files")
+    return found
+
+
 def _write_atomic(path: Path, chunks: Iterable[bytes]) -> int:
     """Writes `chunks` to `path` through a temporary file and a rename; returns the byte count."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
@@ -193,12 +211,7 @@ def wikitext103(*, cache_dir: str | os.PathLike | None = None, download: bool = 
     The three files are memory-mapped as they are (splits: the official train/valid/test).
     """
     directory = corpus_dir("wikitext103", cache_dir)
-    files = _wikitext_files(directory)
-    if files is None:
-        _fetch("wikitext103", directory, download, _fetch_wikitext)
-        files = _wikitext_files(directory)
-        if files is None:
-            raise _missing("wikitext103", directory, "download left no files")
+    files = _find_or_fetch("wikitext103", directory, download, _wikitext_files, _fetch_wikitext)
     return ByteCorpus.from_split_files(files, name="wikitext103")
 
 
@@ -250,12 +263,7 @@ def pg19(
     the 0x00 separator) are concatenated once into `<cache root>/pg19-<key>/` and memory-mapped.
     """
     directory = corpus_dir("pg19", cache_dir)
-    documents = _pg19_documents(directory)
-    if documents is None:
-        _fetch("pg19", directory, download, _fetch_pg19)
-        documents = _pg19_documents(directory)
-        if documents is None:
-            raise _missing("pg19", directory, "download left no files")
+    documents = _find_or_fetch("pg19", directory, download, _pg19_documents, _fetch_pg19)
     return ByteCorpus.from_documents(
         documents,
         name="pg19",
