@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flaxformer_lite.experiments import paired, plots, report, results, significance, stats
+from flaxformer_lite.experiments import report, results, significance, stats
+from flaxformer_lite.experiments.report import paired, plots
 
 REPO = Path(__file__).resolve().parent.parent
 

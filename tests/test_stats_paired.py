@@ -8,7 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from flaxformer_lite.experiments import paired, significance, stats, tables
+from flaxformer_lite.experiments import significance, stats
+from flaxformer_lite.experiments.report import paired
+from flaxformer_lite.experiments.report import study as tables
 
 
 def test_holm_against_a_worked_example():

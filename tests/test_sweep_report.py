@@ -13,7 +13,8 @@ import math
 import pytest
 
 from experiments import extrapolation_lm, extrapolation_tasks
-from flaxformer_lite.experiments import report, sweep_report, sweeps
+from flaxformer_lite.experiments import report, sweeps
+from flaxformer_lite.experiments.report import sweep_report
 from flaxformer_lite.experiments.runner import run_study
 from flaxformer_lite.train.memory import count_parameters
 from flaxformer_lite.train.run_config import ConfigError, RunConfig

@@ -13,7 +13,8 @@ from matplotlib.figure import Figure
 
 from flaxformer_lite.base import faults
 from flaxformer_lite.base.io import StateWriteError
-from flaxformer_lite.experiments import plots, report
+from flaxformer_lite.experiments import report
+from flaxformer_lite.experiments.report import plots
 
 SERIES = {"rope": [(64, 2.0, 0.1), (128, 2.5, None)], "alibi": [(64, 2.1, None), (128, 2.2, None)]}
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flaxformer_lite.experiments import significance, stats
-from flaxformer_lite.experiments.tables import Column, Table, latex_escape, md_escape, md_text
+from flaxformer_lite.experiments.report.study import Column, Table, latex_escape, md_escape, md_text
 
 DEFAULT_REFERENCE = "alibi"
 # protocols whose columns score the same bytes at every length: each encoding vs itself at L

@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaxformer_lite.experiments import comparable, paired, plots, results, sweep_report
+from flaxformer_lite.experiments import comparable, results
+from flaxformer_lite.experiments.report import paired, plots, sweep_report
 from flaxformer_lite.experiments.sweeps import learning_rate_tag
-from flaxformer_lite.experiments.tables import (
+from flaxformer_lite.experiments.report.study import (
     CONFIDENCE,
     CSV_FIELDS,
     MAIN_METRICS,

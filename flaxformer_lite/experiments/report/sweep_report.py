@@ -39,7 +39,7 @@ from typing import Any
 
 from flaxformer_lite.experiments.stats import mean_ci
 from flaxformer_lite.experiments.sweeps import learning_rate_tag
-from flaxformer_lite.experiments.tables import (
+from flaxformer_lite.experiments.report.study import (
     CONFIDENCE,
     MISSING_MD,
     NOT_APPLICABLE,
