@@ -108,39 +108,51 @@ def chunked_attention(
         scale = head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise ValueError(f"scale must be a Python number (static); got {scale!r}")
-    bq, bk = min(block_q, q_len), min(block_k, kv_len)
-    nq, nk = -(-q_len // bq), -(-kv_len // bk)
+    q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
+    nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
 
-    mask4 = None
+    mask_BNTS = None
     if mask is not None:
-        mask4 = as_rank4(jnp.asarray(mask))
-        check_broadcastable("mask", mask4.shape, (batch, heads, q_len, kv_len))
-        mask4 = _pad_axis(mask4, 2, nq * bq, False) if mask4.shape[2] > 1 else mask4
-        mask4 = _pad_axis(mask4, 3, nk * bk, False) if mask4.shape[3] > 1 else mask4
+        mask_BNTS = as_rank4(jnp.asarray(mask))
+        check_broadcastable("mask", mask_BNTS.shape, (batch, heads, q_len, kv_len))
+        mask_BNTS = (
+            _pad_axis(mask_BNTS, 2, nq * q_block_len, False)
+            if mask_BNTS.shape[2] > 1
+            else mask_BNTS
+        )
+        mask_BNTS = (
+            _pad_axis(mask_BNTS, 3, nk * k_block_len, False)
+            if mask_BNTS.shape[3] > 1
+            else mask_BNTS
+        )
 
     cfg = _Config(
         q_len=q_len,
         kv_len=kv_len,
-        bq=bq,
-        bk=bk,
+        q_block_len=q_block_len,
+        k_block_len=k_block_len,
         nq=nq,
         nk=nk,
         causal=bool(causal),
         scale=float(scale),
-        mask_q=mask4 is not None and mask4.shape[2] > 1,
-        mask_k=mask4 is not None and mask4.shape[3] > 1,
+        mask_q=mask_BNTS is not None and mask_BNTS.shape[2] > 1,
+        mask_k=mask_BNTS is not None and mask_BNTS.shape[3] > 1,
         window=window or 0,
     )
     # [b, L, h, d] -> [b, h, L_padded, d]: blocks are slices along axis 2.
-    qt = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * bq, 0)
-    kt = _pad_axis(jnp.swapaxes(k, 1, 2), 2, nk * bk, 0)
-    vt = _pad_axis(jnp.swapaxes(v, 1, 2), 2, nk * bk, 0)
-    qpos = _pad_axis(jnp.asarray(q_positions), 1, nq * bq, "edge")
-    kpos = _pad_axis(jnp.asarray(k_positions), 1, nk * bk, "edge")
+    q_BNTH = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * q_block_len, 0)
+    k_BNSH = _pad_axis(jnp.swapaxes(k, 1, 2), 2, nk * k_block_len, 0)
+    v_BNSH = _pad_axis(jnp.swapaxes(v, 1, 2), 2, nk * k_block_len, 0)
+    qpos_BT = _pad_axis(jnp.asarray(q_positions), 1, nq * q_block_len, "edge")
+    kpos_BS = _pad_axis(jnp.asarray(k_positions), 1, nk * k_block_len, "edge")
 
-    converted, consts = _convert_bias_fn(bias_fn, qpos[:, :bq], kpos[:, :bk], batch, heads)
-    out = _attention(cfg, converted, qt, kt, vt, qpos, kpos, mask4, consts)
-    return jnp.swapaxes(out[:, :, :q_len], 1, 2)
+    converted, consts = _convert_bias_fn(
+        bias_fn, qpos_BT[:, :q_block_len], kpos_BS[:, :k_block_len], batch, heads
+    )
+    out_BNTH = _attention(
+        cfg, converted, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask_BNTS, consts
+    )
+    return jnp.swapaxes(out_BNTH[:, :, :q_len], 1, 2)
 
 
 def kv_blocks_visited(
@@ -162,9 +174,9 @@ def kv_blocks_visited(
     ``O(q_len * W / bk)`` (at ``bq = bk = W = 512``: 2 per query block, 1 for the first).
     """
     window = check_window(window, causal)
-    bq, bk = min(block_q, q_len), min(block_k, kv_len)
-    nq, nk = -(-q_len // bq), -(-kv_len // bk)
-    cfg = _Config(q_len, kv_len, bq, bk, nq, nk, causal, 1.0, window=window or 0)
+    q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
+    nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
+    cfg = _Config(q_len, kv_len, q_block_len, k_block_len, nq, nk, causal, 1.0, window=window or 0)
     return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(nq)]
 
 
@@ -193,8 +205,8 @@ class _Config(NamedTuple):
 
     q_len: int
     kv_len: int
-    bq: int
-    bk: int
+    q_block_len: int
+    k_block_len: int
     nq: int
     nk: int
     causal: bool
@@ -205,7 +217,7 @@ class _Config(NamedTuple):
 
     @property
     def kv_padded(self) -> bool:
-        return self.nk * self.bk != self.kv_len
+        return self.nk * self.k_block_len != self.kv_len
 
 
 def _kv_start(cfg: _Config, i):
@@ -213,14 +225,14 @@ def _kv_start(cfg: _Config, i):
     ``i * bq - W + 1`` (the lowest key its first query sees)."""
     if not cfg.window:
         return 0
-    return jnp.maximum(0, (i * cfg.bq - cfg.window + 1) // cfg.bk)
+    return jnp.maximum(0, (i * cfg.q_block_len - cfg.window + 1) // cfg.k_block_len)
 
 
 def _kv_end(cfg: _Config, i):
     """Key blocks ``[start, end)`` that query block ``i`` needs (causal: up to the diagonal)."""
     if not cfg.causal:
         return cfg.nk
-    return jnp.minimum(cfg.nk, ((i + 1) * cfg.bq - 1) // cfg.bk + 1)
+    return jnp.minimum(cfg.nk, ((i + 1) * cfg.q_block_len - 1) // cfg.k_block_len + 1)
 
 
 def _kv_full(cfg: _Config, i):
@@ -233,15 +245,15 @@ def _kv_full(cfg: _Config, i):
     last = cfg.nk - 1 if cfg.kv_padded else cfg.nk  # a padded last key block is masked
     if not cfg.causal:
         return 0, last
-    hi = jnp.minimum(last, (i * cfg.bq + 1) // cfg.bk)
+    hi = jnp.minimum(last, (i * cfg.q_block_len + 1) // cfg.k_block_len)
     if not cfg.window:
         return 0, hi
-    return jnp.maximum(0, -(-((i + 1) * cfg.bq - cfg.window) // cfg.bk)), hi
+    return jnp.maximum(0, -(-((i + 1) * cfg.q_block_len - cfg.window) // cfg.k_block_len)), hi
 
 
 def _q_start(cfg: _Config, j):
     """First query block that sees key block ``j`` (inverse of `_kv_end`)."""
-    return (j * cfg.bk) // cfg.bq if cfg.causal else 0
+    return (j * cfg.k_block_len) // cfg.q_block_len if cfg.causal else 0
 
 
 def _q_end(cfg: _Config, j):
@@ -250,7 +262,7 @@ def _q_end(cfg: _Config, j):
     the block's last key; inverse of `_kv_start`)."""
     if not cfg.window:
         return cfg.nq
-    return jnp.minimum(cfg.nq, ((j + 1) * cfg.bk + cfg.window - 2) // cfg.bq + 1)
+    return jnp.minimum(cfg.nq, ((j + 1) * cfg.k_block_len + cfg.window - 2) // cfg.q_block_len + 1)
 
 
 def _q_full(cfg: _Config, j):
@@ -260,14 +272,14 @@ def _q_full(cfg: _Config, j):
     whose last query ``(i + 1) * bq - 1 < j * bk + W`` still sees the block's first key.
     """
     if cfg.causal:
-        lo = jnp.minimum(cfg.nq, -(-((j + 1) * cfg.bk - 1) // cfg.bq))
+        lo = jnp.minimum(cfg.nq, -(-((j + 1) * cfg.k_block_len - 1) // cfg.q_block_len))
     else:
         lo = jnp.asarray(0)
     if cfg.kv_padded:
         lo = jnp.where(j == cfg.nk - 1, cfg.nq, lo)
     if not cfg.window:
         return lo, cfg.nq
-    return lo, jnp.minimum(cfg.nq, (j * cfg.bk + cfg.window) // cfg.bq)
+    return lo, jnp.minimum(cfg.nq, (j * cfg.k_block_len + cfg.window) // cfg.q_block_len)
 
 
 def _split(start, lo, hi, end):
@@ -281,35 +293,43 @@ def _split(start, lo, hi, end):
     return a, b
 
 
-def _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask):
+def _logits(cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask):
     """Float32 block logits ``[b, h, bq, bk]`` and the bool validity mask (or None)."""
-    s = jnp.einsum("bhqd,bhkd->bhqk", q_i, k_j, preferred_element_type=_F32)
-    s = s * _F32(cfg.scale)
+    logits_BNts = jnp.einsum("bhqd,bhkd->bhqk", q_BNtH, k_BNsH, preferred_element_type=_F32)
+    logits_BNts = logits_BNts * _F32(cfg.scale)
     if bias_fn is not None:
-        s = s + bias_fn(qpos_i, kpos_j, *consts).astype(_F32)
-    valid = None
+        logits_BNts = logits_BNts + bias_fn(qpos_Bt, kpos_Bs, *consts).astype(_F32)
+    valid_BNts = None
     if mask is not None:
-        valid = mask
+        valid_BNts = mask
         if cfg.mask_q:
-            valid = lax.dynamic_slice_in_dim(valid, i * cfg.bq, cfg.bq, axis=2)
+            valid_BNts = lax.dynamic_slice_in_dim(
+                valid_BNts, i * cfg.q_block_len, cfg.q_block_len, axis=2
+            )
         if cfg.mask_k:
-            valid = lax.dynamic_slice_in_dim(valid, j * cfg.bk, cfg.bk, axis=3)
+            valid_BNts = lax.dynamic_slice_in_dim(
+                valid_BNts, j * cfg.k_block_len, cfg.k_block_len, axis=3
+            )
     if index_mask:
-        k_idx = j * cfg.bk + lax.broadcasted_iota(jnp.int32, (1, 1, 1, cfg.bk), 3)
-        idx_valid = None
+        k_idx_s = j * cfg.k_block_len + lax.broadcasted_iota(
+            jnp.int32, (1, 1, 1, cfg.k_block_len), 3
+        )
+        idx_valid_ts = None
         if cfg.causal:
-            q_idx = i * cfg.bq + lax.broadcasted_iota(jnp.int32, (1, 1, cfg.bq, 1), 2)
-            idx_valid = k_idx <= q_idx
+            q_idx_t = i * cfg.q_block_len + lax.broadcasted_iota(
+                jnp.int32, (1, 1, cfg.q_block_len, 1), 2
+            )
+            idx_valid_ts = k_idx_s <= q_idx_t
             if cfg.window:
-                idx_valid = idx_valid & (k_idx > q_idx - cfg.window)
+                idx_valid_ts = idx_valid_ts & (k_idx_s > q_idx_t - cfg.window)
         if cfg.kv_padded:
-            in_range = k_idx < cfg.kv_len
-            idx_valid = in_range if idx_valid is None else idx_valid & in_range
-        if idx_valid is not None:
-            valid = idx_valid if valid is None else valid & idx_valid
-    if valid is not None:
-        s = jnp.where(valid, s, _F32(MASKED_LOGIT))
-    return s, valid
+            in_range = k_idx_s < cfg.kv_len
+            idx_valid_ts = in_range if idx_valid_ts is None else idx_valid_ts & in_range
+        if idx_valid_ts is not None:
+            valid_BNts = idx_valid_ts if valid_BNts is None else valid_BNts & idx_valid_ts
+    if valid_BNts is not None:
+        logits_BNts = jnp.where(valid_BNts, logits_BNts, _F32(MASKED_LOGIT))
+    return logits_BNts, valid_BNts
 
 
 def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
@@ -318,68 +338,72 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
     Updates the running row maximum ``m``, normaliser ``denom`` and unnormalised output
     ``acc`` (float32, ``[b, h, bq(, d)]``) with key block ``j``'s scores.
     """
-    k, v, kpos, mask, consts = tensors
-    q_i, qpos_i = q_block
-    bk = cfg.bk
+    k_BNSH, v_BNSH, kpos_BS, mask, consts = tensors
+    q_BNtH, qpos_Bt = q_block
+    k_block_len = cfg.k_block_len
 
     def body(j, carry):
-        m, denom, acc = carry
-        k_j = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
-        v_j = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
-        kpos_j = lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1)
-        s, valid = _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        correction = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[..., None])
-        if valid is not None:
-            p = jnp.where(valid, p, _F32(0.0))
-        denom = denom * correction + jnp.sum(p, axis=-1)
-        pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v_j, preferred_element_type=_F32)
-        acc = acc * correction[..., None] + pv
-        return m_new, denom, acc
+        m_BNt, denom_BNt, acc_BNtH = carry
+        k_BNsH = lax.dynamic_slice_in_dim(k_BNSH, j * k_block_len, k_block_len, axis=2)
+        v_BNsH = lax.dynamic_slice_in_dim(v_BNSH, j * k_block_len, k_block_len, axis=2)
+        kpos_Bs = lax.dynamic_slice_in_dim(kpos_BS, j * k_block_len, k_block_len, axis=1)
+        logits_BNts, valid_BNts = _logits(
+            cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask
+        )
+        m_new_BNt = jnp.maximum(m_BNt, jnp.max(logits_BNts, axis=-1))
+        correction_BNt = jnp.exp(m_BNt - m_new_BNt)
+        p_BNts = jnp.exp(logits_BNts - m_new_BNt[..., None])
+        if valid_BNts is not None:
+            p_BNts = jnp.where(valid_BNts, p_BNts, _F32(0.0))
+        denom_BNt = denom_BNt * correction_BNt + jnp.sum(p_BNts, axis=-1)
+        pv_BNtH = jnp.einsum(
+            "bhqk,bhkd->bhqd", p_BNts.astype(v_BNSH.dtype), v_BNsH, preferred_element_type=_F32
+        )
+        acc_BNtH = acc_BNtH * correction_BNt[..., None] + pv_BNtH
+        return m_new_BNt, denom_BNt, acc_BNtH
 
     return body
 
 
-def _forward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts):
+def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask, consts):
     """Output ``[b, h, nq*bq, d]`` (v.dtype) and float32 log-sum-exp ``[b, h, nq*bq]``.
 
     Query block ``i`` visits key blocks ``[start, end)`` (`_kv_start`, `_kv_end`): those cut
     by the window's lower edge and by the diagonal with the index mask, those in between
     (`_kv_full`) without it.
     """
-    b, h, _, d = q.shape
-    bq = cfg.bq
-    tensors = (k, v, kpos, mask, consts)
+    b, h, _, d = q_BNTH.shape
+    q_block_len = cfg.q_block_len
+    tensors = (k_BNSH, v_BNSH, kpos_BS, mask, consts)
 
     def query_block(i):
         q_block = (
-            lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2),
-            lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1),
+            lax.dynamic_slice_in_dim(q_BNTH, i * q_block_len, q_block_len, axis=2),
+            lax.dynamic_slice_in_dim(qpos_BT, i * q_block_len, q_block_len, axis=1),
         )
         masked = _forward_step(cfg, bias_fn, tensors, i, q_block, True)
         unmasked = _forward_step(cfg, bias_fn, tensors, i, q_block, False)
         carry = (
-            jnp.full((b, h, bq), MASKED_LOGIT, _F32),
-            jnp.zeros((b, h, bq), _F32),
-            jnp.zeros((b, h, bq, d), _F32),
+            jnp.full((b, h, q_block_len), MASKED_LOGIT, _F32),
+            jnp.zeros((b, h, q_block_len), _F32),
+            jnp.zeros((b, h, q_block_len, d), _F32),
         )
         start, end = _kv_start(cfg, i), _kv_end(cfg, i)
         lo, hi = _split(start, *_kv_full(cfg, i), end)
         if cfg.window:  # blocks cut by the window's lower edge
             carry = lax.fori_loop(start, lo, masked, carry)
         carry = lax.fori_loop(lo, hi, unmasked, carry)
-        m, denom, acc = lax.fori_loop(hi, end, masked, carry)
-        seen = denom > 0
-        l_safe = jnp.where(seen, denom, _F32(1.0))
-        out_i = (acc / l_safe[..., None]).astype(v.dtype)
-        lse_i = jnp.where(seen, m + jnp.log(l_safe), _F32(0.0))
-        return out_i, lse_i
+        m_BNt, denom_BNt, acc_BNtH = lax.fori_loop(hi, end, masked, carry)
+        seen_BNt = denom_BNt > 0
+        l_safe_BNt = jnp.where(seen_BNt, denom_BNt, _F32(1.0))
+        out_BNtH = (acc_BNtH / l_safe_BNt[..., None]).astype(v_BNSH.dtype)
+        lse_BNt = jnp.where(seen_BNt, m_BNt + jnp.log(l_safe_BNt), _F32(0.0))
+        return out_BNtH, lse_BNt
 
-    out, lse = lax.map(query_block, jnp.arange(cfg.nq))  # [nq, b, h, bq, (d)]
-    out = jnp.moveaxis(out, 0, 2).reshape((b, h, cfg.nq * bq, d))
-    lse = jnp.moveaxis(lse, 0, 2).reshape((b, h, cfg.nq * bq))
-    return out, lse
+    out_BNTH, lse_BNT = lax.map(query_block, jnp.arange(cfg.nq))  # [nq, b, h, bq, (d)]
+    out_BNTH = jnp.moveaxis(out_BNTH, 0, 2).reshape((b, h, cfg.nq * q_block_len, d))
+    lse_BNT = jnp.moveaxis(lse_BNT, 0, 2).reshape((b, h, cfg.nq * q_block_len))
+    return out_BNTH, lse_BNT
 
 
 def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
@@ -388,65 +412,85 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
     Accumulates dK_j, dV_j (float32) and the bias-parameter gradients, and adds this block's
     contribution to the rows of dQ.
     """
-    q, g, lse, delta, qpos, mask, consts = tensors
-    k_j, v_j, kpos_j = kv_j
-    bq = cfg.bq
+    q_BNTH, g_BNTH, lse_BNT, delta_BNT, qpos_BT, mask, consts = tensors
+    k_BNsH, v_BNsH, kpos_Bs = kv_j
+    q_block_len = cfg.q_block_len
 
     def body(i, carry):
-        dk_j, dv_j, dq, dconsts = carry
-        q_i = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=2)
-        g_i = lax.dynamic_slice_in_dim(g, i * bq, bq, axis=2)
-        lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=2)
-        delta_i = lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=2)
-        qpos_i = lax.dynamic_slice_in_dim(qpos, i * bq, bq, axis=1)
-        s, valid = _logits(cfg, bias_fn, consts, q_i, k_j, qpos_i, kpos_j, mask, i, j, index_mask)
-        p = jnp.exp(s - lse_i[..., None])
-        if valid is not None:
-            p = jnp.where(valid, p, _F32(0.0))
-        dv_j = dv_j + jnp.einsum(
-            "bhqk,bhqd->bhkd", p.astype(g.dtype), g_i, preferred_element_type=_F32
+        dk_BNsH, dv_BNsH, dq_BNTH, dconsts = carry
+        q_BNtH = lax.dynamic_slice_in_dim(q_BNTH, i * q_block_len, q_block_len, axis=2)
+        g_BNtH = lax.dynamic_slice_in_dim(g_BNTH, i * q_block_len, q_block_len, axis=2)
+        lse_BNt = lax.dynamic_slice_in_dim(lse_BNT, i * q_block_len, q_block_len, axis=2)
+        delta_BNt = lax.dynamic_slice_in_dim(delta_BNT, i * q_block_len, q_block_len, axis=2)
+        qpos_Bt = lax.dynamic_slice_in_dim(qpos_BT, i * q_block_len, q_block_len, axis=1)
+        logits_BNts, valid_BNts = _logits(
+            cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask
         )
-        dp = jnp.einsum("bhqd,bhkd->bhqk", g_i, v_j, preferred_element_type=_F32)
-        ds = p * (dp - delta_i[..., None])  # d loss / d logits (incl. the bias)
-        dk_j = dk_j + jnp.einsum(
-            "bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i, preferred_element_type=_F32
+        p_BNts = jnp.exp(logits_BNts - lse_BNt[..., None])
+        if valid_BNts is not None:
+            p_BNts = jnp.where(valid_BNts, p_BNts, _F32(0.0))
+        dv_BNsH = dv_BNsH + jnp.einsum(
+            "bhqk,bhqd->bhkd", p_BNts.astype(g_BNTH.dtype), g_BNtH, preferred_element_type=_F32
         )
-        dq_i = jnp.einsum("bhqk,bhkd->bhqd", ds.astype(k_j.dtype), k_j, preferred_element_type=_F32)
-        dq = lax.dynamic_update_slice_in_dim(
-            dq, lax.dynamic_slice_in_dim(dq, i * bq, bq, axis=2) + dq_i, i * bq, axis=2
+        dp_BNts = jnp.einsum("bhqd,bhkd->bhqk", g_BNtH, v_BNsH, preferred_element_type=_F32)
+        ds_BNts = p_BNts * (dp_BNts - delta_BNt[..., None])  # d loss / d logits (incl. the bias)
+        dk_BNsH = dk_BNsH + jnp.einsum(
+            "bhqk,bhqd->bhkd", ds_BNts.astype(q_BNTH.dtype), q_BNtH, preferred_element_type=_F32
+        )
+        dq_BNtH = jnp.einsum(
+            "bhqk,bhkd->bhqd", ds_BNts.astype(k_BNsH.dtype), k_BNsH, preferred_element_type=_F32
+        )
+        dq_BNTH = lax.dynamic_update_slice_in_dim(
+            dq_BNTH,
+            lax.dynamic_slice_in_dim(dq_BNTH, i * q_block_len, q_block_len, axis=2) + dq_BNtH,
+            i * q_block_len,
+            axis=2,
         )
         if consts:
-            _, bias_vjp = jax.vjp(lambda *c: bias_fn(qpos_i, kpos_j, *c).astype(_F32), *consts)
-            grads = bias_vjp(_sum_to(ds, jax.eval_shape(bias_fn, qpos_i, kpos_j, *consts)))
+            _, bias_vjp = jax.vjp(lambda *c: bias_fn(qpos_Bt, kpos_Bs, *c).astype(_F32), *consts)
+            grads = bias_vjp(_sum_to(ds_BNts, jax.eval_shape(bias_fn, qpos_Bt, kpos_Bs, *consts)))
             dconsts = tuple(a + gc for a, gc in zip(dconsts, grads, strict=True))
-        return dk_j, dv_j, dq, dconsts
+        return dk_BNsH, dv_BNsH, dq_BNTH, dconsts
 
     return body
 
 
-def _backward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse, g):
+def _backward(
+    cfg: _Config,
+    bias_fn,
+    q_BNTH,
+    k_BNSH,
+    v_BNSH,
+    qpos_BT,
+    kpos_BS,
+    mask,
+    consts,
+    out_BNTH,
+    lse_BNT,
+    g_BNTH,
+):
     """FlashAttention-2 backward: key blocks outside, query blocks inside, dq accumulated.
 
     Key block ``j`` visits query blocks ``[start, end)`` (`_q_start`, `_q_end`), the same
     (query block, key block) pairs as `_forward`.
     """
-    bk = cfg.bk
+    k_block_len = cfg.k_block_len
     # D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's diagonal correction.
-    delta = jnp.sum(g.astype(_F32) * out.astype(_F32), axis=-1)
-    g = g.astype(v.dtype)
-    tensors = (q, g, lse, delta, qpos, mask, consts)
+    delta_BNT = jnp.sum(g_BNTH.astype(_F32) * out_BNTH.astype(_F32), axis=-1)
+    g_BNTH = g_BNTH.astype(v_BNSH.dtype)
+    tensors = (q_BNTH, g_BNTH, lse_BNT, delta_BNT, qpos_BT, mask, consts)
 
     def key_block(j, carry):
-        dq, dconsts = carry
+        dq_BNTH, dconsts = carry
         kv_j = (
-            lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2),
-            lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2),
-            lax.dynamic_slice_in_dim(kpos, j * bk, bk, axis=1),
+            lax.dynamic_slice_in_dim(k_BNSH, j * k_block_len, k_block_len, axis=2),
+            lax.dynamic_slice_in_dim(v_BNSH, j * k_block_len, k_block_len, axis=2),
+            lax.dynamic_slice_in_dim(kpos_BS, j * k_block_len, k_block_len, axis=1),
         )
         zeros = jnp.zeros(kv_j[0].shape, _F32)
         start, end = _q_start(cfg, j), _q_end(cfg, j)
         lo, hi = _split(start, *_q_full(cfg, j), end)
-        carry = (zeros, zeros, dq, dconsts)
+        carry = (zeros, zeros, dq_BNTH, dconsts)
         # Query blocks on the diagonal (and, with a window, those cut by the window's far
         # edge) need the index mask; those in between do not; the rest are skipped.
         masked = _backward_step(cfg, bias_fn, tensors, j, kv_j, True)
@@ -455,20 +499,27 @@ def _backward(cfg: _Config, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse
         carry = lax.fori_loop(lo, hi, unmasked, carry)
         if cfg.window:
             carry = lax.fori_loop(hi, end, masked, carry)
-        dk_j, dv_j, dq, dconsts = carry
-        return dq, dconsts, dk_j * _F32(cfg.scale), dv_j
+        dk_BNsH, dv_BNsH, dq_BNTH, dconsts = carry
+        return dq_BNTH, dconsts, dk_BNsH * _F32(cfg.scale), dv_BNsH
 
     def scan_body(carry, j):
-        dq, dconsts, dk_j, dv_j = key_block(j, carry)
-        return (dq, dconsts), (dk_j, dv_j)
+        dq_BNTH, dconsts, dk_BNsH, dv_BNsH = key_block(j, carry)
+        return (dq_BNTH, dconsts), (dk_BNsH, dv_BNsH)
 
-    dq0 = jnp.zeros(q.shape, _F32)
+    dq0_BNTH = jnp.zeros(q_BNTH.shape, _F32)
     dconsts0 = tuple(jnp.zeros_like(c) for c in consts)
-    (dq, dconsts), (dk, dv) = lax.scan(scan_body, (dq0, dconsts0), jnp.arange(cfg.nk))
-    dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape)
-    dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape)
-    dq = dq * _F32(cfg.scale)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dconsts
+    (dq_BNTH, dconsts), (dk_BNSH, dv_BNSH) = lax.scan(
+        scan_body, (dq0_BNTH, dconsts0), jnp.arange(cfg.nk)
+    )
+    dk_BNSH = jnp.moveaxis(dk_BNSH, 0, 2).reshape(k_BNSH.shape)
+    dv_BNSH = jnp.moveaxis(dv_BNSH, 0, 2).reshape(v_BNSH.shape)
+    dq_BNTH = dq_BNTH * _F32(cfg.scale)
+    return (
+        dq_BNTH.astype(q_BNTH.dtype),
+        dk_BNSH.astype(k_BNSH.dtype),
+        dv_BNSH.astype(v_BNSH.dtype),
+        dconsts,
+    )
 
 
 def _sum_to(x: Array, target: jax.ShapeDtypeStruct) -> Array:
@@ -519,13 +570,13 @@ def _convert_bias_fn(bias_fn, qpos_block, kpos_block, batch: int, heads: int):
     converted, consts = jax.closure_convert(bias_fn, qpos_block, kpos_block)
     consts = tuple(consts)
     bias_shape = jax.eval_shape(converted, qpos_block, kpos_block, *consts).shape
-    bq, bk = qpos_block.shape[1], kpos_block.shape[1]
+    q_block_len, k_block_len = qpos_block.shape[1], kpos_block.shape[1]
     if len(bias_shape) != 4:
         raise ValueError(
             f"bias_fn must return [batch, heads, bq, bk] (4 axes); got shape {bias_shape} "
-            f"for position blocks of {bq} queries and {bk} keys"
+            f"for position blocks of {q_block_len} queries and {k_block_len} keys"
         )
-    check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, bq, bk))
+    check_broadcastable("bias_fn(...)", bias_shape, (batch, heads, q_block_len, k_block_len))
     return converted, consts
 
 
