@@ -368,7 +368,7 @@ def test_markdown_escapes_markup_and_newlines_in_labels_and_names(tmp_path):
 def test_paired_markdown_escapes_labels():
     column = report.build_tables(TWO_SEEDS)[0].columns[0]
     pair = significance.Pair(EVIL, "rope", column.key, -0.1, -0.2, 0.0, 0.01, 0.02, 2, 16)
-    table = paired.PairedTable(
+    table = paired.Comparisons(
         "T", "bits_per_byte", "s", "nonoverlapping", None, 64, (column,), (pair,)
     )
     md = paired.render_markdown([table])

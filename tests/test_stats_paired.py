@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from flaxformer_lite.experiments import significance, stats
+from flaxformer_lite.experiments import report, significance, stats
 from flaxformer_lite.experiments.report import paired
 from flaxformer_lite.experiments.report import study as tables
 
@@ -179,13 +179,13 @@ def test_bold_only_when_significantly_best_and_ties_marked():
     assert table.method == "bootstrap" and table.blocks == (40, 100, "b")
     (column,) = table.columns
     assert table.mark("a", column) == "best" and table.mark("b", column) is None
-    md = tables.render_markdown(table)
+    md = report.render_markdown(table)
     assert "| a | **" in md and "Bold: best and significantly better" in md
     rows, blocks = _rows_and_blocks({"a": 0.0, "b": 0.0, "c": 0.2})  # a and b identical
     (table,) = tables.build_tables(rows, blocks)
     assert {table.mark(e, column) for e in ("a", "b")} == {"tie"}
     assert table.mark("c", column) is None
-    assert "| a | *" in tables.render_markdown(table)
+    assert "| a | *" in report.render_markdown(table)
     # without block data: Student t over seeds, nothing marked
     (plain,) = tables.build_tables(rows)
     assert plain.method == "t" and plain.marks == {} and "no per-block data" in plain.caption()
@@ -232,7 +232,7 @@ def test_not_applicable_cells_take_no_part_in_the_marks():
     first, second = table.columns
     assert table.mark("a", first) == "best"
     assert table.mark("a", second) is None and table.mark("b", second) is None
-    assert "| a | **" in tables.render_markdown(table) and "n/a" in tables.render_markdown(table)
+    assert "| a | **" in report.render_markdown(table) and "n/a" in report.render_markdown(table)
 
 
 def test_context_gain_table_compares_each_encoding_with_itself_at_l():
@@ -335,7 +335,7 @@ def test_no_bold_for_a_best_mean_that_its_paired_test_finds_worse():
     ) == pytest.approx(
         {"delta": 0.05 / math.log(2), "low": 0.072, "high": 0.072, "p": 0.0}, abs=1e-3
     )
-    md = tables.render_markdown(table)
+    md = report.render_markdown(table)
     assert table.marks == {} and "| a | **" not in md and "support no column's best" in md
 
 

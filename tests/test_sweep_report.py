@@ -14,7 +14,7 @@ import pytest
 
 from experiments import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.experiments import report, sweeps
-from flaxformer_lite.experiments.report import sweep_report
+from flaxformer_lite.experiments.report import cost, sweep_report
 from flaxformer_lite.experiments.runner import run_study
 from flaxformer_lite.train.memory import count_parameters
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -244,7 +244,7 @@ def test_learning_rate_table_marks_the_best_and_the_ranking_note_compares_with_3
     rows = _lr_rows()
     choices = sweep_report.select_rates(rows)
     table = sweep_report.learning_rate_table(choices, rows, 3e-3)
-    md = sweep_report.render_markdown(table)
+    md = report.render_markdown(table)
     assert "| encoding | lr 1e-3 | lr 3e-3 | lr 1e-2 | best |" in md
     assert "| rope | 2.300 | 2.100 | **2.000** | 1e-2 |" in md
     assert "| alibi | **2.050** | 2.050 | 2.200 | 1e-3 |" in md
@@ -257,10 +257,10 @@ def test_learning_rate_table_marks_the_best_and_the_ranking_note_compares_with_3
         "rate vs all at the common rate 3e-3: the same at nonoverlapping 4×; differs at "
         "nonoverlapping 1× (best rates: rope < alibi < none; 3e-3: alibi < rope < none)."
     )
-    records = list(csv.DictReader(io.StringIO(sweep_report.render_csv(table))))
+    records = list(csv.DictReader(io.StringIO(report.render_csv(table))))
     best = [(r["encoding"], r["learning_rate"]) for r in records if r["best"] == "True"]
     assert best == [("rope", "0.01"), ("alibi", "0.001"), ("none", "0.003")]
-    assert "\\textbf{2.000}" in sweep_report.render_latex(table)
+    assert "\\textbf{2.000}" in report.render_latex(table)
     # without a common rate, the grid's middle rate (3e-3 here) is the one compared with
     assert sweep_report.ranking_note(rows, choices, None) == table.note
 
@@ -306,7 +306,7 @@ def test_gap_table_is_the_per_run_difference_with_a_t_interval_over_seeds():
     assert body[("nonoverlapping", "16× − 1×", "rope")] == ("1.200 ± 2.541", "0.600 ± 1.271")
     assert body[("context", "4× − 1×", "rope")] == ("-0.100 ± 0.000", "-0.100 ± 0.000")
     assert body[("nonoverlapping", "4× − 1×", "learned")] == ("n/a", "n/a")
-    records = list(csv.DictReader(io.StringIO(sweep_report.render_csv(table))))
+    records = list(csv.DictReader(io.StringIO(report.render_csv(table))))
     rope = next(r for r in records if r["encoding"] == "rope" and r["multiple"] == "16")
     assert float(rope["mean"]) == pytest.approx(1.2) and rope["n"] == "2"
     assert rope["num_params"] == "30000.0" and rope["model_size"] == "s"
@@ -354,7 +354,7 @@ def test_cost_table_per_step_and_tokens_per_second():
             | {"train_seconds": 35.0, "train_steps": 1000, "eval_seconds": 4.0}
         )
     rows.append(_cost_row("alibi", 0) | {"train_seconds": 50.0, "eval_seconds": 8.0})
-    (table,) = sweep_report.cost_tables(rows)
+    (table,) = cost.cost_tables(rows)
     body = {row[0]: row[1:] for row in table.body}
     assert table.header[:4] == ("encoding", "runs", "training ms/step", "× cheapest")
     assert body["fire"] == ("2", "70.0 (60.0–80.0)", "2.00", "1,626", "2.50")
@@ -362,13 +362,13 @@ def test_cost_table_per_step_and_tokens_per_second():
     assert body["alibi"] == ("1", "—", "—", "512", "7.94")
     assert "depend on the machine" in table.caption
     records = {
-        r["encoding"]: r for r in csv.DictReader(io.StringIO(sweep_report.render_csv(table)))
+        r["encoding"]: r for r in csv.DictReader(io.StringIO(report.render_csv(table)))
     }
     assert float(records["fire"]["train_ms_per_step"]) == pytest.approx(70.0)
     assert float(records["fire"]["eval_tokens_per_second"]) == pytest.approx(1625.6)
-    assert sweep_report.forward_tokens(_cost_row("x", 0, protocol="sliding", stride=16)) == 4 * 4096
+    assert cost.forward_tokens(_cost_row("x", 0, protocol="sliding", stride=16)) == 4 * 4096
     # no run times at all: no cost table
-    assert sweep_report.cost_tables([_row("rope", 1, 2.0)]) == []
+    assert cost.cost_tables([_row("rope", 1, 2.0)]) == []
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -14,15 +14,22 @@ L). All are written as ``tables/paired_differences.{md,tex,csv}`` by the report.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from flaxformer_lite.experiments import significance, stats
-from flaxformer_lite.experiments.report.study import Column, Table, latex_escape, md_escape, md_text
+from flaxformer_lite.experiments.report.study import EvalColumn, StudyResults
+from flaxformer_lite.experiments.report.table import (
+    GENERATED,
+    Cell,
+    Column,
+    Table,
+    latex_float,
+)
+from flaxformer_lite.experiments.report.table import render_csv as render_table_csv
+from flaxformer_lite.experiments.report.table import render_markdown as render_table_markdown
 
 DEFAULT_REFERENCE = "alibi"
 # protocols whose columns score the same bytes at every length: each encoding vs itself at L
@@ -58,7 +65,7 @@ NONE_NOTE = (
 
 
 @dataclasses.dataclass(frozen=True)
-class PairedTable:
+class Comparisons:
     """The comparisons of one group: ``pairs`` keyed by (encoding, reference, column key).
 
     ``reference_length``: None when each row compares two encodings at the same column; L,
@@ -71,7 +78,7 @@ class PairedTable:
     protocol: Any
     task: Any
     train_length: Any
-    columns: tuple[Column, ...]
+    columns: tuple[EvalColumn, ...]
     pairs: tuple[significance.Pair, ...]
     reference_length: int | None = None
     symbol: str = "c"  # the compared length: context c, or evaluation length L'
@@ -79,16 +86,58 @@ class PairedTable:
     def rows(self) -> list[tuple[str, str]]:
         return list(dict.fromkeys((p.encoding, p.reference) for p in self.pairs))
 
-    def row_label(self, encoding: str, reference: str, *, tex: bool = False) -> str:
-        escape = latex_escape if tex else md_escape
-        minus = " $-$ " if tex else " − "
+    def row_label(self, encoding: str, reference: str) -> str:
         if self.reference_length is None:
-            return f"{escape(encoding)}{minus}{escape(reference)}"
-        return (
-            f"{escape(encoding)} ({self.symbol}){minus}{escape(encoding)} ({self.reference_length})"
+            return f"{encoding} − {reference}"
+        return f"{encoding} ({self.symbol}) − {encoding} ({self.reference_length})"
+
+    def table(self) -> Table:
+        """The `table.Table`: a row per compared pair, Δ [95% interval] and the Holm p per
+        column; the CSV has one record per comparison."""
+        if self.reference_length is None:
+            head = Column("row − reference", "l", tex="Row $-$ reference")
+        else:
+            head = Column(
+                f"encoding ({self.symbol}) − (L)", "l", tex=f"Encoding ({self.symbol}) $-$ (L)"
+            )
+        columns = (head, *(Column(c.label(), tex=c.latex_label()) for c in self.columns))
+        rows = tuple(
+            (Cell(self.row_label(a, b)), *(_cell(self.get(a, b, c)) for c in self.columns))
+            for a, b in self.rows()
+        )
+        return Table(
+            name="paired_differences",
+            title=self.title,
+            caption=caption(self),
+            columns=columns,
+            rows=rows,
+            csv_fields=CSV_FIELDS,
+            csv_rows=tuple(self._record(p) for p in self.pairs),
+            label=False,
         )
 
-    def get(self, encoding: str, reference: str, column: Column) -> significance.Pair | None:
+    def _record(self, p: significance.Pair) -> tuple[Any, ...]:
+        return (
+            self.study or "",
+            self.protocol or "",
+            self.task or "",
+            self.train_length or "",
+            self.metric,
+            p.encoding,
+            p.reference,
+            self.reference_length or "",
+            p.eval_length,
+            p.delta,
+            p.low,
+            p.high,
+            p.p,
+            p.p_holm,
+            int(p.p_holm < significance.ALPHA),
+            p.seeds,
+            p.blocks,
+        )
+
+    def get(self, encoding: str, reference: str, column: EvalColumn) -> significance.Pair | None:
         for p in self.pairs:
             if (p.encoding, p.reference, p.eval_length) == (encoding, reference, column.key):
                 return p
@@ -96,9 +145,9 @@ class PairedTable:
 
 
 def build_paired_tables(
-    tables: Sequence[Table], *, reference: str = DEFAULT_REFERENCE, all_pairs: bool = False
-) -> list[PairedTable]:
-    """One `PairedTable` per bits-per-byte / exact-match table (`tables.build_tables` with
+    tables: Sequence[StudyResults], *, reference: str = DEFAULT_REFERENCE, all_pairs: bool = False
+) -> list[Comparisons]:
+    """One `Comparisons` per bits-per-byte / exact-match table (`tables.build_tables` with
     per-block data) -- a group without the reference encoding (and ``all_pairs=False``) is
     skipped -- and, for each table of a `CHANGE_PROTOCOLS` protocol with a column at L, its
     change-with-length table (each encoding at c or L' minus itself at L)."""
@@ -137,7 +186,7 @@ def build_paired_tables(
     return [t for t in out if t.pairs]
 
 
-def _paired_table(table, title, columns, found, reference_length, symbol="c") -> PairedTable:
+def _paired_table(table, title, columns, found, reference_length, symbol="c") -> Comparisons:
     """The tested comparisons of ``found`` (a, b, column, cell a, cell b), Holm over all."""
     tested = []
     for a, b, column, ca, cb in found:
@@ -152,7 +201,7 @@ def _paired_table(table, title, columns, found, reference_length, symbol="c") ->
         significance.Pair(a, b, col.key, r["delta"], r["low"], r["high"], r["p"], adj, s, nb)
         for (a, b, col, r, s, nb), adj in zip(tested, adjusted, strict=True)
     )
-    return PairedTable(
+    return Comparisons(
         title,
         table.metric,
         table.study,
@@ -166,17 +215,14 @@ def _paired_table(table, title, columns, found, reference_length, symbol="c") ->
     )
 
 
-def _cell(pair: significance.Pair | None, digits: int = 3, *, tex: bool = False) -> str:
+def _cell(pair: significance.Pair | None) -> Cell:
     if pair is None:
-        return "---" if tex else "—"
+        return Cell()
     if math.isnan(pair.p_holm):
-        return "n/a (non-finite values: not tested)"
+        return Cell("n/a (non-finite values: not tested)")
     star = "*" if pair.p_holm < significance.ALPHA else ""
-    text = (
-        f"{pair.delta:+.{digits}f} [{pair.low:+.{digits}f}, {pair.high:+.{digits}f}] "
-        f"p{_p_text(pair.p_holm)}{star}"
-    )
-    return latex_escape(text) if tex else text
+    note = f"p{_p_text(pair.p_holm)}{star}"
+    return Cell(pair.delta, interval=(pair.low, pair.high), note=note, signed=True)
 
 
 def _p_text(p: float) -> str:
@@ -184,7 +230,7 @@ def _p_text(p: float) -> str:
     return f"<{P_FLOOR:.0e}" if p < P_FLOOR else f"={p:.3g}"
 
 
-def caption(t: PairedTable) -> str:
+def caption(t: Comparisons) -> str:
     n = sorted({p.seeds for p in t.pairs})
     blocks = sorted({p.blocks for p in t.pairs})
     what = "bits/byte" if t.metric == "bits_per_byte" else "exact match"
@@ -222,71 +268,19 @@ def caption(t: PairedTable) -> str:
     )
 
 
-def render_markdown(tables: Sequence[PairedTable]) -> str:
-    out = []
-    for t in tables:
-        out += [f"**{md_text(t.title)}.** {md_text(caption(t))}", ""]
-        head = "row − reference" if t.reference_length is None else f"encoding ({t.symbol}) − (L)"
-        out.append(f"| {head} | " + " | ".join(md_text(c.label()) for c in t.columns) + " |")
-        out.append("|:--|" + "--:|" * len(t.columns))
-        for a, b in t.rows():
-            cells = [_cell(t.get(a, b, c)) for c in t.columns]
-            out.append(f"| {t.row_label(a, b)} | " + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out) if out else f"Paired differences: {NONE_NOTE}\n"
+def render_markdown(tables: Sequence[Comparisons]) -> str:
+    """``tables/paired_differences.md``: the tables one after another (or why there are none)."""
+    return "\n".join(map(render_table_markdown, tables)) or f"Paired differences: {NONE_NOTE}\n"
 
 
-def render_latex(tables: Sequence[PairedTable]) -> str:
-    lines = ["% paired differences: generated by flaxformer_lite.experiments.report"]
+def render_latex(tables: Sequence[Comparisons]) -> str:
+    """``tables/paired_differences.tex``: one float per table."""
+    lines = [f"% paired differences: {GENERATED}"]
     for t in tables:
-        lines += [
-            "\\begin{table}[htbp]",
-            "\\centering",
-            f"\\caption{{{latex_escape(t.title)}. {latex_escape(caption(t))}}}",
-            "\\begin{tabular}{l" + "r" * len(t.columns) + "}",
-            "\\toprule",
-            (
-                "Row $-$ reference"
-                if t.reference_length is None
-                else f"Encoding ({t.symbol}) $-$ (L)"
-            )
-            + " & "
-            + " & ".join(c.latex_label() for c in t.columns)
-            + " \\\\",
-            "\\midrule",
-        ]
-        for a, b in t.rows():
-            cells = [_cell(t.get(a, b, c), tex=True) for c in t.columns]
-            lines.append(f"{t.row_label(a, b, tex=True)} & " + " & ".join(cells) + " \\\\")
-        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}", ""]
+        lines += [*latex_float(t), ""]
     return "\n".join(lines) + "\n"
 
 
-def render_csv(tables: Sequence[PairedTable]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_FIELDS)
-    for t in tables:
-        for p in t.pairs:
-            writer.writerow(
-                [
-                    t.study or "",
-                    t.protocol or "",
-                    t.task or "",
-                    t.train_length or "",
-                    t.metric,
-                    p.encoding,
-                    p.reference,
-                    t.reference_length or "",
-                    p.eval_length,
-                    repr(p.delta),
-                    repr(p.low),
-                    repr(p.high),
-                    repr(p.p),
-                    repr(p.p_holm),
-                    int(p.p_holm < significance.ALPHA),
-                    p.seeds,
-                    p.blocks,
-                ]
-            )
-    return buf.getvalue()
+def render_csv(tables: Sequence[Comparisons]) -> str:
+    """``tables/paired_differences.csv``: every comparison of every table, full precision."""
+    return render_table_csv(tables)

@@ -1,32 +1,59 @@
-"""Results tables from rows: grouping, mean ± 95% CI per cell, Markdown / LaTeX / CSV.
+"""The study tables: rows grouped into one `StudyResults` per metric and group, mean ± 95% CI
+per cell and its marks; each makes its `table.Table` (`StudyResults.table`).
 
-* `build_tables` groups rows into `Table` s: one per metric x protocol (x task, x train
+* `build_tables` groups rows into `StudyResults`: one per metric x protocol (x task, x train
   length, study or model size -- the rows' ``model_size`` -- when several are present).
   Rows = encodings, in the order they first appear with each model's variants (RoPE
   scaling, randomized positions) right after it
   (`encoding_order`, from the rows' ``positional`` and ``variant`` fields);
   columns = evaluation lengths ("2× (128)"), or window-offset buckets at the longest length for
   ``bucket_loss``; cells = mean ± 95% Student-t CI across seeds (`stats.mean_ci`).
-* `render_markdown`, `render_latex`, `render_csv` turn a table into text (deterministic).
+* `StudyResults.table`: the encodings as rows, the columns' cells with their marks, and the CSV
+  (one record per encoding x column).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from flaxformer_lite.experiments import significance, stats
+from flaxformer_lite.experiments.report.table import (
+    MISSING_MD,
+    NOT_APPLICABLE,
+    ONE_SEED,
+    Cell,
+    Column,
+    Table,
+    latex_escape,
+    sentence,
+)
 from flaxformer_lite.experiments.stats import mean_ci
 
 CONFIDENCE = 0.95
-MISSING_MD = "—"
-MISSING_TEX = "---"
-NOT_APPLICABLE = "n/a"  # a cell the model cannot be evaluated at (row field "na" says why)
+CSV_FIELDS = (
+    "table",
+    "study",
+    "metric",
+    "protocol",
+    "task",
+    "train_length",
+    "encoding",
+    "eval_length",
+    "eval_multiple",
+    "bucket",
+    "mean",
+    "ci_half_width",
+    "ci_low",
+    "ci_high",
+    "interval",
+    "mark",
+    "n",
+    "note",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +88,7 @@ def metric_info(metric: str) -> MetricInfo:
 
 
 @dataclasses.dataclass(frozen=True)
-class Column:
+class EvalColumn:
     """A table column: an evaluation length, or a window-offset bucket at one length."""
 
     key: Any
@@ -92,7 +119,7 @@ class Column:
 
 
 @dataclasses.dataclass(frozen=True)
-class Cell:
+class Aggregate:
     """Aggregate of one (encoding, column): mean, CI half width (None: no interval), n seeds;
     ``low``/``high`` the interval's ends; or, when the model cannot be evaluated there,
     ``na`` (the reason) and no numbers. ``grid``: the per-block data (None without)."""
@@ -108,7 +135,7 @@ class Cell:
 
 
 @dataclasses.dataclass(frozen=True)
-class Table:
+class StudyResults:
     """One results table: ``cells[(encoding, column.key)]`` (absent = not measured)."""
 
     name: str
@@ -119,8 +146,8 @@ class Table:
     train_length: int | None
     eval_length: int | None  # bucket tables: the evaluation length the buckets come from
     encodings: tuple[str, ...]
-    columns: tuple[Column, ...]
-    cells: Mapping[tuple[str, Any], Cell]
+    columns: tuple[EvalColumn, ...]
+    cells: Mapping[tuple[str, Any], Aggregate]
     strides: tuple[int, ...] = ()
     # column key -> ("best", {encoding}) | ("tie", {encodings}) from paired tests
     marks: Mapping[Any, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
@@ -181,7 +208,7 @@ class Table:
             unit = "task length" if self.task else "tokens"
             setting.append(f"columns: evaluation length as a multiple of L ({unit})")
         if setting:
-            text.append(_sentence("; ".join(setting)))
+            text.append(sentence("; ".join(setting)))
         text.append(self.n_note())
         text.append(self.marks_note())
         if any(self.cell(e, c) is None for e in self.encodings for c in self.columns):
@@ -221,7 +248,7 @@ class Table:
             note += " Some cells hold several measurements of one seed (merged runs)."
         return note
 
-    def cell(self, encoding: str, column: Column) -> Cell | None:
+    def cell(self, encoding: str, column: EvalColumn) -> Aggregate | None:
         return self.cells.get((encoding, column.key))
 
     def marks_note(self) -> str:
@@ -241,7 +268,7 @@ class Table:
             return f"Nothing is marked: the paired tests support no column's best ({test})."
         return "Nothing is marked: no per-block data to test differences with."
 
-    def mark(self, encoding: str, column: Column) -> str | None:
+    def mark(self, encoding: str, column: EvalColumn) -> str | None:
         """``"best"``, ``"tie"`` or None for one cell."""
         kind, members = self.marks.get(column.key, (None, frozenset()))
         return kind if encoding in members else None
@@ -249,20 +276,69 @@ class Table:
     def mixed_n(self) -> bool:
         return len({c.n for c in self.cells.values() if c.na is None}) > 1
 
+    def table(self) -> Table:
+        """The `table.Table`: one row per encoding, a significant best bold, a tie italic; the
+        LaTeX caption without the title."""
+        columns = [Column("encoding", "l", tex="Encoding")]
+        columns += [Column(c.label(), tex=c.latex_label()) for c in self.columns]
+        rows = tuple(
+            (Cell(e), *(self._display(e, c) for c in self.columns)) for e in self.encodings
+        )
+        return Table(
+            name=self.name,
+            title=self.title(),
+            caption=self.caption(),
+            columns=tuple(columns),
+            rows=rows,
+            csv_fields=CSV_FIELDS,
+            csv_rows=tuple(self._record(e, c) for e in self.encodings for c in self.columns),
+            latex_title=False,
+        )
 
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:] + "."
+    def _display(self, encoding: str, column: EvalColumn) -> Cell:
+        cell = self.cell(encoding, column)
+        if cell is None:
+            return Cell()
+        if cell.na is not None:
+            return Cell(NOT_APPLICABLE)
+        one_seed = cell.half_width is None and self.mixed_n()
+        return Cell(
+            cell.mean,
+            cell.half_width,
+            note=ONE_SEED if one_seed else "",
+            mark=self.mark(encoding, column),
+            digits=self.info.digits,
+        )
 
+    def _record(self, encoding: str, column: EvalColumn) -> tuple[Any, ...]:
+        """A CSV line: full-precision numbers; not measured: ``n = 0`` and no numbers; not
+        applicable: ``n = 0``, no numbers and ``note`` = ``n/a: <reason>``."""
+        cell = self.cell(encoding, column)
+        multiple = column.multiple
 
-def format_number(x: float, digits: int) -> str:
-    """Fixed ``digits`` decimals; scientific beyond 1e5; ``nan``/``inf`` spelled out."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if abs(x) >= 1e5:
-        return f"{x:.{digits}e}"
-    return f"{x:.{digits}f}"
+        def number(x: float | None) -> float | None:
+            return None if x is None else float(x)
+
+        return (
+            self.name,
+            self.study or "",
+            self.metric,
+            self.protocol or "",
+            self.task or "",
+            self.train_length or "",
+            encoding,
+            column.eval_length,
+            "" if multiple is None else f"{multiple:g}",
+            column.bucket or "",
+            number(None if cell is None or cell.na else cell.mean),
+            number(None if cell is None else cell.half_width),
+            number(None if cell is None else cell.low),
+            number(None if cell is None else cell.high),
+            "" if cell is None or cell.half_width is None else self.method,
+            self.mark(encoding, column) or "",
+            0 if cell is None else cell.n,
+            "" if cell is None or cell.na is None else f"{NOT_APPLICABLE}: {cell.na}",
+        )
 
 
 def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -355,11 +431,11 @@ def _aggregate(
         measured = [r for r in rs if r.get("na") is None]
         if not measured:  # every seed says the model cannot be evaluated here
             reason = next(str(r["na"]) for r in rs)
-            cells[key] = Cell(math.nan, None, 0, seeds, na=reason)
+            cells[key] = Aggregate(math.nan, None, 0, seeds, na=reason)
             continue
         mean, half, n = mean_ci([r["value"] for r in measured], confidence=CONFIDENCE)
         grid = index.grid(measured, metric) if index else None
-        cells[key] = Cell(mean, half, n, tuple(r.get("seed") for r in measured), grid=grid)
+        cells[key] = Aggregate(mean, half, n, tuple(r.get("seed") for r in measured), grid=grid)
     return cells
 
 
@@ -377,7 +453,7 @@ def _with_block_intervals(cells: dict) -> dict:
     return out
 
 
-def _marks(table: Table) -> dict[Any, tuple[str, frozenset[str]]]:
+def _marks(table: StudyResults) -> dict[Any, tuple[str, frozenset[str]]]:
     marks = {}
     for column in table.columns:
         cells = {e: table.cell(e, column) for e in table.encodings}
@@ -392,7 +468,7 @@ def _marks(table: Table) -> dict[Any, tuple[str, frozenset[str]]]:
 
 def build_tables(
     rows: Sequence[Mapping[str, Any]], blocks: Iterable[Mapping[str, Any]] = ()
-) -> list[Table]:
+) -> list[StudyResults]:
     """Group scalar rows into tables (see the module docstring); ``loss_by_position`` is plotted,
     not tabulated. Tables are ordered by study, then metric (bits/byte, exact match, accuracy,
     buckets, loss, perplexity, others by name), then first appearance.
@@ -419,11 +495,11 @@ def build_tables(
             eval_length = max(r["eval_length"] for r in rs)
             rs = [r for r in rs if r["eval_length"] == eval_length]
             buckets = sorted({r["bucket"] for r in rs}, key=_bucket_lo)
-            columns = tuple(Column(b, eval_length, train_length, bucket=b) for b in buckets)
+            columns = tuple(EvalColumn(b, eval_length, train_length, bucket=b) for b in buckets)
             by_cell = group_by(rs, lambda r: (r["encoding"], r["bucket"]))
         else:
             lengths = sorted({r["eval_length"] for r in rs})
-            columns = tuple(Column(n, n, train_length) for n in lengths)
+            columns = tuple(EvalColumn(n, n, train_length) for n in lengths)
             by_cell = group_by(rs, lambda r: (r["encoding"], r["eval_length"]))
         present = {r["encoding"] for r in rs}
         strides = sorted({r["stride"] for r in rs if isinstance(r.get("stride"), int)})
@@ -434,7 +510,7 @@ def build_tables(
         if bootstrap:
             cells = _with_block_intervals(cells)
         context_blocks = {r.get("context_block") for r in rs} - {None}
-        table = Table(
+        table = StudyResults(
             name=names[(metric, key)],
             metric=metric,
             study=key[0],
@@ -473,7 +549,7 @@ def group_by(rows: Iterable[Mapping[str, Any]], key) -> dict[Any, list[Mapping[s
     return out
 
 
-def _unique_names(tables: list[Table]) -> list[Table]:
+def _unique_names(tables: list[StudyResults]) -> list[StudyResults]:
     """Suffix ``-2``, ``-3`` ... to names that collide after sanitizing."""
     seen: dict[str, int] = {}
     out = []
@@ -482,217 +558,3 @@ def _unique_names(tables: list[Table]) -> list[Table]:
         seen[t.name] = count
         out.append(t if count == 1 else dataclasses.replace(t, name=f"{t.name}-{count}"))
     return out
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def _cell_text(table: Table, cell: Cell | None, *, pm: str, missing: str, n1: str) -> str:
-    if cell is None:
-        return missing
-    if cell.na is not None:
-        return NOT_APPLICABLE
-    digits = table.info.digits
-    text = format_number(cell.mean, digits)
-    if cell.half_width is not None:
-        text += f" {pm} {format_number(cell.half_width, digits)}"
-    elif table.mixed_n():
-        text += f" {n1}"
-    return text
-
-
-def render_markdown(table: Table) -> str:
-    """GitHub-flavoured Markdown: caption paragraph, then the table (a significant best bold,
-    a tie for best italic). Text from the rows (labels, names, reasons) is `md_escape` d."""
-    lines = [f"**{md_text(table.title())}.** {md_text(table.caption())}", ""]
-    lines.append("| encoding | " + " | ".join(md_text(c.label()) for c in table.columns) + " |")
-    lines.append("|:--|" + "--:|" * len(table.columns))
-    for e in table.encodings:
-        cells = []
-        for c in table.columns:
-            text = _cell_text(table, table.cell(e, c), pm="±", missing=MISSING_MD, n1="(n=1)")
-            mark = table.mark(e, c)
-            cells.append(f"**{text}**" if mark == "best" else f"*{text}*" if mark else text)
-        lines.append(f"| {md_escape(e)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-# Characters that are Markdown / GFM / HTML markup inside a line (emphasis, code, links,
-# inline HTML and entities, strikethrough, math, table cells), backslash-escaped or spelled as
-# entities so that text from results rows is shown as written.
-_MD_SPECIAL = {
-    "\\": "\\\\",
-    "`": "\\`",
-    "*": "\\*",
-    "_": "\\_",
-    "[": "\\[",
-    "]": "\\]",
-    "~": "\\~",
-    "$": "\\$",
-    "|": "\\|",
-    "<": "&lt;",
-    ">": "&gt;",
-    "&": "&amp;",
-}
-
-
-def md_escape(text: Any) -> str:
-    """``text`` as literal Markdown inline text (a table cell, a heading): markup characters
-    escaped (``*`` -> ``\\*``, ``<b>`` -> ``&lt;b&gt;``, ``|`` -> ``\\|``) and line breaks
-    (any whitespace run) as one space, as `latex_escape` does for LaTeX."""
-    return "".join(_MD_SPECIAL.get(ch, ch) for ch in " ".join(str(text).split()))
-
-
-def md_text(text: Any) -> str:
-    """Generated prose or a header with names from the rows in it (a caption, a bucket
-    ``[64,128)``): on one line, and nothing in it opens markup -- code, emphasis, math, a table
-    cell, an HTML tag or entity, a link -- while plain brackets and comparisons stay readable
-    (``p < 0.05``, ``[lo, hi)``)."""
-    text = " ".join(str(text).split())
-    for ch in ("\\", "`", "*", "_", "~", "$", "|"):
-        text = text.replace(ch, _MD_SPECIAL[ch])
-    text = re.sub(r"&(?=#|[A-Za-z][A-Za-z0-9]*;)", "&amp;", text)
-    text = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
-    return re.sub(r"\](?=[(\[:])", "\\\\]", text)
-
-
-def md_code(text: Any, *, cell: bool = False) -> str:
-    """``text`` as a Markdown code span on one line, fenced with more backticks than it holds
-    (``cell``: inside a table, where ``|`` must be escaped even in code)."""
-    text = " ".join(str(text).split())
-    if cell:
-        text = text.replace("|", "\\|")
-    longest = max((len(r) for r in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def md_fence(lines: Iterable[Any]) -> list[str]:
-    """A fenced code block of ``lines``: its fence longer than any backtick run in them."""
-    lines = [str(x) for x in lines]
-    longest = max((len(r) for x in lines for r in re.findall(r"`+", x)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence, *lines, fence]
-
-
-_TEX_SPECIAL = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-    "[": "{[}",
-    "]": "{]}",
-    "±": r"$\pm$",
-    "×": r"$\times$",
-    "–": "--",
-    "—": "---",
-    "−": "$-$",
-}
-
-
-def latex_escape(text: str) -> str:
-    """Escape LaTeX special characters (``_`` -> ``\\_``, ``%`` -> ``\\%``, ``±`` -> ``$\\pm$``)."""
-    return "".join(_TEX_SPECIAL.get(ch, ch) for ch in str(text))
-
-
-def render_latex(table: Table) -> str:
-    """A booktabs ``table`` float (``\\toprule``/``\\midrule``/``\\bottomrule``) to ``\\input``.
-
-    Needs ``\\usepackage{booktabs}``; the label is ``tab:<table name>``.
-    """
-    lines = [
-        f"% {table.name}: generated by flaxformer_lite.experiments.report from results rows.",
-        "% Requires \\usepackage{booktabs}.",
-        "\\begin{table}[htbp]",
-        "\\centering",
-        f"\\caption{{{latex_escape(table.caption())}}}",
-        f"\\label{{tab:{table.name}}}",
-        "\\begin{tabular}{l" + "r" * len(table.columns) + "}",
-        "\\toprule",
-        "Encoding & " + " & ".join(c.latex_label() for c in table.columns) + " \\\\",
-        "\\midrule",
-    ]
-    for e in table.encodings:
-        cells = []
-        for c in table.columns:
-            cell = table.cell(e, c)
-            text = _cell_text(table, cell, pm="$\\pm$", missing=MISSING_TEX, n1="($n{=}1$)")
-            mark = table.mark(e, c)
-            if mark:
-                text = f"\\textbf{{{text}}}" if mark == "best" else f"\\textit{{{text}}}"
-            cells.append(text)
-        lines.append(f"{latex_escape(e)} & " + " & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
-    return "\n".join(lines) + "\n"
-
-
-CSV_FIELDS = (
-    "table",
-    "study",
-    "metric",
-    "protocol",
-    "task",
-    "train_length",
-    "encoding",
-    "eval_length",
-    "eval_multiple",
-    "bucket",
-    "mean",
-    "ci_half_width",
-    "ci_low",
-    "ci_high",
-    "interval",
-    "mark",
-    "n",
-    "note",
-)
-
-
-def _csv_number(x: float | None) -> str:
-    return "" if x is None else repr(float(x))
-
-
-def render_csv(table: Table) -> str:
-    """One line per encoding x column: ``mean``, ``ci_half_width`` (empty for n=1), ``n``.
-
-    Full-precision numbers, no ± strings; a cell that was not measured has ``n = 0`` and empty
-    ``mean``/``ci_half_width``; a cell the model cannot be evaluated at has ``n = 0``, empty
-    numbers and ``note`` = ``n/a: <reason>``.
-    """
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_FIELDS)
-    for e in table.encodings:
-        for c in table.columns:
-            cell = table.cell(e, c)
-            multiple = c.multiple
-            writer.writerow(
-                [
-                    table.name,
-                    table.study or "",
-                    table.metric,
-                    table.protocol or "",
-                    table.task or "",
-                    table.train_length or "",
-                    e,
-                    c.eval_length,
-                    "" if multiple is None else f"{multiple:g}",
-                    c.bucket or "",
-                    _csv_number(None if cell is None or cell.na else cell.mean),
-                    _csv_number(None if cell is None else cell.half_width),
-                    _csv_number(None if cell is None else cell.low),
-                    _csv_number(None if cell is None else cell.high),
-                    "" if cell is None or cell.half_width is None else table.method,
-                    table.mark(e, c) or "",
-                    0 if cell is None else cell.n,
-                    "" if cell is None or cell.na is None else f"{NOT_APPLICABLE}: {cell.na}",
-                ]
-            )
-    return buf.getvalue()

@@ -1,0 +1,198 @@
+"""The report's figures, from the study tables and rows: each saved as PNG and PDF under
+``plots/`` (`plots`), with the heading and caption REPORT.md shows (`PlotInfo`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flaxformer_lite.experiments.report import plots, sweep_report
+from flaxformer_lite.experiments.report.study import (
+    CONFIDENCE,
+    StudyResults,
+    encoding_order,
+    group_by,
+    group_key,
+    table_names,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotInfo:
+    """A saved figure: file stem relative to the report dir, heading and caption."""
+
+    stem: str
+    title: str
+    caption: str
+
+
+def _series(table: StudyResults) -> dict[str, list[plots.Point]]:
+    out = {}
+    for e in table.encodings:
+        points = []
+        for c in table.columns:
+            cell = table.cell(e, c)
+            if cell is not None and cell.na is None:
+                points.append((c.eval_length, cell.mean, cell.half_width))
+        out[e] = points
+    return out
+
+
+def _band_note(tables: Sequence[StudyResults]) -> str:
+    if all(t.method == "bootstrap" for t in tables):
+        return (
+            f"Bands: the {CONFIDENCE:.0%} interval from the seeds' spread and a bootstrap of "
+            "the evaluation data's blocks."
+        )
+    if all(c.n == 1 for t in tables for c in t.cells.values()):
+        return "One seed (n=1): no CI bands."
+    return f"Bands: {CONFIDENCE:.0%} CI across seeds (Student t) where n > 1."
+
+
+def make_plots(
+    rows: Sequence[Mapping[str, Any]], tables: Sequence[StudyResults], out_dir: Path
+) -> list[PlotInfo]:
+    """Every figure of the report, saved under ``out_dir/plots``: bits per byte against length
+    per table, loss by position, exact match per task and the gap against parameters."""
+    styles = plots.encoding_styles(encoding_order(rows))
+    figures = _length_plots(rows, tables, out_dir, styles)
+    figures += _position_plots(rows, out_dir, styles, tables)
+    figures += _task_plots(tables, out_dir, styles)
+    return figures + _gap_plots(rows, out_dir)
+
+
+def _length_plots(rows, tables, out_dir: Path, styles) -> list[PlotInfo]:
+    studies = {r.get("study") for r in rows}
+    figures = []
+    for t in tables:
+        if t.metric != "bits_per_byte":
+            continue
+        stem = f"plots/{t.name}_vs_length"
+        where = "".join(f" — {p}" for p in (t.study if len(studies) > 1 else None, t.protocol) if p)
+        where += f", model {t.model_size}" if t.model_size else ""
+        context = t.protocol == "context"
+        axis = "context length" if context else "evaluation length"
+        title = f"{t.info.title} vs {axis}{where}"
+        plots.plot_vs_length(
+            _series(t),
+            out_dir / stem,
+            train_length=t.train_length,
+            ylabel=f"{t.info.title.lower()} ({t.info.unit})",
+            title=title,
+            styles=styles,
+            xlabel="context length c (bytes before each block of scored targets)"
+            if context
+            else "evaluation length (tokens)",
+        )
+        same = " The same target bytes at every context length." if context else ""
+        caption = (
+            f"{t.info.title} vs {axis} (log2 axis) per encoding; dashed line: training length."
+            f"{same} {_band_note([t])}"
+        )
+        figures.append(PlotInfo(stem, title, caption))
+    return figures
+
+
+def _task_plots(tables, out_dir: Path, styles) -> list[PlotInfo]:
+    task_tables = [t for t in tables if t.metric == "exact_match" and t.task]
+    figures = []
+    for study in dict.fromkeys(t.study for t in task_tables):
+        chosen = [t for t in task_tables if t.study == study]
+        prefix = f"{study}_" if len({t.study for t in task_tables}) > 1 and study else ""
+        stem = f"plots/{prefix}exact_match_tasks"
+        panels = {}
+        for t in chosen:
+            label = t.task if t.train_length is None else f"{t.task} (L = {t.train_length})"
+            if label in panels:
+                label = f"{label} [{t.name}]"
+            panels[label] = (_series(t), t.train_length)
+        title = "Exact match vs evaluation length" + (f" — {study}" if prefix else "")
+        plots.plot_task_panels(panels, out_dir / stem, title=title, styles=styles)
+        caption = (
+            "Exact-match accuracy vs evaluation length, one panel per task (log2 axis); dashed "
+            f"line: training length. {_band_note(chosen)}"
+        )
+        figures.append(PlotInfo(stem, title, caption))
+    return figures
+
+
+def _position_plots(
+    rows: Sequence[Mapping[str, Any]],
+    out_dir: Path,
+    styles: Mapping[str, Any],
+    tables: Sequence[StudyResults],
+) -> list[PlotInfo]:
+    # The context protocol's curves are per target of its short scored block (context c + k),
+    # not per window offset: its table and plot against c say what they would.
+    curves_rows = [
+        r for r in rows if r["metric"] == "loss_by_position" and r.get("protocol") != "context"
+    ]
+    groups = group_by(curves_rows, group_key)
+    many_studies = len({r.get("study") for r in rows}) > 1
+    names = table_names(("loss_by_position", key) for key in groups)
+    taken = {t.name for t in tables}
+    figures = []
+    for key, rs in groups.items():
+        study, protocol, _, train_length, size = key
+        longest = max(r["eval_length"] for r in rs)
+        rs = [r for r in rs if r["eval_length"] == longest]
+        by_encoding = group_by(rs, lambda r: r["encoding"])
+        order = [e for e in encoding_order(rows) if e in by_encoding]
+        curves = {e: plots.mean_curve([r["value"] for r in by_encoding[e]]) for e in order}
+        window = max(1, (train_length or longest) // 8)
+        name = names[("loss_by_position", key)]
+        if name in taken:
+            name += "-curve"
+        stem = f"plots/{name}"
+        where = "".join(f" — {p}" for p in (study if many_studies else None, protocol) if p)
+        where += f", model {size}" if size else ""
+        title = f"Loss by position at length {longest}{where}"
+        plots.plot_loss_by_position(
+            curves,
+            out_dir / stem,
+            train_length=train_length,
+            window=window,
+            title=f"{title} (moving average over {window} positions)",
+            styles=styles,
+        )
+        seeds = sorted({len(v) for v in by_encoding.values()})
+        n = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]}"
+        smoothing = f"L/8 = {window}" if train_length else f"{window}"
+        caption = (
+            f"Mean loss at each position of the length-{longest} evaluation windows, averaged "
+            f"over seeds (n={n}) and smoothed with a centred moving average over "
+            f"{smoothing} positions; dashed line: training length L"
+            + (f" = {train_length}" if train_length else "")
+            + ". Positions right of it see more context than any training window."
+        )
+        figures.append(PlotInfo(stem, title, caption))
+    return figures
+
+
+def _gap_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[PlotInfo]:
+    """The extrapolation gap against parameters of each study with several model sizes."""
+    styles = plots.encoding_styles(encoding_order(rows))
+    groups = sweep_report.gap_panels(rows)
+    figures = []
+    for index, (group, panels) in enumerate(groups):
+        stem = "plots/extrapolation_gap_vs_params" + (f"-{index + 1}" if len(groups) > 1 else "")
+        where = " — " + ", ".join(str(x) for x in group if x) if len(groups) > 1 else ""
+        title = f"Extrapolation gap vs parameters{where}"
+        plots.plot_vs_params(
+            panels, out_dir / stem, ylabel="gap (bits/byte)", title=title, styles=styles
+        )
+        seeds = sorted({r.get("seed") for r in rows if r.get("seed") is not None}, key=str)
+        band = (
+            f"bands: {CONFIDENCE:.0%} Student-t CI across seeds (n = {len(seeds)})"
+            if len(seeds) > 1
+            else "one seed: no bands"
+        )
+        caption = (
+            "Bits per byte at m × L minus at 1 × L per encoding against its parameters (log "
+            "axis), one panel per protocol and m; each run's gap is taken within the run, then "
+            f"averaged over seeds; {band}. Dotted line: no gap."
+        )
+        figures.append(PlotInfo(stem, title, caption))
+    return figures
