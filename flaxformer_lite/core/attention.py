@@ -164,20 +164,22 @@ def attention_logits(
     `causal_mask` when a ``window`` is given; None if neither is given).
     """
     _check_qk(q, k)
-    k = repeat_kv(k, q.shape[2])
+    k_BSNH = repeat_kv(k, q.shape[2])
     window = check_window(window, causal)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    logits = logits * jnp.float32(scale)
+    logits_BNTS = jnp.einsum("bqhd,bkhd->bhqk", q, k_BSNH, preferred_element_type=jnp.float32)
+    logits_BNTS = logits_BNTS * jnp.float32(scale)
     if bias is not None:
-        bias = as_rank4(jnp.asarray(bias, dtype=jnp.float32))
-        check_broadcastable("bias", bias.shape, logits.shape)
-        logits = logits + bias
-    combined = _combine_masks(mask, causal, window, q.shape[1], k.shape[1], logits.shape)
-    if combined is not None:
-        logits = jnp.where(combined, logits, jnp.float32(MASKED_LOGIT))
-    return logits, combined
+        bias_BNTS = as_rank4(jnp.asarray(bias, dtype=jnp.float32))
+        check_broadcastable("bias", bias_BNTS.shape, logits_BNTS.shape)
+        logits_BNTS = logits_BNTS + bias_BNTS
+    combined_BNTS = _combine_masks(
+        mask, causal, window, q.shape[1], k_BSNH.shape[1], logits_BNTS.shape
+    )
+    if combined_BNTS is not None:
+        logits_BNTS = jnp.where(combined_BNTS, logits_BNTS, jnp.float32(MASKED_LOGIT))
+    return logits_BNTS, combined_BNTS
 
 
 def attention_weights(
@@ -197,30 +199,33 @@ def attention_weights(
     calls can share an argument list). Fully masked rows are all zeros.
     """
     del v
-    logits, combined = attention_logits(
+    logits_BNTS, combined_BNTS = attention_logits(
         q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
     )
-    return _softmax(logits, combined, zero_masked=mask is not None or window is not None)
+    return _softmax(logits_BNTS, combined_BNTS, zero_masked=mask is not None or window is not None)
 
 
-def _softmax(logits: Array, combined: Array | None, *, zero_masked: bool) -> Array:
-    weights = jax.nn.softmax(logits, axis=-1)
+def _softmax(logits_BNTS: Array, combined_BNTS: Array | None, *, zero_masked: bool) -> Array:
+    weights_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
     if zero_masked:
         # Zero out masked entries; for an all-masked row the softmax was uniform over
         # identical sentinel logits, so this also turns that row into zeros. A causal mask
         # alone needs no pass: it never hides a whole row (every query sees key 0) and its
         # entries are already exactly 0 (exp(-1e30 - max) underflows). A window can hide
         # whole rows (query i >= kv_len + W - 1 sees no key).
-        weights = jnp.where(combined, weights, jnp.float32(0.0))
-    return weights
+        weights_BNTS = jnp.where(combined_BNTS, weights_BNTS, jnp.float32(0.0))
+    return weights_BNTS
 
 
-def _weighted_values(weights: Array, v: Array) -> Array:
+def _weighted_values(weights_BNTS: Array, v_BSNH: Array) -> Array:
     """Weights ``[b, heads, q, k]`` times ``v`` ``[b, k, heads, d]``: ``[b, q, heads, d]``."""
-    out = jnp.einsum(
-        "bhqk,bkhd->bqhd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
+    out_BTNH = jnp.einsum(
+        "bhqk,bkhd->bqhd",
+        weights_BNTS.astype(v_BSNH.dtype),
+        v_BSNH,
+        preferred_element_type=jnp.float32,
     )
-    return out.astype(v.dtype)
+    return out_BTNH.astype(v_BSNH.dtype)
 
 
 def dot_product_attention(
@@ -255,10 +260,10 @@ def dot_product_attention(
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``. Rows with no visible key are zeros.
     """
     _check_v(v, k)
-    weights = attention_weights(
+    weights_BNTS = attention_weights(
         q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
     )
-    return _weighted_values(weights, repeat_kv(v, q.shape[2]))
+    return _weighted_values(weights_BNTS, repeat_kv(v, q.shape[2]))
 
 
 def causal_query_blocks(length: int) -> int:
@@ -292,26 +297,27 @@ def _blocked_causal_attention(
     """Causal self-attention (``q_len == kv_len``) as ``blocks`` query blocks, each against the
     keys up to its last query (`causal_query_blocks`); the rest as `dot_product_attention`."""
     length = q.shape[1]
-    k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
+    k_BSNH, v_BSNH = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
+    mask_BNTS = None
     if mask is not None:
-        mask = _check_mask(mask, (q.shape[0], q.shape[2], length, length))
-    outs = []
+        mask_BNTS = _check_mask(mask, (q.shape[0], q.shape[2], length, length))
+    outs_BtNH = []
     for i in range(blocks):
         lo, hi = i * length // blocks, (i + 1) * length // blocks
-        block_mask = causal_mask(hi, hi)[lo:][None, None]  # rows lo..hi-1 of the triangle
-        if mask is not None:
-            m = mask[:, :, lo:hi] if mask.shape[2] > 1 else mask
-            m = m[..., :hi] if mask.shape[3] > 1 else m
-            block_mask = jnp.logical_and(m, block_mask)
-        bias = None if bias_fn is None else bias_fn(q_positions[:, lo:hi], k_positions[:, :hi])
-        logits, combined = attention_logits(
-            q[:, lo:hi], k[:, :hi], mask=block_mask, bias=bias, scale=scale
+        block_mask_BNtS = causal_mask(hi, hi)[lo:][None, None]  # rows lo..hi-1 of the triangle
+        if mask_BNTS is not None:
+            mask_BNtS = mask_BNTS[:, :, lo:hi] if mask_BNTS.shape[2] > 1 else mask_BNTS
+            mask_BNtS = mask_BNtS[..., :hi] if mask_BNTS.shape[3] > 1 else mask_BNtS
+            block_mask_BNtS = jnp.logical_and(mask_BNtS, block_mask_BNtS)
+        bias_BNtS = None if bias_fn is None else bias_fn(q_positions[:, lo:hi], k_positions[:, :hi])
+        logits_BNtS, combined_BNtS = attention_logits(
+            q[:, lo:hi], k_BSNH[:, :hi], mask=block_mask_BNtS, bias=bias_BNtS, scale=scale
         )
         # as in `attention_weights`: the causal part never hides a whole row (query lo + r
         # sees key 0), so only a caller's mask needs the zeroing pass
-        weights = _softmax(logits, combined, zero_masked=mask is not None)
-        outs.append(_weighted_values(weights, v[:, :hi]))
-    return jnp.concatenate(outs, axis=1)
+        weights_BNtS = _softmax(logits_BNtS, combined_BNtS, zero_masked=mask_BNTS is not None)
+        outs_BtNH.append(_weighted_values(weights_BNtS, v_BSNH[:, :hi]))
+    return jnp.concatenate(outs_BtNH, axis=1)
 
 
 def attend(
@@ -379,9 +385,11 @@ def attend(
     )
     if implementation in ("auto", "cudnn"):
         masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
-        out, reason = _try_fused(implementation, q, k, v, has_bias=bias_fn is not None, **masking)
-        if out is not None:
-            return out
+        out_BTNH, reason = _try_fused(
+            implementation, q, k, v, has_bias=bias_fn is not None, **masking
+        )
+        if out_BTNH is not None:
+            return out_BTNH
         implementation = choose_implementation(
             "xla", q.shape[1], k.shape[1], threshold=chunked_threshold
         )
@@ -423,9 +431,9 @@ def attend(
                     scale=scale,
                     blocks=blocks,
                 )
-        bias = None if bias_fn is None else bias_fn(q_positions, k_positions)
+        bias_BNTS = None if bias_fn is None else bias_fn(q_positions, k_positions)
         return dot_product_attention(
-            q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+            q, k, v, mask=mask, bias=bias_BNTS, causal=causal, window=window, scale=scale
         )
 
     if not any(mixed_precision.is_low_precision(x.dtype) for x in (q, k, v)):
@@ -532,46 +540,49 @@ def _fused_attention(
     window = check_window(window, causal)
     if window is not None and not _FUSED_HAS_WINDOW:
         raise NotImplementedError(_WINDOW_REASON)
-    mask4 = None
+    mask_BNTS = None
     if mask is not None:
-        mask4 = as_rank4(jnp.asarray(mask))
-        if mask4.dtype != jnp.bool_:
-            raise ValueError(f"mask must be boolean (True = attend); got dtype {mask4.dtype}")
+        mask_BNTS = as_rank4(jnp.asarray(mask))
+        if mask_BNTS.dtype != jnp.bool_:
+            raise ValueError(f"mask must be boolean (True = attend); got dtype {mask_BNTS.dtype}")
         q_len, kv_len = q.shape[1], k.shape[1]
-        check_broadcastable("mask", mask4.shape, (q.shape[0], q.shape[2], q_len, kv_len))
+        check_broadcastable("mask", mask_BNTS.shape, (q.shape[0], q.shape[2], q_len, kv_len))
     kwargs = {} if window is None else {"local_window_size": (window - 1, 0)}
-    out = jax.nn.dot_product_attention(
-        q, k, v, mask=mask4, scale=scale, is_causal=causal, implementation=kernel, **kwargs
+    out_BTNH = jax.nn.dot_product_attention(
+        q, k, v, mask=mask_BNTS, scale=scale, is_causal=causal, implementation=kernel, **kwargs
     )
-    if mask4 is not None or window is not None:
-        rows = _visible_rows(mask4, causal, window, q.shape[1], k.shape[1])  # [mb, mh, q|1]
-        out = jnp.where(jnp.swapaxes(rows, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
-    return out
+    if mask_BNTS is not None or window is not None:
+        # [mb, mh, q_len or 1]: the rows that see a key
+        visible_BNT = _visible_rows(mask_BNTS, causal, window, q.shape[1], k.shape[1])
+        out_BTNH = jnp.where(
+            jnp.swapaxes(visible_BNT, 1, 2)[..., None], out_BTNH, jnp.zeros((), out_BTNH.dtype)
+        )
+    return out_BTNH
 
 
 def _visible_rows(
-    mask4: Array | None, causal: bool, window: int | None, q_len: int, kv_len: int
+    mask_BNTS: Array | None, causal: bool, window: int | None, q_len: int, kv_len: int
 ) -> Array:
     """Bool ``[mb, mh, q_len or 1]``: the query row sees at least one key.
 
-    ``mask4`` is None only with a window (which hides rows ``i >= kv_len + W - 1``).
+    ``mask_BNTS`` is None only with a window (which hides rows ``i >= kv_len + W - 1``).
     """
     if not causal:
-        return jnp.any(mask4, axis=-1)
-    if mask4 is None:
-        mask4 = jnp.ones((1, 1, 1, kv_len), bool)
-    if mask4.shape[2] > 1:  # the mask is already [.., q_len, kv_len]-sized
+        return jnp.any(mask_BNTS, axis=-1)
+    if mask_BNTS is None:
+        mask_BNTS = jnp.ones((1, 1, 1, kv_len), bool)
+    if mask_BNTS.shape[2] > 1:  # the mask is already [.., q_len, kv_len]-sized
         index = causal_mask(q_len, kv_len) if window is None else window_mask(q_len, kv_len, window)
-        return jnp.any(mask4 & index[None, None, :, :], axis=-1)
+        return jnp.any(mask_BNTS & index[None, None, :, :], axis=-1)
     # Row i sees keys max(0, i - W + 1)..min(i, kv_len - 1) (no window: from 0): visible iff
     # one of them is unmasked, i.e. the count of unmasked keys up to each end differs.
-    keys = jnp.broadcast_to(mask4[:, :, 0, :], (*mask4.shape[:2], kv_len))
-    counts = jnp.pad(jnp.cumsum(keys.astype(jnp.int32), axis=-1), ((0, 0), (0, 0), (1, 0)))
+    keys_BNS = jnp.broadcast_to(mask_BNTS[:, :, 0, :], (*mask_BNTS.shape[:2], kv_len))
+    counts_BNS = jnp.pad(jnp.cumsum(keys_BNS.astype(jnp.int32), axis=-1), ((0, 0), (0, 0), (1, 0)))
     rows = jnp.arange(q_len)
     hi = jnp.minimum(rows + 1, kv_len)  # counts[..., n] = unmasked keys among 0..n-1
     lo = jnp.zeros_like(rows) if window is None else jnp.clip(rows - window + 1, 0, kv_len)
     lo = jnp.minimum(lo, hi)
-    return jnp.take(counts, hi, axis=-1) > jnp.take(counts, lo, axis=-1)
+    return jnp.take(counts_BNS, hi, axis=-1) > jnp.take(counts_BNS, lo, axis=-1)
 
 
 def _notice_once(reason: str, message: str, *, level: int = logging.INFO) -> None:
