@@ -6,8 +6,10 @@ Every reference here is an independent float64 numpy implementation of
 
 from __future__ import annotations
 
+import functools
 import zlib
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -385,6 +387,61 @@ def test_attend_with_bias_fn_matches_numpy(implementation):
     )
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(out)[0, 2], 0.0)
+
+
+class AttendWithAndWithoutJitTest(chex.TestCase):
+    """Every portable implementation gives the numpy reference's outputs and equal gradients,
+    traced eagerly and under ``jax.jit`` (`chex.variants`)."""
+
+    def _inputs(self):
+        q, k, v = _qkv(21, lq=6, lk=6)
+        qp = np.array([[0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8]], np.int32)
+        mask = np.random.default_rng(22).random((B, 1, 6, 6)) > 0.2
+        return q, k, v, qp, mask
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_outputs_match_numpy(self):
+        q, k, v, qp, mask = self._inputs()
+        bias_fn, ref_bias = _alibi_like(qp)
+        _, _, ref, _ = np_attention(q, k, v, mask=mask, bias=ref_bias, causal=True)
+        for implementation in PORTABLE:
+            fn = self.variant(
+                functools.partial(
+                    attention.attend, bias_fn=bias_fn, causal=True, implementation=implementation
+                )
+            )
+            out = fn(q, k, v, q_positions=qp, k_positions=qp, mask=mask)
+            chex.assert_shape(out, (B, 6, H, D))
+            chex.assert_trees_all_close(out, ref.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_gradients_agree_across_implementations(self):
+        q, k, v, qp, mask = self._inputs()
+        bias_fn, _ = _alibi_like(qp)
+
+        def grads(implementation):
+            def loss(q, k, v):
+                out = attention.attend(
+                    q,
+                    k,
+                    v,
+                    q_positions=qp,
+                    k_positions=qp,
+                    bias_fn=bias_fn,
+                    mask=mask,
+                    causal=True,
+                    implementation=implementation,
+                )
+                return jnp.sum(out * jnp.cos(out))
+
+            return self.variant(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+        reference = grads("xla")
+        chex.assert_tree_all_finite(reference)
+        for implementation in PORTABLE:
+            got = grads(implementation)
+            chex.assert_trees_all_equal_shapes(got, reference)
+            chex.assert_trees_all_close(got, reference, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
