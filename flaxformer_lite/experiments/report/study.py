@@ -477,69 +477,69 @@ def build_tables(
     intervals from the seeds and a bootstrap of the blocks, and each column marks a significant
     best or a tie (`flaxformer_lite.experiments.significance`); without them, Student-t
     intervals over seeds and no marks."""
-    block_index = significance.BlockIndex(blocks)
-    scalar = [r for r in rows if r["metric"] != "loss_by_position"]
+    index = significance.BlockIndex(blocks)
     order = encoding_order(rows)
     studies = list(dict.fromkeys(r.get("study") for r in rows))
-
     grouped: dict[tuple[str, tuple[Any, ...]], list[Mapping[str, Any]]] = {}
-    for r in scalar:
-        grouped.setdefault((r["metric"], group_key(r)), []).append(r)
-
+    for r in rows:
+        if r["metric"] != "loss_by_position":
+            grouped.setdefault((r["metric"], group_key(r)), []).append(r)
     names = table_names(grouped)
-    tables = []
-    for index, ((metric, key), rs) in enumerate(grouped.items()):
-        train_length = key[3]
-        eval_length = None
-        if metric == "bucket_loss":
-            eval_length = max(r["eval_length"] for r in rs)
-            rs = [r for r in rs if r["eval_length"] == eval_length]
-            buckets = sorted({r["bucket"] for r in rs}, key=_bucket_lo)
-            columns = tuple(EvalColumn(b, eval_length, train_length, bucket=b) for b in buckets)
-            by_cell = group_by(rs, lambda r: (r["encoding"], r["bucket"]))
-        else:
-            lengths = sorted({r["eval_length"] for r in rs})
-            columns = tuple(EvalColumn(n, n, train_length) for n in lengths)
-            by_cell = group_by(rs, lambda r: (r["encoding"], r["eval_length"]))
-        present = {r["encoding"] for r in rs}
-        strides = sorted({r["stride"] for r in rs if isinstance(r.get("stride"), int)})
-        cells = _aggregate(by_cell, block_index, metric)
-        grids = [c.grid for c in cells.values() if c.grid is not None]
-        measured = [c for c in cells.values() if c.na is None]
-        bootstrap = bool(measured) and all(c.grid is not None for c in measured)
-        if bootstrap:
-            cells = _with_block_intervals(cells)
-        context_blocks = {r.get("context_block") for r in rs} - {None}
-        table = StudyResults(
-            name=names[(metric, key)],
-            metric=metric,
-            study=key[0],
-            protocol=key[1],
-            task=key[2],
-            train_length=train_length,
-            eval_length=eval_length,
-            encodings=tuple(e for e in order if e in present),
-            columns=columns,
-            cells=cells,
-            strides=tuple(strides),
-            method="bootstrap" if bootstrap else "t",
-            blocks=(grids[0].values.shape[1], grids[0].block_size, grids[0].unit)
-            if bootstrap
-            else None,
-            context_block=next(iter(context_blocks)) if len(context_blocks) == 1 else None,
-            model_size=key[4],
+    tables = [
+        _results(names[(metric, key)], metric, key, rs, index, order)
+        for (metric, key), rs in grouped.items()
+    ]
+    first = list(grouped)
+    tables.sort(
+        key=lambda t: (
+            studies.index(t.study),
+            _METRIC_ORDER.get(t.metric, len(_METRIC_ORDER)),
+            "" if t.metric in _METRIC_ORDER else t.metric,
+            first.index((t.metric, (t.study, t.protocol, t.task, t.train_length, t.model_size))),
         )
-        if bootstrap:
-            table = dataclasses.replace(table, marks=_marks(table))
-        sort_key = (
-            studies.index(key[0]),
-            _METRIC_ORDER.get(metric, len(_METRIC_ORDER)),
-            "" if metric in _METRIC_ORDER else metric,
-            index,
-        )
-        tables.append((sort_key, table))
-    tables.sort(key=lambda t: t[0])
-    return _unique_names([t for _, t in tables])
+    )
+    return _unique_names(tables)
+
+
+def _results(name, metric, key, rs, index, order) -> StudyResults:
+    """The `StudyResults` of one metric and group (``key``, `group_key`) from its rows."""
+    study, protocol, task, train_length, size = key
+    eval_length = None
+    if metric == "bucket_loss":
+        eval_length = max(r["eval_length"] for r in rs)
+        rs = [r for r in rs if r["eval_length"] == eval_length]
+        buckets = sorted({r["bucket"] for r in rs}, key=_bucket_lo)
+        columns = tuple(EvalColumn(b, eval_length, train_length, bucket=b) for b in buckets)
+        cells = _aggregate(group_by(rs, lambda r: (r["encoding"], r["bucket"])), index, metric)
+    else:
+        lengths = sorted({r["eval_length"] for r in rs})
+        columns = tuple(EvalColumn(n, n, train_length) for n in lengths)
+        cells = _aggregate(group_by(rs, lambda r: (r["encoding"], r["eval_length"])), index, metric)
+    grids = [c.grid for c in cells.values() if c.grid is not None]
+    measured = [c for c in cells.values() if c.na is None]
+    bootstrap = bool(measured) and all(c.grid is not None for c in measured)
+    context_blocks = {r.get("context_block") for r in rs} - {None}
+    present = {r["encoding"] for r in rs}
+    table = StudyResults(
+        name=name,
+        metric=metric,
+        study=study,
+        protocol=protocol,
+        task=task,
+        train_length=train_length,
+        eval_length=eval_length,
+        encodings=tuple(e for e in order if e in present),
+        columns=columns,
+        cells=_with_block_intervals(cells) if bootstrap else cells,
+        strides=tuple(sorted({r["stride"] for r in rs if isinstance(r.get("stride"), int)})),
+        method="bootstrap" if bootstrap else "t",
+        blocks=(grids[0].values.shape[1], grids[0].block_size, grids[0].unit)
+        if bootstrap
+        else None,
+        context_block=next(iter(context_blocks)) if len(context_blocks) == 1 else None,
+        model_size=size,
+    )
+    return dataclasses.replace(table, marks=_marks(table)) if bootstrap else table
 
 
 def group_by(rows: Iterable[Mapping[str, Any]], key) -> dict[Any, list[Mapping[str, Any]]]:

@@ -1,6 +1,12 @@
 """Writing a report: ``write_report(rows, out_dir)`` checks that the rows may share tables
 (`comparable`), builds every section's tables, writes them to ``tables/*.{md,tex,csv}``, the
 figures to ``plots/`` and ``REPORT.md``; ``write_study_report`` does it for a study directory.
+
+Rows of several learning rates per encoding (the ``lr`` preset) are tabulated at each
+encoding's best rate, with ``tables/learning_rate.*`` showing every rate; rows of several model
+sizes (``scaling``) get a table per size and ``tables/extrapolation_gap.*`` with its plot;
+every report with run times has the cost per encoding (`cost`; in ``REPORT.md`` only:
+wall-clock times, unlike the files in ``tables/``).
 """
 
 from __future__ import annotations
@@ -35,13 +41,8 @@ def write_report(
     origins: Sequence[str] | None = None,
     failed: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``.
-
-    Rows of several learning rates per encoding (the ``lr`` preset) are tabulated at each
-    encoding's best rate, with ``tables/learning_rate.*`` showing every rate; rows of several
-    model sizes (``scaling``) get a table per size and ``tables/extrapolation_gap.*`` with
-    its plot; every report with run times has the cost per encoding (`sweep_report`; in
-    ``REPORT.md`` only: wall-clock times, unlike the files in ``tables/``).
+    """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``
+    (see the module docstring for the sections) and return the path of ``REPORT.md``.
 
     Args:
       rows: results rows (`results.load_rows`).
@@ -53,15 +54,11 @@ def write_report(
       reference, all_pairs: the paired-differences table's reference encoding, or all pairs.
       missing: lines naming cells without results (``make_report.py``), stated in the report.
       common_rate: the learning rate the ranking at each encoding's best rate is compared
-        with (default: the middle rate of the grid; the runner passes the study's
-        ``optim.learning_rate``).
+        with (default: the grid's middle rate; the runner passes ``optim.learning_rate``).
       allow_mixed: fields (`comparable`) in which rows sharing a table may differ on purpose;
         the captions and REPORT.md say what was mixed.
       origins: each row's file, named when rows are refused (default: ``row N``).
       failed: cell -> its error line (a study's failed cells), stated in the report.
-
-    Returns:
-      The path of ``REPORT.md``. The same rows give byte-identical tables and ``REPORT.md``.
 
     Raises:
       ValueError: no rows, and nothing failed or missing to state (with either, a REPORT.md
@@ -73,17 +70,20 @@ def write_report(
     if not rows and not (failed or missing):
         raise ValueError("write_report needs at least one results row; got none")
     out_dir = Path(out_dir)
-    report = out_dir / "REPORT.md"
+    stated = dict(problems=list(problems), title=title, missing=list(missing), failed=failed)
     if not rows:
         out_dir.mkdir(parents=True, exist_ok=True)
-        text = render_report(
-            [], [], [], problems=list(problems), title=title, missing=list(missing), failed=failed
-        )
-        _write_text(report, text)
-        return report
+        _write_text(out_dir / "REPORT.md", render_report([], [], [], **stated))
+        return out_dir / "REPORT.md"
     verdict = comparable.check(rows, origins, allow_mixed)
     if verdict.refused:
         raise comparable.MixedRowsError(verdict.refused)
+    pairing = dict(reference=reference, all_pairs=all_pairs)
+    return _write_files(rows, out_dir, verdict, blocks, pairing, common_rate, stated)
+
+
+def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, stated) -> Path:
+    """Every section's tables, the figures and REPORT.md of rows that may share tables."""
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
     choices = sweep_report.select_rates(rows)
     main_rows = sweep_report.rows_at_best_rates(rows, choices)  # rows itself without a grid
@@ -92,7 +92,7 @@ def write_report(
     derived += sweep_report.gap_tables(main_rows) + cost.cost_tables(rows)
     for table in [*(d for d in derived if d.files), *tables]:
         _write_table(out_dir, table)
-    pairs = paired.build_paired_tables(tables, reference=reference, all_pairs=all_pairs)
+    pairs = paired.build_paired_tables(tables, **pairing)
     if pairs:
         for suffix, render in (
             (".md", paired.render_markdown),
@@ -100,20 +100,11 @@ def write_report(
             (".csv", paired.render_csv),
         ):
             _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
-    text = render_report(
-        rows,
-        tables,
-        make_plots(main_rows, tables, out_dir),
-        problems=list(problems),
-        title=title,
-        pairs=pairs,
-        missing=list(missing),
-        derived=derived,
-        mixed=verdict.report_lines(),
-        failed=failed,
-    )
-    _write_text(report, text)
-    return report
+    figures = make_plots(main_rows, tables, out_dir)
+    mixed = verdict.report_lines()
+    text = render_report(rows, tables, figures, pairs=pairs, derived=derived, mixed=mixed, **stated)
+    _write_text(out_dir / "REPORT.md", text)
+    return out_dir / "REPORT.md"
 
 
 def _study_tables(rows, blocks, choices) -> list[StudyResults]:
