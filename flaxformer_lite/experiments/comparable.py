@@ -17,8 +17,8 @@ every cell, on:
 * ``versions.python`` and ``versions.<package>`` for the packages a resume refuses
   (`train.identity.VERSION_PACKAGES`: flaxformer-lite, jax, jaxlib, flax, optax, numpy).
 
-A row that does not record a field (rows written before it was recorded, a task's rows
-without a corpus hash) is not compared on it. The backend, device, git commit and command
+A row that does not record a field (a task's rows have no corpus hash) is not compared on
+it. The backend, device, git commit and command
 are not compared: a CPU and a TPU run of one study merge (DESIGN.md §7), and the commit is
 only a warning on resume too (`train.identity`).
 

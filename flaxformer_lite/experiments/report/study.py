@@ -345,12 +345,11 @@ def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """Display labels (``row["encoding"]``) in order of first appearance, each model's
     variants right after it.
 
-    Rows are grouped by the trained encoding (``row["positional"]``): the trained model as it
-    is (``variant`` ``"base"``, not randomized) comes first, then its evaluation-time variants
-    and randomized-position training, in order of first appearance; a group sits where its
-    base first appears (or its first label, when the base is absent). Labels are never
-    parsed; rows without a ``positional`` field (written before it existed) are each their
-    own group, in order of first appearance.
+    Rows are grouped by the trained encoding (``row["positional"]``; a hand-made row without
+    it is its label's model): the trained model as it is (``variant`` ``"base"``, not
+    randomized) comes first, then its evaluation-time variants and randomized-position
+    training, in order of first appearance; a group sits where its base first appears (or its
+    first label, when the base is absent). Labels are never parsed.
     """
     group: dict[str, Any] = {}
     base: dict[Any, str] = {}
@@ -358,10 +357,8 @@ def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
         label = r["encoding"]
         if label in group:
             continue
-        key = r.get("positional") or ("label", label)
-        group[label] = key
-        is_base = r.get("variant", "base") == "base" and not r.get("randomized_positions")
-        if is_base or "positional" not in r:
+        group[label] = key = r.get("positional") or label
+        if r.get("variant", "base") == "base" and not r.get("randomized_positions"):
             base.setdefault(key, label)
     members: dict[Any, list[str]] = {}
     for label, key in group.items():
