@@ -89,13 +89,13 @@ def alibi_bias(
     Returns:
       float32 ``[batch, heads, q_len, kv_len]``.
     """
-    rel = relative_positions(q_positions, k_positions).astype(jnp.float32)
+    rel_BTS = relative_positions(q_positions, k_positions).astype(jnp.float32)
     if not causal:
-        rel = jnp.abs(rel)
-    slopes = jnp.asarray(slopes, dtype=jnp.float32)
-    if slopes.ndim != 1:
-        raise ValueError(f"slopes must be [heads]; got shape {slopes.shape}")
-    return -slopes[None, :, None, None] * rel[:, None, :, :]
+        rel_BTS = jnp.abs(rel_BTS)
+    slopes_N = jnp.asarray(slopes, dtype=jnp.float32)
+    if slopes_N.ndim != 1:
+        raise ValueError(f"slopes must be [heads]; got shape {slopes_N.shape}")
+    return -slopes_N[None, :, None, None] * rel_BTS[:, None, :, :]
 
 
 # --------------------------------------------------------------- T5 relative-position buckets
@@ -198,8 +198,8 @@ def kerple_log_bias(q_positions: Array, k_positions: Array, r1: Array, r2: Array
     chijames/KERPLE ``ParallelKerpleLog``. ``r1, r2``: float ``[heads]``, positive (the
     module clamps them). Returns float32 ``[batch, heads, q_len, kv_len]``.
     """
-    d, r1, r2 = _abs_distance_and_heads(q_positions, k_positions, r1, r2)
-    return -r1 * jnp.log1p(r2 * d)
+    dist_B1TS, r1_1N11, r2_1N11 = _abs_distance_and_heads(q_positions, k_positions, r1, r2)
+    return -r1_1N11 * jnp.log1p(r2_1N11 * dist_B1TS)
 
 
 def kerple_power_bias(q_positions: Array, k_positions: Array, r1: Array, r2: Array) -> Array:
@@ -209,24 +209,25 @@ def kerple_power_bias(q_positions: Array, k_positions: Array, r1: Array, r2: Arr
     gradient with respect to ``r2``) is 0 at distance 0. Returns float32
     ``[batch, heads, q_len, kv_len]``.
     """
-    d, r1, r2 = _abs_distance_and_heads(q_positions, k_positions, r1, r2)
-    positive = d > 0
-    safe = jnp.where(positive, d, jnp.float32(1.0))  # avoids 0^r2's log(0) in the gradient
-    return -r1 * jnp.where(positive, safe**r2, jnp.float32(0.0))
+    dist_B1TS, r1_1N11, r2_1N11 = _abs_distance_and_heads(q_positions, k_positions, r1, r2)
+    positive_B1TS = dist_B1TS > 0
+    # avoids 0^r2's log(0) in the gradient
+    safe_B1TS = jnp.where(positive_B1TS, dist_B1TS, jnp.float32(1.0))
+    return -r1_1N11 * jnp.where(positive_B1TS, safe_B1TS**r2_1N11, jnp.float32(0.0))
 
 
 def _abs_distance_and_heads(
     q_positions: Array, k_positions: Array, r1: Array, r2: Array
 ) -> tuple[Array, Array, Array]:
     """``|i - j|`` as float32 ``[b, 1, q, k]`` and per-head params as ``[1, heads, 1, 1]``."""
-    d = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)[:, None]
+    dist_B1TS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)[:, None]
     out = []
     for name, r in (("r1", r1), ("r2", r2)):
-        r = jnp.asarray(r, jnp.float32)
-        if r.ndim != 1:
-            raise ValueError(f"{name} must be [heads]; got shape {r.shape}")
-        out.append(r[None, :, None, None])
-    return d, out[0], out[1]
+        r_N = jnp.asarray(r, jnp.float32)
+        if r_N.ndim != 1:
+            raise ValueError(f"{name} must be [heads]; got shape {r_N.shape}")
+        out.append(r_N[None, :, None, None])
+    return dist_B1TS, out[0], out[1]
 
 
 # ------------------------------------------------------------------------------------ FIRE
@@ -256,10 +257,10 @@ def fire_normalized_distance(
     Returns:
       float32 ``[batch, q_len, kv_len]``, in ``[0, 1)`` for ``0 <= j <= i``.
     """
-    rel = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)
+    rel_BTS = jnp.abs(relative_positions(q_positions, k_positions)).astype(jnp.float32)
     c = jnp.asarray(c, jnp.float32)
     threshold = jnp.asarray(threshold, jnp.float32)
-    i = as_batched_positions(q_positions).astype(jnp.float32)[:, :, None]  # [b, q, 1]
-    numerator = jnp.log1p(c * rel)
-    denominator = jnp.log1p(c * jnp.maximum(threshold, i)) + jnp.float32(eps)
-    return numerator / denominator
+    i_BT1 = as_batched_positions(q_positions).astype(jnp.float32)[:, :, None]
+    numerator_BTS = jnp.log1p(c * rel_BTS)
+    denominator_BT1 = jnp.log1p(c * jnp.maximum(threshold, i_BT1)) + jnp.float32(eps)
+    return numerator_BTS / denominator_BT1

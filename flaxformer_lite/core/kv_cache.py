@@ -164,9 +164,9 @@ def self_attention_mask(q_positions: Array, cache: KVCache, *, window: int | Non
     """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's (and,
     with a ``window`` W, > the query's position - W: the last W positions, as windowed
     causal attention over ``0..n-1`` sees them)."""
-    causal = attention.mask_from_positions(q_positions, cache.positions)
-    mask = causal & cache.valid[:, None, None, :]
+    causal_B1TS = attention.mask_from_positions(q_positions, cache.positions)
+    mask_B1TS = causal_B1TS & cache.valid[:, None, None, :]
     if window is not None:
-        recent = cache.positions[:, None, None, :] > q_positions[:, None, :, None] - window
-        mask = mask & recent
-    return mask
+        recent_B1TS = cache.positions[:, None, None, :] > q_positions[:, None, :, None] - window
+        mask_B1TS = mask_B1TS & recent_B1TS
+    return mask_B1TS

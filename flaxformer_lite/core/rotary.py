@@ -70,20 +70,20 @@ def apply_rotary(x: Array, angles: Array, *, layout: str = "half") -> Array:
     rotary_dim = 2 * pairs
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"{pairs} rotation pairs do not fit head_dim={x.shape[-1]}")
-    cos = jnp.cos(angles)[:, :, None, :]  # [b, l, 1, pairs]
-    sin = jnp.sin(angles)[:, :, None, :]
-    rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
+    cos_BT1P = jnp.cos(angles)[:, :, None, :]
+    sin_BT1P = jnp.sin(angles)[:, :, None, :]
+    rot_BTNR, rest_BTNU = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
     if layout == "half":
-        x1, x2 = rot[..., :pairs], rot[..., pairs:]
+        x1_BTNP, x2_BTNP = rot_BTNR[..., :pairs], rot_BTNR[..., pairs:]
     else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-    y1 = x1 * cos - x2 * sin
-    y2 = x2 * cos + x1 * sin
+        x1_BTNP, x2_BTNP = rot_BTNR[..., 0::2], rot_BTNR[..., 1::2]
+    y1_BTNP = x1_BTNP * cos_BT1P - x2_BTNP * sin_BT1P
+    y2_BTNP = x2_BTNP * cos_BT1P + x1_BTNP * sin_BT1P
     if layout == "half":
-        rotated = jnp.concatenate([y1, y2], axis=-1)
+        rotated_BTNR = jnp.concatenate([y1_BTNP, y2_BTNP], axis=-1)
     else:
-        rotated = jnp.stack([y1, y2], axis=-1).reshape(rot.shape)
-    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+        rotated_BTNR = jnp.stack([y1_BTNP, y2_BTNP], axis=-1).reshape(rot_BTNR.shape)
+    return jnp.concatenate([rotated_BTNR.astype(x.dtype), rest_BTNU], axis=-1)
 
 
 def apply_rope(
@@ -179,21 +179,21 @@ def apply_xpos(
         raise ValueError(f"scale_base must be > 0 (inf: no decay); got {scale_base!r}")
     rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
     positions = as_batched_positions(positions, length=jnp.shape(x)[1], batch=jnp.shape(x)[0])
-    angles = rope_angles(positions, rope_inv_frequencies(rotary_dim, base=base))
-    rotated = apply_rotary(x.astype(jnp.float32), angles, layout=layout)
+    angles_BTP = rope_angles(positions, rope_inv_frequencies(rotary_dim, base=base))
+    rotated_BTNH = apply_rotary(x.astype(jnp.float32), angles_BTP, layout=layout)
     center = jnp.asarray(center, jnp.int32)
     center = center.reshape((1, 1)) if center.ndim == 0 else center.reshape((-1, 1))
-    exponent = (positions - center).astype(jnp.float32) / jnp.float32(scale_base)  # [b, l]
+    exponent_BT = (positions - center).astype(jnp.float32) / jnp.float32(scale_base)
     if inverse:
-        exponent = -exponent
-    log_zeta = jnp.log(xpos_zeta(rotary_dim))
-    scale = jnp.exp(exponent[:, :, None] * log_zeta[None, None, :])  # [b, l, pairs]
+        exponent_BT = -exponent_BT
+    log_zeta_P = jnp.log(xpos_zeta(rotary_dim))
+    scale_BTP = jnp.exp(exponent_BT[:, :, None] * log_zeta_P[None, None, :])
     if layout == "half":
-        scale = jnp.concatenate([scale, scale], axis=-1)
+        scale_BTR = jnp.concatenate([scale_BTP, scale_BTP], axis=-1)
     else:
-        scale = jnp.repeat(scale, 2, axis=-1)
-    scaled = rotated[..., :rotary_dim] * scale[:, :, None, :]
-    return jnp.concatenate([scaled, rotated[..., rotary_dim:]], axis=-1).astype(x.dtype)
+        scale_BTR = jnp.repeat(scale_BTP, 2, axis=-1)
+    scaled_BTNR = rotated_BTNH[..., :rotary_dim] * scale_BTR[:, :, None, :]
+    return jnp.concatenate([scaled_BTNR, rotated_BTNH[..., rotary_dim:]], axis=-1).astype(x.dtype)
 
 
 # ------------------------------------------------ partial rotary and RoPE context extension
@@ -372,14 +372,14 @@ def dynamic_ntk_inv_frequencies(
     _check_scale(factor)
     if rotary_dim <= 2:
         raise ValueError(f"NTK scaling needs rotary_dim > 2; got {rotary_dim}")
-    theta = rope_inv_frequencies(rotary_dim, base=base)
+    theta_P = rope_inv_frequencies(rotary_dim, base=base)
     positions = as_batched_positions(positions)
-    current = (positions.max(axis=1) + 1).astype(jnp.float32)[:, None]  # [b, 1]
+    current_B1 = (positions.max(axis=1) + 1).astype(jnp.float32)[:, None]
     length = jnp.float32(original_length)
-    s = jnp.float32(factor) * current / length - jnp.float32(factor - 1.0)
-    exponent = jnp.asarray(-2.0 * np.arange(rotary_dim // 2) / (rotary_dim - 2), jnp.float32)
-    scaled = jnp.where(current > length, s, jnp.float32(1.0)) ** exponent[None, :]
-    return theta[None, :] * jnp.where(current > length, scaled, jnp.float32(1.0))
+    s_B1 = jnp.float32(factor) * current_B1 / length - jnp.float32(factor - 1.0)
+    exponent_P = jnp.asarray(-2.0 * np.arange(rotary_dim // 2) / (rotary_dim - 2), jnp.float32)
+    scaled_BP = jnp.where(current_B1 > length, s_B1, jnp.float32(1.0)) ** exponent_P[None, :]
+    return theta_P[None, :] * jnp.where(current_B1 > length, scaled_BP, jnp.float32(1.0))
 
 
 def llama3_inv_frequencies(

@@ -143,18 +143,18 @@ class TokenEmbedding(nnx.Module):
 
     def encode(self, tokens: Array) -> Array:
         """``[batch, length]`` int -> ``[batch, length, d_model]`` in the compute dtype."""
-        x = self.embed(tokens)
-        return x * jnp.asarray(self.scale, x.dtype)
+        x_BTD = self.embed(tokens)
+        return x_BTD * jnp.asarray(self.scale, x_BTD.dtype)
 
     def decode(self, x: Array) -> Array:
         """``[batch, length, d_model]`` -> float32 logits ``[batch, length, vocab]``."""
         if self.head is None and x.dtype != jnp.float32:
             # Tied logits of a low-precision model: one float32 product, which is what the
             # loss wants and faster on CPU than the bf16 x bf16 -> bf16 one.
-            table = self.embed.embedding[...].astype(jnp.float32)
-            return jnp.dot(x.astype(jnp.float32), table.T)
-        logits = self.embed.attend(x) if self.head is None else self.head(x)
-        return logits.astype(jnp.float32)
+            table_VD = self.embed.embedding[...].astype(jnp.float32)
+            return jnp.dot(x.astype(jnp.float32), table_VD.T)
+        logits_BTV = self.embed.attend(x) if self.head is None else self.head(x)
+        return logits_BTV.astype(jnp.float32)
 
 
 class _Prepared(NamedTuple):
@@ -440,10 +440,10 @@ class FeedForward(nnx.Module):
     def __call__(self, x: Array) -> Array:
         act = ACTIVATION_FNS[self.activation]
         # low-precision compute: the activation in float32, rounded once
-        h = mixed_precision.elementwise_in_float32(act, self.wi(x))
+        h_BTF = mixed_precision.elementwise_in_float32(act, self.wi(x))
         if self.wu is not None:
-            h = h * self.wu(x)
-        return self.wo(h)
+            h_BTF = h_BTF * self.wu(x)
+        return self.wo(h_BTF)
 
 
 class AddNorm(nnx.Module):

@@ -67,10 +67,10 @@ class _Stack(nnx.Module):
 
     def _embed(self, tokens: Array, positions: Array, deterministic: bool) -> Array:
         """Embed (scaled), add the add-hook encoding, embedding norm, dropout."""
-        x = self.pe.add(self.embed.encode(tokens), positions)
+        x_BTD = self.pe.add(self.embed.encode(tokens), positions)
         if self.embed_norm is not None:
-            x = self.embed_norm(x)
-        return self.dropout(x, deterministic=deterministic)
+            x_BTD = self.embed_norm(x_BTD)
+        return self.dropout(x_BTD, deterministic=deterministic)
 
     def _finish(self, x: Array) -> Array:
         return x if self.final_norm is None else self.final_norm(x)
@@ -107,11 +107,11 @@ class Encoder(_Stack):
         ``[b, l]`` bool -> ``[b, l, d]``."""
         _check_tokens(tokens)
         positions = _positions(tokens, positions)
-        mask = None if valid is None else attention.padding_mask(valid)
-        x = self._embed(tokens, positions, deterministic)
+        mask_B1TS = None if valid is None else attention.padding_mask(valid)
+        x_BTD = self._embed(tokens, positions, deterministic)
         for block in self.blocks:
-            x = block(x, positions, pe=self.pe, mask=mask, deterministic=deterministic)
-        return self._finish(x)
+            x_BTD = block(x_BTD, positions, pe=self.pe, mask=mask_B1TS, deterministic=deterministic)
+        return self._finish(x_BTD)
 
 
 class Decoder(_Stack):
@@ -152,8 +152,8 @@ class Decoder(_Stack):
         """
         _check_tokens(tokens)
         positions = _positions(tokens, positions)
-        mask = None if valid is None else attention.padding_mask(valid)
-        cross_mask = None
+        mask_B1TS = None if valid is None else attention.padding_mask(valid)
+        cross_mask_B1TS = None
         if self.has_cross_attention:
             if encoded is None:
                 raise ValueError("Decoder(cross_attention=True) needs `encoded` [b, s, d]")
@@ -162,20 +162,20 @@ class Decoder(_Stack):
             )
             if encoded_valid is not None:
                 q_valid = jnp.ones(tokens.shape, bool) if valid is None else valid
-                cross_mask = attention.padding_mask(q_valid, encoded_valid)
-        x = self._embed(tokens, positions, deterministic)
+                cross_mask_B1TS = attention.padding_mask(q_valid, encoded_valid)
+        x_BTD = self._embed(tokens, positions, deterministic)
         for block in self.blocks:
-            x = block(
-                x,
+            x_BTD = block(
+                x_BTD,
                 positions,
                 pe=self.pe,
-                mask=mask,
+                mask=mask_B1TS,
                 encoded=encoded,
                 encoded_positions=encoded_positions,
-                cross_mask=cross_mask,
+                cross_mask=cross_mask_B1TS,
                 deterministic=deterministic,
             )
-        return self._finish(x)
+        return self._finish(x_BTD)
 
     # ------------------------------------------------------------------ cached decoding
 
@@ -233,16 +233,16 @@ class Decoder(_Stack):
         if self.has_cross_attention and cache.cross_attention is None:
             raise ValueError("Decoder(cross_attention=True) needs cache.cross_attention")
         cross = cache.cross_attention or (None,) * len(self.blocks)
-        x = self._embed(tokens, positions, True)
+        x_BTD = self._embed(tokens, positions, True)
         layers = []
         for block, layer_cache, layer_cross in zip(
             self.blocks, cache.self_attention, cross, strict=True
         ):
-            x, layer_cache = block.decode_step(
-                x, positions, layer_cache, pe=self.pe, cross=layer_cross
+            x_BTD, layer_cache = block.decode_step(
+                x_BTD, positions, layer_cache, pe=self.pe, cross=layer_cross
             )
             layers.append(layer_cache)
-        return self._finish(x), cache._replace(self_attention=tuple(layers))
+        return self._finish(x_BTD), cache._replace(self_attention=tuple(layers))
 
 
 class DecoderOnlyLM(nnx.Module):
@@ -268,8 +268,8 @@ class DecoderOnlyLM(nnx.Module):
     ) -> Array:
         """tokens int ``[b, l]``, positions int ``[b, l]`` or ``[l]`` (default ``0..l-1``),
         valid bool ``[b, l]`` (True = real token) -> float32 logits ``[b, l, vocab]``."""
-        h = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
-        return self.decoder.embed.decode(h)
+        h_BTD = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
+        return self.decoder.embed.decode(h_BTD)
 
     def init_cache(
         self, batch: int, capacity: int, *, positions: Array | None = None
@@ -329,17 +329,19 @@ class EncoderDecoder(nnx.Module):
         _check_tokens(tgt)
         src_positions = _positions(src, src_positions, name="src_positions")
         tgt_positions = _positions(tgt, tgt_positions, name="tgt_positions")
-        encoded = self.encode(src, src_positions, src_valid=src_valid, deterministic=deterministic)
-        h = self.decoder(
+        encoded_BSD = self.encode(
+            src, src_positions, src_valid=src_valid, deterministic=deterministic
+        )
+        h_BTD = self.decoder(
             tgt,
             tgt_positions,
             valid=tgt_valid,
-            encoded=encoded,
+            encoded=encoded_BSD,
             encoded_positions=src_positions,
             encoded_valid=src_valid,
             deterministic=deterministic,
         )
-        return self.decoder.embed.decode(h)
+        return self.decoder.embed.decode(h_BTD)
 
     def init_cache(
         self,

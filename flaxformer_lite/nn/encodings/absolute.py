@@ -63,8 +63,8 @@ class SinusoidalEncoding(PositionalEncoding):
         fn = absolute.sinusoidal_fairseq if self.variant == "fairseq" else absolute.sinusoidal
         if self.offset:
             positions = positions + self.offset
-        pe = fn(positions, self.d_model, base=self.base)
-        return (x.astype(jnp.float32) + pe).astype(x.dtype)
+        pe_BTD = fn(positions, self.d_model, base=self.base)
+        return (x.astype(jnp.float32) + pe_BTD).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +124,11 @@ class LearnedEncoding(PositionalEncoding):
                 f"{length + self.offset} (ModelConfig.positional_options; rows beyond the "
                 "training length stay untrained)"
             )
-        table = self.table[...].astype(jnp.float32)
+        table_LD = self.table[...].astype(jnp.float32)  # L: the table's max_length rows
         if self.offset:
             positions = positions + self.offset
-        pe = jnp.take(table, positions, axis=0, mode="fill", fill_value=jnp.nan)
-        return (x.astype(jnp.float32) + pe).astype(x.dtype)
+        pe_BTD = jnp.take(table_LD, positions, axis=0, mode="fill", fill_value=jnp.nan)
+        return (x.astype(jnp.float32) + pe_BTD).astype(x.dtype)
 
 
 register(

@@ -129,15 +129,15 @@ class T5RelativeBias(PositionalEncoding):
         )
 
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
-        rel = relative_positions(q_positions, k_positions)
-        buckets = attention_bias.t5_relative_position_bucket(
-            rel,
+        rel_BTS = relative_positions(q_positions, k_positions)
+        buckets_BTS = attention_bias.t5_relative_position_bucket(
+            rel_BTS,
             bidirectional=not causal,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        values = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # [b,q,k,h]
-        return jnp.transpose(values, (0, 3, 1, 2))
+        values_BTSN = jnp.take(self.table[...].astype(jnp.float32), buckets_BTS, axis=0)
+        return jnp.transpose(values_BTSN, (0, 3, 1, 2))
 
 
 class KerpleBias(PositionalEncoding):
@@ -258,19 +258,21 @@ class FireBias(PositionalEncoding):
 
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
         del causal
-        u = self.normalized_distance(q_positions, k_positions)[:, None]  # [b, 1, q, k]
-        w1 = self.w1[...].astype(jnp.float32)[0]  # [width]
-        b1 = self.b1[...].astype(jnp.float32)  # [width]
-        w2 = self.w2[...].astype(jnp.float32)  # [width, heads]
-        b2 = self.b2[...].astype(jnp.float32)
-        out = jnp.broadcast_to(b2[None, :, None, None], (u.shape[0], b2.shape[0], *u.shape[2:]))
+        u_B1TS = self.normalized_distance(q_positions, k_positions)[:, None]
+        w1_W = self.w1[...].astype(jnp.float32)[0]  # W: the MLP's width
+        b1_W = self.b1[...].astype(jnp.float32)
+        w2_WN = self.w2[...].astype(jnp.float32)
+        b2_N = self.b2[...].astype(jnp.float32)
+        out_BNTS = jnp.broadcast_to(
+            b2_N[None, :, None, None], (u_B1TS.shape[0], b2_N.shape[0], *u_B1TS.shape[2:])
+        )
 
-        def add_unit(acc: Array, unit: tuple[Array, Array, Array]) -> tuple[Array, None]:
-            a, b, w = unit  # one hidden unit: relu(u a + b) w_h
-            return acc + jax.nn.relu(u * a + b) * w[None, :, None, None], None
+        def add_unit(acc_BNTS: Array, unit: tuple[Array, Array, Array]) -> tuple[Array, None]:
+            a, b, w_N = unit  # one hidden unit: relu(u a + b) w_h
+            return acc_BNTS + jax.nn.relu(u_B1TS * a + b) * w_N[None, :, None, None], None
 
-        out, _ = jax.lax.scan(add_unit, out, (w1, b1, w2))
-        return out
+        out_BNTS, _ = jax.lax.scan(add_unit, out_BNTS, (w1_W, b1_W, w2_WN))
+        return out_BNTS
 
 
 register(

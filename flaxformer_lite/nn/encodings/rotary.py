@@ -234,20 +234,23 @@ class RotaryEncoding(PositionalEncoding):
     def rotate(
         self, q: Array, k: Array, q_positions: Array, k_positions: Array
     ) -> tuple[Array, Array]:
-        inv_freq = self.inv_frequencies(q_positions)
+        inv_freq_P = self.inv_frequencies(q_positions)  # [pairs] or [batch or 1, pairs]
         for name, x, pos in (("q_positions", q, q_positions), ("k_positions", k, k_positions)):
             as_batched_positions(pos, name=name, length=x.shape[1], batch=x.shape[0])
-        q = rotary.apply_rotary(q, rotary.rope_angles(q_positions, inv_freq), layout=self.layout)
-        k = rotary.apply_rotary(k, rotary.rope_angles(k_positions, inv_freq), layout=self.layout)
+        angles_BTP = rotary.rope_angles(q_positions, inv_freq_P)
+        angles_BSP = rotary.rope_angles(k_positions, inv_freq_P)
+        q_BTNH = rotary.apply_rotary(q, angles_BTP, layout=self.layout)
+        k_BSKH = rotary.apply_rotary(k, angles_BSP, layout=self.layout)
         if self.attention_factor != 1.0:
-            q, k = (self._scale(x) for x in (q, k))
-        return q, k
+            q_BTNH, k_BSKH = self._scale(q_BTNH), self._scale(k_BSKH)
+        return q_BTNH, k_BSKH
 
     def _scale(self, x: Array) -> Array:
-        """``x`` with its first ``factor_dims`` dimensions times the attention factor."""
+        """``x`` with its first ``factor_dims`` dimensions (R: the rotated ones, or all of
+        them for the paper variant) times the attention factor."""
         n = self.factor_dims
-        scaled = x[..., :n].astype(jnp.float32) * jnp.float32(self.attention_factor)
-        return jnp.concatenate([scaled.astype(x.dtype), x[..., n:]], axis=-1)
+        scaled_BTNR = x[..., :n].astype(jnp.float32) * jnp.float32(self.attention_factor)
+        return jnp.concatenate([scaled_BTNR.astype(x.dtype), x[..., n:]], axis=-1)
 
 
 def _attention_factor(options: RopeOptions) -> float:
@@ -342,9 +345,9 @@ class XPosEncoding(PositionalEncoding):
             layout=self.layout,
             rotary_dim=self.rotary_dim,
         )
-        q = rotary.apply_xpos(q, q_positions, inverse=False, **kw)
-        k = rotary.apply_xpos(k, k_positions, inverse=True, **kw)
-        return q, k
+        q_BTNH = rotary.apply_xpos(q, q_positions, inverse=False, **kw)
+        k_BSKH = rotary.apply_xpos(k, k_positions, inverse=True, **kw)
+        return q_BTNH, k_BSKH
 
 
 def _rope_label(options: RopeOptions) -> str:
