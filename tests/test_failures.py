@@ -266,7 +266,7 @@ def fake_cells(monkeypatch):
     raises: list[BaseException] = []
 
     def run_cell(self, cell):
-        calls.append(cell["name"])
+        calls.append(cell.name)
         raise raises[0]
 
     monkeypatch.setattr(runner.Study, "run_cell", run_cell)

@@ -40,7 +40,7 @@ from flaxformer_lite.experiments.report import error_line, one_line, write_study
 from flaxformer_lite.experiments.results import BLOCKS_FILE, RESULTS_FILE, DuplicateRowsError
 from flaxformer_lite.experiments.rows import blocks_for_cell, cell_rows_problem, rows_for_cell
 from flaxformer_lite.experiments.sweeps import (
-    apply_overrides,
+    StudyCell,
     check_cell_names,
     check_overrides,
     expand_sweep,
@@ -48,14 +48,13 @@ from flaxformer_lite.experiments.sweeps import (
     select_cells,
     shard_cells,
 )
-from flaxformer_lite.train import batches, identity, memory, sharding
+from flaxformer_lite.train import identity
 from flaxformer_lite.train.loop import (
     check_writable_dir,
-    prepare_process,
+    preflight,
     train_and_evaluate,
     workdir_lock,
 )
-from flaxformer_lite.train.run_config import RunConfig
 
 
 class Study:
@@ -66,8 +65,9 @@ class Study:
         self.sweep = sweep
         self.workdir = Path(workdir)
         self.command = command
-        self._runs: dict[str, RunConfig | None] = {}  # each cell's run config, for is_done
-        self._restarts: dict[str, tuple] = {}  # cell -> (run, identity, differences)
+        # each cell resolved once (`cell`), or the ConfigError its config gives under this call
+        self._cells: dict[str, StudyCell | ConfigError] = {}
+        self._restarts: dict[str, tuple] = {}  # name -> (cell or None, differences)
         # this call's selection: the cells --only kept (all of a shard's N shards together)
         # and the shard (I, N); recorded in study.json for make_report's missing cells
         self.selected: list[str] = [c["name"] for c in sweep]
@@ -75,6 +75,27 @@ class Study:
 
     def cell_dir(self, name: str) -> Path:
         return self.workdir / "runs" / name
+
+    def cell(self, name: str) -> StudyCell:
+        """The sweep's cell ``name``, resolved once (`sweeps.StudyCell.resolve`: the only place
+        a cell's run config is built) and kept with what the pre-flight adds (`add`). Raises
+        the `ConfigError` of a cell whose config is not valid under this call's overrides
+        (again at every call: resolved once, refused each time)."""
+        if name not in self._cells:
+            (spec,) = [c for c in self.sweep if c["name"] == name]
+            try:
+                self._cells[name] = StudyCell.resolve(self.config, spec)
+            except ConfigError as e:
+                self._cells[name] = e
+        cell = self._cells[name]
+        if isinstance(cell, ConfigError):
+            raise cell
+        return cell
+
+    def add(self, cell: StudyCell) -> StudyCell:
+        """Keep ``cell`` (e.g. with its identity) as the study's cell of its name."""
+        self._cells[cell.name] = cell
+        return cell
 
     def is_done(self, name: str, *, warn: bool = False) -> bool:
         """Whether the cell ``name`` has finished: its ``rows.jsonl`` holds every row it
@@ -85,14 +106,11 @@ class Study:
         path = self.cell_dir(name) / "rows.jsonl"
         if not path.exists():
             return False
-        if name not in self._runs:
-            (cell,) = [c for c in self.sweep if c["name"] == name]
-            try:
-                config = apply_overrides(self.config, cell["overrides"])
-                self._runs[name] = RunConfig.from_config(config)
-            except ConfigError:  # a cell not selected, invalid under this call's overrides:
-                self._runs[name] = None  # its file is checked, its expected rows are not
-        problem = cell_rows_problem(path, self._runs[name], name)
+        try:
+            run = self.cell(name).run
+        except ConfigError:  # a cell not selected, invalid under this call's overrides:
+            run = None  # its file is checked, its expected rows are not
+        problem = cell_rows_problem(path, run, name)
         if problem is not None and warn:
             # one place and text: shown once however often the state is checked
             warnings.warn(
@@ -165,56 +183,57 @@ class Study:
                     "use another --workdir, or the sweep that made them"
                 )
 
-    def check_identities(
-        self, current: dict[str, tuple[RunConfig, dict]], restart_changed: bool
-    ) -> None:
+    def check_identities(self, restart_changed: bool) -> None:
         """Compare every cell's recorded identity (`train.identity`) with the current one:
-        the selected cells' (``current``: name -> (run, identity)) and those ``--only`` leaves
-        out that hold a run, so that the workdir never holds two configs. Any difference
-        raises one `ConfigError` listing the fields and cells, unless ``restart_changed``:
-        then `restart_changed_cells` will start them afresh. Writes nothing."""
+        the selected cells' (their `StudyCell.identity`, from the pre-flight) and those
+        ``--only`` leaves out that hold a run, so that the workdir never holds two configs.
+        Any difference raises one `ConfigError` listing the fields and cells, unless
+        ``restart_changed``: then `restart_changed_cells` will start them afresh. Writes
+        nothing."""
         changed: dict[str, list[str]] = {}
+        current: dict[str, StudyCell] = {}
         opened: dict[Any, Any] = {}
-        for cell in self.sweep:
-            name = cell["name"]
+        for spec in self.sweep:
+            name = spec["name"]
             old = identity.recorded(self.cell_dir(name))
             if old is None:
                 continue
-            if name not in current:
-                try:
-                    run = RunConfig.from_config(apply_overrides(self.config, cell["overrides"]))
-                    if run.data not in opened:
-                        opened[run.data] = open_dataset(run.data)
-                    current[name] = (run, identity.current(run, opened[run.data]))
-                except ConfigError as e:
-                    changed[name] = [f"its config is not valid now ({e})"]
-                    continue
-            diffs, _ = identity.compare(old, current[name][1])
+            try:
+                cell = self.cell(name)
+                if cell.identity is None:  # not selected: its data is opened here
+                    if cell.run.data not in opened:
+                        opened[cell.run.data] = open_dataset(cell.run.data)
+                    record = identity.current(cell.run, opened[cell.run.data])
+                    cell = self.add(cell.with_identity(record))
+            except ConfigError as e:
+                changed[name] = [f"its config is not valid now ({e})"]
+                continue
+            current[name] = cell
+            diffs, _ = identity.compare(old, cell.identity)
             if diffs:
                 changed[name] = diffs
         if changed and not restart_changed:
             names = list(changed)
             diffs = list(dict.fromkeys(d for n in names for d in changed[n]))
             raise ConfigError(identity.refusal(self.cell_dir(names[0]), diffs, names[1:]))
-        self._restarts = {
-            name: (*current.get(name, (None, None)), diffs) for name, diffs in changed.items()
-        }
+        self._restarts = {name: (current.get(name), diffs) for name, diffs in changed.items()}
 
     def restart_changed_cells(self) -> None:
         """Start every cell `check_identities` found changed afresh in place (only ``eval.*``
         changed: keep its training, evaluate again); one line on stderr says which."""
         fresh, again = [], []
-        for name, (run, record, diffs) in self._restarts.items():
+        for name, (cell, diffs) in self._restarts.items():
+            record = None if cell is None else cell.identity
             keep = record is not None and identity.evaluation_only(diffs)
             (again if keep else fresh).append(name)
-            config = run.to_dict() if run is not None else None
+            config = None if cell is None else cell.run.to_dict()
             identity.reset(self.cell_dir(name), record, config, keep_training=keep)
         for names, what in (
             (fresh, "start afresh"),
             (again, "keep their training, evaluated again"),
         ):
             if names:
-                diffs = dict.fromkeys(d for n in names for d in self._restarts[n][2])
+                diffs = dict.fromkeys(d for n in names for d in self._restarts[n][1])
                 print(
                     f"--restart_changed: {len(names)} cell(s) {what} ({', '.join(names)}): "
                     f"differ in {', '.join(diffs)}",
@@ -265,19 +284,19 @@ class Study:
             )
         return errors, [line]
 
-    def run_cell(self, cell: dict) -> None:
-        config = apply_overrides(self.config, cell["overrides"])
-        run = RunConfig.from_config(config)
-        summary = train_and_evaluate(run, self.cell_dir(cell["name"]))
+    def run_cell(self, cell: StudyCell) -> None:
+        """Train and evaluate ``cell`` (`train_and_evaluate` of its run config) and write its
+        blocks and rows (``rows.jsonl`` last: it marks the cell finished)."""
+        summary = train_and_evaluate(cell.run, self.cell_dir(cell.name))
         interrupt.where(phase="writing the rows of")
-        blocks = blocks_for_cell(run, cell["name"], summary)
+        blocks = blocks_for_cell(cell.run, cell.name, summary)
         text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
-        atomic_write_text(self.cell_dir(cell["name"]) / BLOCKS_FILE, text)
+        atomic_write_text(self.cell_dir(cell.name) / BLOCKS_FILE, text)
         rows = rows_for_cell(
-            run, cell["name"], summary, self.command, cell.get("labels"), cell["overrides"]
+            cell.run, cell.name, summary, self.command, cell.labels, cell.overrides
         )
         text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
-        atomic_write_text(self.cell_dir(cell["name"]) / "rows.jsonl", text)  # last: done
+        atomic_write_text(self.cell_dir(cell.name) / "rows.jsonl", text)  # last: done
 
 
 def run_study(
@@ -339,35 +358,29 @@ def run_study(
     sweep = expand_sweep(config) if sweep is None else sweep
     check_cell_names(sweep)  # every cell's directory inside STUDY/runs/
     check_overrides(sweep, overrides)
-    cells = select_cells(sweep, only)
+    specs = select_cells(sweep, only)
     study = Study(config, sweep, workdir, command)
-    study.selected = [c["name"] for c in cells]
+    study.selected = [c["name"] for c in specs]
     if shard is not None:
         study.shard = parse_shard(shard)
-        cells = shard_cells(cells, study.shard, config)
+        specs = shard_cells(specs, study.shard, config)
     check_writable_dir(study.workdir, "workdir")
     study.check_same_study()
-    runs = [RunConfig.from_config(apply_overrides(config, c["overrides"])) for c in cells]
-    current: dict[str, tuple[RunConfig, dict]] = {}
-    for i, (cell, run) in enumerate(zip(cells, runs, strict=True)):
-        if i == 0:
-            prepare_process(run)  # before JAX touches a device
-        dataset = batches.open_run_data(run)  # corpus / task / length errors
-        sharding.make_mesh(run.mesh, batch_size=run.data.batch_size)  # batch vs devices
-        memory.check_memory(run)  # the estimate of training and evaluation vs what is free
-        check_writable_dir(study.cell_dir(cell["name"]), "workdir")
-        current[cell["name"]] = (run, identity.current(run, dataset))
-    study.check_identities(current, restart_changed)  # every cell, --only or not
+    cells = [study.cell(c["name"]) for c in specs]  # every config error before any data's
+    for i, cell in enumerate(cells):
+        ready = preflight(cell.run, study.cell_dir(cell.name))  # data, devices, memory, dir
+        cells[i] = study.add(cell.with_identity(identity.current(cell.run, ready.dataset)))
+    study.check_identities(restart_changed)  # every cell, --only or not
     with workdir_lock(study.workdir):
         return _run_locked(study, cells, config, report, progress)
 
 
-def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: bool) -> dict:
+def _run_locked(study: Study, cells: list[StudyCell], config: Any, report, progress: bool) -> dict:
     """`run_study` once its checks passed, holding the study's lock."""
     study.write_manifest()
     study.restart_changed_cells()
     failed: dict[str, str] = {}
-    todo = [c for c in cells if not study.is_done(c["name"], warn=True)]
+    todo = [c for c in cells if not study.is_done(c.name, warn=True)]
     bar = tqdm(
         total=len(cells),
         initial=len(cells) - len(todo),
@@ -379,8 +392,8 @@ def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: 
     )
     t0, finished = time.perf_counter(), 0
     for cell in todo:
-        bar.set_postfix_str(cell["name"])
-        interrupt.where(run=f"cell {cell['name']}", phase="starting")
+        bar.set_postfix_str(cell.name)
+        interrupt.where(run=f"cell {cell.name}", phase="starting")
         try:
             study.run_cell(cell)
         except KeyboardInterrupt:
@@ -391,9 +404,9 @@ def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: 
                 raise
             if stop is not None:
                 raise stop from e
-            failed[cell["name"]] = f"{type(e).__name__}: {e}"
-            tqdm.write(f"cell {cell['name']} failed: {failed[cell['name']]}")
-            error_file = study.cell_dir(cell["name"]) / "error.txt"
+            failed[cell.name] = f"{type(e).__name__}: {e}"
+            tqdm.write(f"cell {cell.name} failed: {failed[cell.name]}")
+            error_file = study.cell_dir(cell.name) / "error.txt"
             try:
                 error_file.parent.mkdir(parents=True, exist_ok=True)
             except OSError as mkdir_error:
@@ -428,7 +441,7 @@ def _run_locked(study: Study, cells: list[dict], config: Any, report, progress: 
     elif report:
         report(study.workdir)
     return {
-        "done": [c["name"] for c in cells if study.is_done(c["name"])],
+        "done": [c.name for c in cells if study.is_done(c.name)],
         "failed": failed,
         "results": results,
         "report": report_path,

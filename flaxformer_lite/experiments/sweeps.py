@@ -10,18 +10,23 @@ tasks; one cell per task), ``learning_rates`` (peak rates; one cell per rate, na
 sizes are swept: the results rows record it); its run config is the study config with those
 dotted-path overrides. Without rates and sizes the cells are exactly those of encoding x seed
 (x task), so the workdirs of studies made before these fields existed stay valid.
+
+A cell the study runs is resolved once (`StudyCell.resolve`): a frozen `StudyCell` holding
+its name, labels, overrides, its validated `RunConfig` and, once its data is opened, its
+identity; everything downstream takes the `StudyCell`, never the overrides again.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from flaxformer_lite.base.checks import ConfigError, fail, is_int, is_number
-from flaxformer_lite.train.run_config import MAX_SEED
+from flaxformer_lite.train.run_config import MAX_SEED, RunConfig
 
 SWEEP_FIELDS = (
     "encodings",
@@ -181,6 +186,36 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
             raise ConfigError(f"sweep override {path!r}: config has no field {leaf!r}")
         node[leaf] = value
     return config
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyCell:
+    """One cell of a study, resolved: what `expand_sweep` said of it (``name``, ``overrides``,
+    ``labels``) and the validated run config those overrides make of the study config
+    (``run``, built once, by `resolve`). ``identity``: the run's identity on its opened data
+    (`train.identity.current`), None until the runner's pre-flight has opened it."""
+
+    name: str
+    overrides: dict[str, Any]
+    labels: dict[str, Any]
+    run: RunConfig
+    identity: dict[str, Any] | None = None
+
+    @classmethod
+    def resolve(cls, config: Any, cell: Mapping[str, Any]) -> StudyCell:
+        """The cell ``cell`` (an entry of `expand_sweep`) of the study ``config``: the one
+        place a cell's `RunConfig` is built; raises `ConfigError` naming the bad field."""
+        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
+        return cls(
+            name=cell["name"],
+            overrides=dict(cell["overrides"]),
+            labels=dict(cell.get("labels") or {}),
+            run=run,
+        )
+
+    def with_identity(self, record: dict[str, Any]) -> StudyCell:
+        """This cell with its identity record (`train.identity.current`)."""
+        return dataclasses.replace(self, identity=record)
 
 
 def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:

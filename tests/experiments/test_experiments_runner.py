@@ -18,8 +18,6 @@ import pytest
 from experiments import extrapolation_lm
 from flaxformer_lite.experiments import runner
 from flaxformer_lite.experiments.rows import expected_keys
-from flaxformer_lite.experiments.sweeps import apply_overrides
-from flaxformer_lite.train.run_config import RunConfig
 
 
 @pytest.fixture
@@ -29,14 +27,14 @@ def cells(monkeypatch):
     failing: dict[str, BaseException] = {}
 
     def run_cell(self, cell):
-        if cell["name"] in failing:
-            raise failing[cell["name"]]
-        run = RunConfig.from_config(apply_overrides(self.config, cell["overrides"]))
+        if cell.name in failing:
+            raise failing[cell.name]
+        run = cell.run
         rows = [
             {
                 "study": run.study,
                 "preset": run.preset,
-                "run": cell["name"],
+                "run": cell.name,
                 "seed": run.seed,
                 "encoding": encoding,
                 "train_length": run.data.train_length,
@@ -48,7 +46,7 @@ def cells(monkeypatch):
             }
             for encoding, length, protocol, metric in expected_keys(run)
         ]
-        path = self.cell_dir(cell["name"]) / "rows.jsonl"
+        path = self.cell_dir(cell.name) / "rows.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -130,8 +128,8 @@ def test_the_study_report_refuses_cells_whose_rows_do_not_compare(cells, tmp_pat
 
     def edited(self, cell):
         run_cell(self, cell)
-        path = self.cell_dir(cell["name"]) / "rows.jsonl"
-        steps = 60 if cell["name"] == "alibi-seed0" else 20
+        path = self.cell_dir(cell.name) / "rows.jsonl"
+        steps = 60 if cell.name == "alibi-seed0" else 20
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         rows = [r | {"setting": {"train.num_steps": steps}} for r in rows]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
