@@ -124,7 +124,8 @@ COMMON = [
     (
         "moved_eval_field",
         ["--config.eval.chunked_threshold=16"],
-        r"config\.eval has no field 'chunked_threshold': moved to config\.model\.chunked_threshold",
+        r"--config\.eval\.chunked_threshold=16: config\.eval has no field 'chunked_threshold'; "
+        r"allowed: \[.*'length_multiples'",
     ),
     (
         "randomized_range",

@@ -31,7 +31,6 @@ from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import StateWriteError, write_error
 from flaxformer_lite.train import provenance
-from flaxformer_lite.train.run_config import MOVED_FIELDS
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -344,13 +343,6 @@ def _check_path(config: Any, name: str) -> str | None:
         if not hasattr(node, "keys"):
             return f"{path} is a {type(node).__name__}, not a section with field {part!r}"
         if part not in node:
-            moved = _MOVED.get(f"{path}.{part}")
-            if moved:
-                return f"{path} has no field {part!r}: {moved}"
             return f"{path} has no field {part!r}; allowed: {sorted(node.keys())}"
         node, path = node[part], f"{path}.{part}"
     return None
-
-
-# Run-config fields that moved to another section (see train.run_config.MOVED_FIELDS).
-_MOVED = {f"config.{a}.{b}": f"moved to config.{c}.{d}" for (a, b), (c, d) in MOVED_FIELDS.items()}

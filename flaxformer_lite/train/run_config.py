@@ -28,8 +28,6 @@ from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.train import cpu_matmul
 
 MAX_SEED = 2**32 - 2  # seeds feed numpy's and JAX's generators (seed + 1: dropout's)
-# Fields that moved between sections: old path -> new path (old configs still load).
-MOVED_FIELDS = {("eval", "chunked_threshold"): ("model", "chunked_threshold")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +121,7 @@ class RunConfig:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
-        values = _move_fields(_to_dict(config))
+        values = _to_dict(config)
         known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
         known |= {"mesh", "sweep", "pretrained"}
         unknown = sorted(set(values) - known)
@@ -242,27 +240,6 @@ def flat_diff(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[s
         elif x != y:
             out.append(f"{prefix}{key}: {x!r} -> {y!r}")
     return out
-
-
-def _move_fields(values: dict[str, Any]) -> dict[str, Any]:
-    """Apply `MOVED_FIELDS`: an old path's value goes to its new path (both given and
-    different is an error naming both)."""
-    for (old_section, old), (new_section, new) in MOVED_FIELDS.items():
-        section = values.get(old_section)
-        if not isinstance(section, Mapping) or old not in section:
-            continue
-        section = dict(section)
-        value = section.pop(old)
-        values[old_section] = section
-        target = dict(values.get(new_section) or {})
-        if new in target and target[new] != value:
-            raise ConfigError(
-                f"config.{old_section}.{old}={value!r} moved to config.{new_section}.{new}, which "
-                f"is {target[new]!r}; give it once, as config.{new_section}.{new}"
-            )
-        target[new] = value
-        values[new_section] = target
-    return values
 
 
 def _to_dict(config: Mapping[str, Any]) -> dict[str, Any]:
