@@ -42,7 +42,7 @@ def test_the_dispatcher_lists_subcommands_and_refuses_unknown_ones(capsys):
 def test_configs_resolve_by_name_to_the_experiments_files():
     configs = cli.packaged_configs()
     assert configs["extrapolation_lm"].resolve() == ROOT / "experiments" / "extrapolation_lm.py"
-    assert set(configs) == {"extrapolation_lm", "extrapolation_tasks"}
+    assert set(configs) == {"extrapolation_lm", "extrapolation_tasks", "pretrained"}
     argv = cli.resolve_config(["prog", "--config=extrapolation_tasks:tiny", "--only=rope"])
     assert argv == ["prog", f"--config={configs['extrapolation_tasks']}:tiny", "--only=rope"]
     assert cli.resolve_config(["prog", "--config", "extrapolation_lm:cpu"])[2] == (
@@ -59,7 +59,8 @@ def test_an_unknown_config_name_is_one_line_naming_the_packaged_ones(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == (
         "error: --config=extrapolation:quick: no packaged study config 'extrapolation'; allowed: "
-        "['extrapolation_lm', 'extrapolation_tasks'] (or a config file FILE.py:PRESET)\n"
+        "['extrapolation_lm', 'extrapolation_tasks', 'pretrained'] "
+        "(or a config file FILE.py:PRESET)\n"
     )
 
 
