@@ -207,20 +207,26 @@ def environment_error(error: BaseException) -> StateWriteError | None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never torn).
+    """`atomic_write_bytes` of ``text`` encoded as UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
-    On any failure the temporary file is removed and ``path`` is untouched; an OS error is
-    raised as `StateWriteError` naming ``path``. A SIGINT/SIGTERM arriving meanwhile is held
-    until the file is in place (`interrupt.deferred`).
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace`` (never torn).
+
+    The temporary file is created beside ``path``, exclusively and never through a link, and
+    synced before the rename. On any failure it is removed and ``path`` is untouched; an OS
+    error is raised as `StateWriteError` naming ``path``. A SIGINT/SIGTERM arriving meanwhile
+    is held until the file is in place (`interrupt.deferred`).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with interrupt.deferred():
         try:
             tmp.unlink(missing_ok=True)  # a stale temporary file (or a link planted there)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with open(fd, "w") as f:
-                f.write(text)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with open(os.open(tmp, flags, 0o644), "wb") as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             faults.hit(f"write:{path.name}")  # test-only fault point (flaxformer_lite.base.faults)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.io import write_error
+from flaxformer_lite.base.io import atomic_write_bytes, write_error
 
 Point = tuple[int, float, float | None]
 Series = Mapping[str, Sequence[Point]]
@@ -72,35 +70,8 @@ def save_figure(fig: Figure, stem: str | Path) -> list[Path]:
             fig.savefig(buffer, format=path.suffix[1:], bbox_inches="tight", **options)
         except OSError as e:
             raise write_error(e, path) from e
-        write_bytes_atomically(path, buffer.getvalue())
+        atomic_write_bytes(path, buffer.getvalue())
     return [png, pdf]
-
-
-def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """`base.io.atomic_write_text` for bytes: a temporary file beside ``path`` (created
-    exclusively, never through a link), synced, then ``os.replace``; on any failure the
-    temporary file is removed, ``path`` is untouched and an OS error is raised as
-    `StateWriteError` naming ``path``; SIGINT/SIGTERM wait until the file is in place."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with interrupt.deferred():
-        try:
-            tmp.unlink(missing_ok=True)  # a stale temporary file (or a link planted there)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            with open(os.open(tmp, flags, 0o644), "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            faults.hit(f"write:{path.name}")  # test-only fault point (base.faults)
-            os.replace(tmp, path)
-        except BaseException as e:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
-            if isinstance(e, OSError):
-                raise write_error(e, path) from e
-            raise
 
 
 def _styles_for(

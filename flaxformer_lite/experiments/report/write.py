@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flaxformer_lite.base.io import atomic_write_bytes
 from flaxformer_lite.experiments import comparable, results
-from flaxformer_lite.experiments.report import cost, paired, plots, sweep_report
+from flaxformer_lite.experiments.report import cost, paired, sweep_report
 from flaxformer_lite.experiments.report.document import render_report
 from flaxformer_lite.experiments.report.figures import make_plots
 from flaxformer_lite.experiments.report.study import StudyResults, build_tables
@@ -143,9 +144,9 @@ def with_notes(tables: Sequence[StudyResults], verdict: comparable.Verdict) -> l
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write UTF-8 via a temporary file and rename (`plots.write_bytes_atomically`), so a
+    """Write UTF-8 via a temporary file and rename (`base.io.atomic_write_bytes`), so a
     reader never sees half a table; a failure leaves no temporary file and names the table."""
-    plots.write_bytes_atomically(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_study_report(
