@@ -79,6 +79,23 @@ class ByteSplit:
     def num_bytes(self) -> int:
         return int(self.data.shape[0])
 
+    def _separator_positions(self) -> np.ndarray:
+        """Positions in ``data`` of the separators that end each document, ascending (none
+        for a split of one document)."""
+        if self.num_files <= 1:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(np.asarray(self.data) == store.SEPARATOR)
+
+    def document_of(self, positions: np.ndarray) -> np.ndarray:
+        """The document (file) index of each position of ``data`` (int ``[...]``, the shape of
+        ``positions``): the number of separators before it, so document ``k`` is its bytes and
+        the separator after them. Evaluation blocks record the document of their first
+        target: files, not blocks, are the sampling unit of the statistics
+        (`flaxformer_lite.experiments.stats`)."""
+        if not hasattr(self, "_separators"):
+            self._separators = self._separator_positions()
+        return np.searchsorted(self._separators, np.asarray(positions, np.int64), side="left")
+
     def __repr__(self) -> str:
         return f"ByteSplit({self.corpus!r}, {self.name!r}, num_bytes={self.num_bytes})"
 

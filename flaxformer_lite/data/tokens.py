@@ -112,6 +112,10 @@ class TokenSplit(ByteSplit):
             f"text_bytes={self.num_text_bytes})"
         )
 
+    def _separator_positions(self) -> np.ndarray:
+        """Token positions of the separators between documents (the unscored tokens)."""
+        return np.flatnonzero(~np.asarray(self.scored, bool))
+
     def _targets(self, batch: dict[str, np.ndarray], positions: np.ndarray) -> dict:
         """Add ``target_bytes`` / ``target_offset`` for target token ``positions`` ``[b, L]``
         and drop separators from ``loss_mask``."""

@@ -43,7 +43,8 @@ def evaluate_context(
     Returns `summarize` 's metrics (``loss_by_position[k]``: targets with ``context + k`` bytes
     of context) plus ``eval_length`` (= ``context``), ``protocol`` "context",
     ``context_block`` (``S``), ``windows``, ``num_scored_tokens`` and ``blocks`` (statistics
-    blocks of ``block_tokens // S`` consecutive target blocks).
+    blocks of ``block_tokens // S`` consecutive target blocks, each with the file of its first
+    target).
     """
     evaluator = Evaluator(model, incremental=incremental)
     length = context + block - 1
@@ -71,6 +72,9 @@ def evaluate_context(
                 ((index * batch_size + np.arange(batch_size)) // per_stat)[:, None], length, 1
             )
             mask = batch["loss_mask"] > 0
+            # window w's targets start at starts[w] (a padded row has no target)
+            rows = starts[index * batch_size : (index + 1) * batch_size]
+            stats.note_positions(ids[: rows.shape[0], 0], rows)
             stats.add("loss", ids[mask], out["token_loss"][mask])
             stats.add("correct", ids[mask], out["token_correct"][mask])
             stats.add("count", ids[mask], np.ones(int(mask.sum())))
@@ -88,6 +92,6 @@ def evaluate_context(
         context_block=block,
         windows=len(starts),
         num_scored_tokens=result["tokens"],
-        blocks=stats.to_dict(),
+        blocks=stats.to_dict(getattr(split, "document_of", None)),
     )
     return result

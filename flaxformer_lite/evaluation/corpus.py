@@ -74,7 +74,8 @@ def evaluate_length(
     Returns:
       `summarize` 's metrics plus ``eval_length``, ``protocol``, ``stride``, ``windows``,
       ``num_scored_tokens`` and ``blocks`` (per-block sums over target bytes ``p`` of the
-      split, block ``p // block_tokens``; `flaxformer_lite.evaluation.blocks`).
+      split, block ``p // block_tokens``, with the file of each block's first target;
+      `flaxformer_lite.evaluation.blocks`).
     """
     evaluator = Evaluator(model, incremental=incremental)
     max_bytes = max_tokens + 1 if max_tokens else None
@@ -102,6 +103,9 @@ def evaluate_length(
                 target = target_offset
             ids = target // block_tokens
             mask = batch["loss_mask"] > 0
+            # positions in the split's data (bytes, or tokens of a token split)
+            data_position = windows[:, None] * step + np.arange(length)[None, :] + 1
+            blocks.note_positions(ids[mask], data_position[mask])
             blocks.add("loss", ids[mask], out["token_loss"][mask])
             blocks.add("correct", ids[mask], out["token_correct"][mask])
             blocks.add("count", ids[mask], np.ones(int(mask.sum())))
@@ -117,7 +121,7 @@ def evaluate_length(
         stride=step,
         windows=total,
         num_scored_tokens=result["tokens"],
-        blocks=blocks.to_dict(),
+        blocks=blocks.to_dict(getattr(split, "document_of", None)),
     )
     return result
 
