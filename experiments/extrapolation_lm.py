@@ -15,6 +15,9 @@ unless ``eval.max_tokens`` caps it):
           context-controlled protocols (16,384 context targets: the cost driver), bootstrap
           intervals over seeds and data blocks, paired tests. It does not fit 45 min on 2 cores:
           25 trainings alone take ~30 min there; docs/results.md has its measured cost.
+  cpu_best_lr
+          cpu at each encoding's best learning rate on validation (the `lr` study: 1e-2 for
+          all five), beside cpu's common rate 3e-3.
   all     every encoding family in the library (+ randomized positions, + RoPE scaling rows
           PI / NTK / dynamic NTK / YaRN at evaluation, + windowed attention), 1 seed.
   lr      quick's model and training at each peak learning rate of LEARNING_RATES (1e-3,
@@ -50,6 +53,7 @@ import dataclasses
 import ml_collections
 
 from flaxformer_lite.nn.model_config import ModelConfig, options_template
+from flaxformer_lite.train.sizing import size_to_training_length
 
 ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
 # The `all` preset: the four + NoPE and the newer encodings, ...
@@ -59,6 +63,8 @@ ALL_RANDOMIZED = ("sinusoidal", "rope")
 # The `lr` preset's grid of peak learning rates (quick's 3e-3 the second; 3e-2 was added after
 # every encoding came out best at 1e-2, the top of the first grid: docs/results.md).
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+# Each encoding's best peak rate in the `lr` study (validation, 1x): 1e-2 for all five.
+BEST_LEARNING_RATE = 1e-2
 # The `scaling` preset's models (d_ff = 4 d_model); parameters with RoPE (no table):
 # 33,664, 216,448 (quick's model) and 826,112, a 24.5x span.
 SCALING_SIZES = (
@@ -166,39 +172,10 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
         )
     )
     PRESETS[preset](c)
+    # options relative to L (learned rows, RoPE's original length, T5, FIRE, xPos, the
+    # randomized-position range), recorded in c.sizing so that an override of L resizes them
     size_to_training_length(c)
     return c
-
-
-def size_to_training_length(
-    c: ml_collections.ConfigDict, length: int | None = None, longest: int | None = None
-) -> None:
-    """Encoding hyper-parameters relative to the training length L (tokens per training
-    sequence; default ``config.data.train_length``), as their sources use them
-    (docs/encodings.md, "Sized to the training length"); call after the preset sets L.
-    ``longest``: tokens of the longest evaluation sequence (default L x the largest multiple)."""
-    length = c.data.train_length if length is None else length
-    longest = length * max(c.eval.length_multiples) if longest is None else longest
-    options = c.model.positional_options
-    # A learned table has L rows: positions past L have no embedding, and the tables report
-    # "n/a" there instead of numbers from untrained rows. (Set a larger max_length to
-    # reproduce the other setting; its rows are then labelled "+untrained_rows".)
-    options.learned.max_length = length
-    # Randomized positions (Ruoss et al. 2023) are drawn from [0, max_position), which must
-    # reach every evaluation length.
-    c.model.max_position = longest
-    options.rope.original_length = length  # L, for RoPE scaling at evaluation
-    # T5 (Raffel et al. 2020): max_distance 128 with inputs of 512 tokens, i.e. L / 4, so
-    # the shared last bucket (every distance >= max_distance) is trained; 32 buckets, fewer
-    # when L / 4 < 32 so that max_distance stays above the exact buckets.
-    options.t5.max_distance = max(length // 4, 3)
-    options.t5.num_buckets = max(4, min(32, 2 * (options.t5.max_distance // 2)))
-    # FIRE (Li et al. 2024): the threshold L_thr of psi(max(L_thr, i)) is learned; the public
-    # default 512 with the 2048-token training of its LM experiments is L / 4, so progressive
-    # interpolation is active in training (at 512 = 8L it never was).
-    options.fire.threshold_init = length / 4
-    # xPos (Sun et al. 2022; torchscale XPOS): scale_base 512 with training length 1024, L / 2.
-    options.xpos.scale_base = length / 2
 
 
 def _tiny(c: ml_collections.ConfigDict) -> None:
@@ -226,6 +203,14 @@ def _cpu(c: ml_collections.ConfigDict) -> None:
     # ~20x the non-overlapping protocol per target at c = 16L; 16,384 targets (16 data blocks)
     # keep it to ~50 s per run on 2 cores (65,536, the default, take ~190 s).
     c.eval.context_targets = 16384
+
+
+def _cpu_best_lr(c: ml_collections.ConfigDict) -> None:
+    # cpu at each encoding's best peak rate on validation: the `lr` study's grid (1e-3 ... 3e-2)
+    # puts every one of the five at 1e-2 (docs/results.md, "Learning rate"), so one rate
+    # serves all five here; an encoding whose best differed would need its own cell.
+    _cpu(c)
+    c.optim.learning_rate = BEST_LEARNING_RATE
 
 
 def _wikitext103_bytes(c: ml_collections.ConfigDict) -> None:
@@ -285,6 +270,7 @@ PRESETS = {
     "tiny": _tiny,
     "quick": _quick,
     "cpu": _cpu,
+    "cpu_best_lr": _cpu_best_lr,
     "all": _all,
     "wikitext103_bytes": _wikitext103_bytes,
     "lr": _lr,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import ml_collections
 
-from flaxformer_lite.data import get_task
+from flaxformer_lite.train.sizing import size_to_training_length
 
 
 def _sibling(name: str):
@@ -59,15 +59,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.sweep.tasks = TASKS  # one run per task x encoding x seed
     c.sweep.lock()
     PRESETS[preset](c)
-    tasks = [get_task(t) for t in c.sweep.tasks]
-    longest = c.data.train_length * max(c.eval.length_multiples)
-    extrapolation_lm.size_to_training_length(
-        c,
-        length=max(t.sequence_length(c.data.train_length) for t in tasks),
-        longest=max(t.sequence_length(longest) for t in tasks),
-    )
-    # RoPE scaling compares task lengths (the plan scales by eval length / original length)
-    c.model.positional_options.rope.original_length = c.data.train_length
+    # options sized to the task sequences' lengths at L and at the longest evaluation;
+    # RoPE's original_length is L (the plan scales by evaluation length / original length)
+    size_to_training_length(c)
     return c
 
 

@@ -25,7 +25,7 @@ from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.model_config import ModelConfig
-from flaxformer_lite.train import cpu_matmul
+from flaxformer_lite.train import cpu_matmul, sizing
 
 MAX_SEED = 2**32 - 2  # seeds feed numpy's and JAX's generators (seed + 1: dropout's)
 
@@ -123,10 +123,15 @@ class RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
         values = _to_dict(config)
         known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
-        known |= {"mesh", "sweep", "pretrained"}
+        known |= {"mesh", "sweep", "pretrained", "sizing"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"config has unknown field(s) {unknown}; allowed: {sorted(known)}")
+        if values.get("sizing") and not values.get("pretrained", {}).get("source"):
+            try:  # an overridden L resizes the options sized to L (train.sizing)
+                values = sizing.resize(values)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ConfigError(f"config.sizing: {e}") from None
         pretrained = _build(PretrainedConfig, values.get("pretrained", {}), "config.pretrained")
         data = _build(DataConfig, values.get("data", {}), "config.data")
         if pretrained.source:
