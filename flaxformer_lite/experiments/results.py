@@ -14,6 +14,7 @@ key and the files and lines), never averaged as if they were two seeds.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import warnings
@@ -110,9 +111,25 @@ class Problem:
 
 
 def results_file(path: str | Path) -> Path:
-    """``path`` itself if it is a file, else ``path/results.jsonl``."""
+    """``path`` itself if it is a file, else ``path/results.jsonl`` (or, where only that is
+    there, its gzip-compressed ``results.jsonl.gz``: rows committed to a repository)."""
     path = Path(path)
-    return path / RESULTS_FILE if path.is_dir() else path
+    return _plain_or_gz(path / RESULTS_FILE) if path.is_dir() else path
+
+
+def _plain_or_gz(path: Path) -> Path:
+    """``path``, or ``path.gz`` when only the compressed file exists."""
+    packed = path.with_name(path.name + ".gz")
+    return packed if not path.exists() and packed.is_file() else path
+
+
+def open_text(path: str | Path):
+    """A JSON-lines file for reading as text (UTF-8, bad bytes replaced), gunzipped on the
+    fly when its name ends in ``.gz``."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return path.open(encoding="utf-8", errors="replace")
 
 
 def _check_row(row: Any) -> str | None:
@@ -213,7 +230,7 @@ def read_rows_lines(path: str | Path) -> tuple[list[dict[str, Any]], list[int], 
     path = Path(path)
     rows, numbers, problems = [], [], []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with open_text(path) as f:
         for number, line in enumerate(f, start=1):
             text = line.strip()
             if not text:
@@ -342,10 +359,12 @@ def load_blocks(paths: str | Path | Sequence[str | Path]) -> list[dict[str, Any]
         paths = [paths]
     out: list[dict[str, Any]] = []
     for p in paths:
-        file = results_file(p).parent / BLOCKS_FILE
+        file = _plain_or_gz(results_file(p).parent / BLOCKS_FILE)
         if not file.is_file():
             continue
-        for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+        with open_text(file) as f:
+            lines = f.read().splitlines()
+        for line in lines:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:

@@ -4,9 +4,11 @@ Every finished cell of a study records, next to its rows, its per-block sums ove
 evaluation data (`flaxformer_lite.evaluation.blocks`). From them:
 
 * a table cell's interval (`stats.bootstrap_interval`) adds the seeds' spread and a
-  bootstrap of the blocks (the same draw for every seed: the blocks are the same bytes), with
-  Welch-Satterthwaite degrees of freedom: it covers training noise and the finite evaluation
-  set;
+  bootstrap of the evaluation files, each with all its blocks (the same draw for every seed:
+  the blocks are the same bytes), with Welch-Satterthwaite degrees of freedom: it covers
+  training noise and the finite evaluation set, as a sample of files like these. Blocks
+  recorded without their file, or from a split of one file, are their own units
+  (`Grid.unit_name` says which);
 * two encodings are compared *paired* -- the same seeds (same data order) and the same
   blocks (same bytes) -- by `stats.paired_difference`, and a family of comparisons is
   corrected with Holm's method;
@@ -69,6 +71,16 @@ class Grid:
     block_size: int
     unit: str
     transform: Any = None
+    units: np.ndarray | None = None  # [blocks] the file of each block; None: blocks are units
+
+    @property
+    def unit_name(self) -> str:
+        """What the data part of an interval resamples: "files" or "blocks"."""
+        return "blocks" if self.units is None else "files"
+
+    @property
+    def num_units(self) -> int:
+        return self.values.shape[1] if self.units is None else stats.num_units(self.units)
 
     def select(self, seeds: Sequence[Any]) -> Grid:
         idx = [self.seeds.index(s) for s in seeds]
@@ -100,14 +112,6 @@ class BlockIndex:
             and all(b is not None and "bytes" in b for b in records)
         ):
             count_field = "bytes"  # tokenized text: bits over the bytes the tokens cover
-        # Records written before all-zero fields were kept drop them: with its count field
-        # present, a missing field was measured as zero in every block.
-        records = [
-            b | {field: [0.0] * len(b[count_field])}
-            if b is not None and field not in b and count_field in b
-            else b
-            for b in records
-        ]
         seeds = tuple(r.get("seed") for r in rows)
         if any(b is None or field not in b or count_field not in b for b in records):
             return None
@@ -129,7 +133,20 @@ class BlockIndex:
             int(records[0]["size"]),
             str(records[0].get("unit", "")),
             transform,
+            _files(records, keep),
         )
+
+
+def _files(records: Sequence[Mapping[str, Any]], keep: np.ndarray) -> np.ndarray | None:
+    """The file of each kept block, when every record names the same files and there are
+    two or more (one file: its blocks are the units)."""
+    files = [b.get("file") for b in records]
+    if any(f is None or len(f) != keep.shape[0] for f in files) or any(
+        f != files[0] for f in files
+    ):
+        return None
+    units = np.asarray(files[0], np.int64)[keep]
+    return units if stats.num_units(units) > 1 else None
 
 
 def _seed_key(seed: Any) -> tuple[int, Any]:
@@ -138,19 +155,33 @@ def _seed_key(seed: Any) -> tuple[int, Any]:
 
 def interval(grid: Grid, confidence: float) -> tuple[float, float, float]:
     return stats.bootstrap_interval(
-        grid.values, grid.counts, confidence=confidence, transform=grid.transform
+        grid.values,
+        grid.counts,
+        confidence=confidence,
+        transform=grid.transform,
+        units=grid.units,
     )
 
 
 def compare(a: Grid, b: Grid, confidence: float = 0.95) -> dict[str, float] | None:
     """`stats.paired_difference` of two cells on their common seeds (None if they share no
-    seed or their blocks differ)."""
+    seed or their blocks or files differ)."""
     common = [s for s in a.seeds if s in b.seeds]
     if not common or a.values.shape[1] != b.values.shape[1] or a.block_size != b.block_size:
         return None
+    if (a.units is None) != (b.units is None) or (
+        a.units is not None and not np.array_equal(a.units, b.units)
+    ):
+        return None
     a, b = a.select(common), b.select(common)
     return stats.paired_difference(
-        a.values, a.counts, b.values, b.counts, confidence=confidence, transform=a.transform
+        a.values,
+        a.counts,
+        b.values,
+        b.counts,
+        confidence=confidence,
+        transform=a.transform,
+        units=a.units,
     )
 
 
@@ -199,3 +230,4 @@ class Pair:
     p_holm: float
     seeds: int
     blocks: int
+    files: int = 0  # evaluation files resampled (0: the blocks were the units)

@@ -1,6 +1,6 @@
 """Statistics of results: Student-t intervals across seeds; intervals and paired tests over
-seeds and evaluation blocks (the seeds' spread plus a bootstrap of the blocks, Welch-
-Satterthwaite degrees of freedom); Holm correction.
+seeds and evaluation data (the seeds' spread plus a bootstrap of the evaluation files, each
+with its blocks, Welch-Satterthwaite degrees of freedom); Holm correction.
 
 ``t_quantile(p, df)`` inverts the Student-t CDF by bisection. The CDF is written with the
 regularized incomplete beta function (Abramowitz & Stegun 26.7.1):
@@ -10,6 +10,7 @@ regularized incomplete beta function (Abramowitz & Stegun 26.7.1):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -131,22 +132,26 @@ def mean_ci(
 #
 # A cell's per-block sums form a crossed ``[seeds, blocks]`` grid: every seed (a training run)
 # is scored on the same blocks (the same bytes), so the blocks are not nested in the seeds.
-# The standard error of the mean over seeds of each seed's ratio of sums has two parts:
+# The blocks are grouped into sampling units -- the files of the evaluation split, each with
+# all its blocks (blocks of one file are correlated: the same code, the same style); a split
+# of one file has its blocks as units. The standard error of the mean over seeds of each
+# seed's ratio of sums has two parts:
 #
 # * seeds: the sample variance of the per-seed statistics over ``S`` (``S - 1`` degrees of
-#   freedom); it holds the training noise and the seed x block interaction;
-# * blocks: the variance of the statistic over a bootstrap of the blocks, one draw of ``B``
-#   blocks per replicate shared by every seed (the pigeonhole bootstrap's column resampling,
-#   Owen 2007, "The pigeonhole bootstrap", Ann. Appl. Stat. 1(2)), taken to have ``B - 1``
-#   degrees of freedom; it holds what the finite evaluation set adds.
+#   freedom); it holds the training noise and the seed x data interaction;
+# * data: the variance of the statistic over a bootstrap of the ``F`` units, one draw per
+#   replicate shared by every seed (the pigeonhole bootstrap's column resampling, Owen 2007,
+#   "The pigeonhole bootstrap", Ann. Appl. Stat. 1(2)), times ``F / (F - 1)`` (the bootstrap
+#   variance of a mean divides by ``F``, the unbiased one by ``F - 1``: with 16 units this is
+#   3 % of the variance), taken to have ``F - 1`` degrees of freedom; it holds what the
+#   finite evaluation set adds, as a sample of files like these.
 #
 # They are added (the interaction is counted in both, so the sum errs on the wide side by at
 # most that term) and the interval is ``mean ± t_{df} * se`` with Welch-Satterthwaite degrees
-# of freedom (Satterthwaite 1946): Student t over seeds when the blocks add nothing, close to
-# normal when the blocks dominate. The first version's percentile bootstrap (seeds, then the
-# blocks drawn afresh for every seed) covered a nominal 95 % interval in 52-89 % of simulated
-# studies with 2-10 seeds and seed noise only, and in 59 % with 5 seeds when the data
-# dominated; this method in 92-95 % (scripts/interval_coverage.py; docs/design.md §7).
+# of freedom (Satterthwaite 1946): Student t over seeds when the data add nothing, close to
+# normal when many units dominate. Coverage in simulated studies, with blocks correlated
+# within files as measured on the stdlib validation split: scripts/interval_coverage.py and
+# docs/design.md §7.
 
 BOOTSTRAP_REPLICATES = 2000
 BOOTSTRAP_SEED = 20261130  # fixed: the same rows always give the same intervals
@@ -159,12 +164,33 @@ def seed_means(values: np.ndarray, counts: np.ndarray, transform=None) -> np.nda
     return ratio if transform is None else transform(ratio)
 
 
-def _block_weights(n_blocks: int, replicates: int, seed: int) -> np.ndarray:
-    """``[R, B]`` multiplicities of a bootstrap of ``B`` blocks (each row sums to ``B``); one
-    draw per replicate, applied to every seed (the blocks are the same data for all)."""
+def unit_weights(units: np.ndarray, replicates: int, seed: int) -> np.ndarray:
+    """``[R, B]`` multiplicities of the blocks in a bootstrap of their sampling units.
+
+    ``units`` ``[B]``: a label per block (its file); each replicate draws ``F`` of the ``F``
+    distinct units with replacement, and a block counts as often as its unit was drawn. One
+    draw per replicate, applied to every seed (the blocks are the same data for all). With a
+    distinct label per block this is the bootstrap of blocks. The same arguments give the
+    same draws (cached: a report makes them for every cell and pair). Read-only."""
+    units = np.asarray(units)
+    return _unit_weights(units.tobytes(), units.dtype.str, units.shape, replicates, seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_weights(raw: bytes, dtype: str, shape, replicates: int, seed: int) -> np.ndarray:
+    units = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    _, inverse = np.unique(units, return_inverse=True)
+    n_units = int(inverse.max()) + 1
     rng = np.random.default_rng(seed)
-    uniform = np.full(n_blocks, 1.0 / n_blocks)
-    return rng.multinomial(n_blocks, uniform, size=replicates).astype(np.float64)
+    draws = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=replicates)
+    weights = draws[:, inverse.reshape(-1)].astype(np.float64)
+    weights.flags.writeable = False
+    return weights
+
+
+def num_units(units: np.ndarray) -> int:
+    """Distinct sampling units among the blocks' labels."""
+    return int(np.unique(np.asarray(units)).shape[0])
 
 
 def _replicate_means(values, counts, weights, transform=None) -> np.ndarray:
@@ -175,18 +201,19 @@ def _replicate_means(values, counts, weights, transform=None) -> np.ndarray:
         return (ratio if transform is None else transform(ratio)).mean(axis=1)
 
 
-def _standard_error(per_seed: np.ndarray, replicates: np.ndarray, n_blocks: int):
+def _standard_error(per_seed: np.ndarray, replicates: np.ndarray, n_units: int):
     """``(se, df)`` of a mean over seeds from its two parts (the module's comment above):
     ``per_seed`` ``[S]`` the statistic of each seed, ``replicates`` ``[R]`` the statistic over
-    block draws. NaN when either holds a non-finite value (a diverged run)."""
+    draws of ``n_units`` units. NaN when either holds a non-finite value (a diverged run)."""
     if not (np.isfinite(per_seed).all() and np.isfinite(replicates).all()):
         return math.nan, math.nan
     n = per_seed.size
     parts = []  # (variance of the mean, degrees of freedom)
     if n > 1:
         parts.append((float(np.var(per_seed, ddof=1)) / n, n - 1))
-    if n_blocks > 1:
-        parts.append((float(np.var(replicates, ddof=1)), n_blocks - 1))
+    if n_units > 1:
+        correction = n_units / (n_units - 1)  # the bootstrap's 1/F variance -> 1/(F - 1)
+        parts.append((correction * float(np.var(replicates, ddof=1)), n_units - 1))
     var = math.fsum(v for v, _ in parts)
     if var <= 0.0:
         return 0.0, math.inf
@@ -210,6 +237,7 @@ def bootstrap_interval(
     replicates: int = BOOTSTRAP_REPLICATES,
     seed: int = BOOTSTRAP_SEED,
     transform=None,
+    units: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
     """``(mean, low, high)``: the mean over seeds of each seed's ratio of sums and its
     ``confidence`` interval ``mean ± t_df * se``, with ``se`` from the seeds' spread and a
@@ -222,17 +250,20 @@ def bootstrap_interval(
         one seed, the evaluation set only).
       transform: applied to each seed's ratio before the mean over seeds (``np.exp``:
         perplexity from a loss in nats).
+      units: ``[blocks]`` the sampling unit of each block (its file); None: every block its
+        own unit.
 
     A non-finite value anywhere (a diverged run) gives NaN ends: no interval, not a partial one.
     """
     values, counts = np.asarray(values, np.float64), np.asarray(counts, np.float64)
     _check_grid(values, counts)
     _check_settings(confidence, replicates)
+    units = _check_units(units, values.shape[1])
     per_seed = seed_means(values, counts, transform)
     mean = float(per_seed.mean())
-    weights = _block_weights(values.shape[1], replicates, seed)
+    weights = unit_weights(units, replicates, seed)
     reps = _replicate_means(values, counts, weights, transform)
-    se, df = _standard_error(per_seed, reps, values.shape[1])
+    se, df = _standard_error(per_seed, reps, num_units(units))
     half = _half_width(se, df, confidence)
     return mean, mean - half, mean + half
 
@@ -247,13 +278,15 @@ def paired_difference(
     replicates: int = BOOTSTRAP_REPLICATES,
     seed: int = BOOTSTRAP_SEED,
     transform=None,
+    units: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Paired difference ``a - b`` of the seed-mean ratios, over the same seeds and blocks.
 
     Both inputs are ``[seeds, blocks]`` with matching rows (the same seeds: same data order)
     and columns (the same evaluation blocks). The seeds' part of the standard error is the
     spread of the per-seed differences; the blocks' part comes from the *same* block draws
-    applied to ``a`` and ``b``, so what the two share (which bytes are hard) cancels. Returns
+    applied to ``a`` and ``b``, so what the two share (which bytes are hard) cancels;
+    ``units`` as in `bootstrap_interval`. Returns
     ``{"delta", "low", "high", "p"}``: the observed difference, its ``mean ± t_df * se``
     interval and the two-sided p-value of Welch's statistic ``delta / se`` on ``df``
     Welch-Satterthwaite degrees of freedom. Identical inputs give ``delta = 0, p = 1``; a
@@ -270,13 +303,14 @@ def paired_difference(
         )
     _check_settings(confidence, replicates)
     va, ca, vb, cb = arrays
+    units = _check_units(units, va.shape[1])
     per_seed = seed_means(va, ca, transform) - seed_means(vb, cb, transform)
     delta = float(per_seed.mean())
-    weights = _block_weights(va.shape[1], replicates, seed)
+    weights = unit_weights(units, replicates, seed)
     reps = _replicate_means(va, ca, weights, transform) - _replicate_means(
         vb, cb, weights, transform
     )
-    se, df = _standard_error(per_seed, reps, va.shape[1])
+    se, df = _standard_error(per_seed, reps, num_units(units))
     half = _half_width(se, df, confidence)
     if not (math.isfinite(delta) and math.isfinite(se)):
         p = math.nan
@@ -321,3 +355,14 @@ def _check_grid(values: np.ndarray, counts: np.ndarray) -> None:
         )
     if (counts.sum(axis=1) <= 0).any():
         raise ValueError("every seed needs a positive total count")
+
+
+def _check_units(units: np.ndarray | None, n_blocks: int) -> np.ndarray:
+    if units is None:
+        return np.arange(n_blocks)
+    units = np.asarray(units)
+    if units.shape != (n_blocks,):
+        raise ValueError(
+            f"units must give one label per block: shape ({n_blocks},); got {units.shape}"
+        )
+    return units

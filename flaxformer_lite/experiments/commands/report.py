@@ -59,6 +59,7 @@ _REFERENCE = flags.DEFINE_string(
     "reference", "alibi", "paired differences: each encoding against this one"
 )
 _ALL_PAIRS = flags.DEFINE_bool("all_pairs", False, "paired differences: every pair of encodings")
+_PLOTS = flags.DEFINE_bool("plots", True, "draw plots/ (--noplots: tables and REPORT.md only)")
 _ALLOW_MIXED = flags.DEFINE_list(
     "allow_mixed",
     [],
@@ -136,6 +137,7 @@ def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None
             allow_mixed=_ALLOW_MIXED.value,
             origins=files,
             failed=failed,
+            plots=_PLOTS.value,
         )
     except OSError as e:  # a read-only or full --out, a file where a directory should be
         error = write_error(e, e.filename or out)

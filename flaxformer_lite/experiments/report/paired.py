@@ -54,6 +54,7 @@ CSV_FIELDS = (
     "significant",
     "seeds",
     "blocks",
+    "files",
 )
 
 
@@ -135,6 +136,7 @@ class Comparisons:
             int(p.p_holm < significance.ALPHA),
             p.seeds,
             p.blocks,
+            p.files,
         )
 
     def get(self, encoding: str, reference: str, column: EvalColumn) -> significance.Pair | None:
@@ -195,11 +197,12 @@ def _paired_table(table, title, columns, found, reference_length, symbol="c") ->
         r = significance.compare(ca.grid, cb.grid)
         if r is not None:
             seeds = len([s for s in ca.grid.seeds if s in cb.grid.seeds])
-            tested.append((a, b, column, r, seeds, ca.grid.values.shape[1]))
+            files = ca.grid.num_units if ca.grid.units is not None else 0
+            tested.append((a, b, column, r, seeds, ca.grid.values.shape[1], files))
     adjusted = stats.holm([f[3]["p"] for f in tested])
     made = tuple(
-        significance.Pair(a, b, col.key, r["delta"], r["low"], r["high"], r["p"], adj, s, nb)
-        for (a, b, col, r, s, nb), adj in zip(tested, adjusted, strict=True)
+        significance.Pair(a, b, col.key, r["delta"], r["low"], r["high"], r["p"], adj, s, nb, nf)
+        for (a, b, col, r, s, nb, nf), adj in zip(tested, adjusted, strict=True)
     )
     return Comparisons(
         title,
@@ -233,6 +236,20 @@ def _p_text(p: float) -> str:
 def caption(t: Comparisons) -> str:
     n = sorted({p.seeds for p in t.pairs})
     blocks = sorted({p.blocks for p in t.pairs})
+    files = sorted({p.files for p in t.pairs})
+    if files and files[0]:
+        data = (
+            f"{', '.join(map(str, files))} evaluation files ({', '.join(map(str, blocks))} "
+            "blocks): the difference of the means, its 95% interval (the per-seed differences' "
+            "spread plus a bootstrap of the files, each with its blocks, the same draws for both "
+            "rows; "
+        )
+    else:
+        data = (
+            f"{', '.join(map(str, blocks))} evaluation blocks: the difference of the means, its "
+            "95% interval (the per-seed differences' spread plus a bootstrap of the blocks, the "
+            "same draws for both rows; "
+        )
     what = "bits/byte" if t.metric == "bits_per_byte" else "exact match"
     better = "negative is better" if t.metric == "bits_per_byte" else "positive is better"
     if t.reference_length is None:
@@ -259,9 +276,7 @@ def caption(t: Comparisons) -> str:
         else ""
     )
     return (
-        f"{head} ({', '.join(map(str, n))}) and the same {', '.join(map(str, blocks))} "
-        "evaluation blocks: the difference of the means, its 95% interval (the per-seed "
-        "differences' spread plus a bootstrap of the blocks, the same draws for both rows; "
+        f"{head} ({', '.join(map(str, n))}) and the same {data}"
         f"{stats.BOOTSTRAP_REPLICATES} replicates) and the two-sided p-value of Welch's t on "
         "Welch-Satterthwaite degrees of freedom, Holm-corrected over the "
         f"{len(t.pairs)} comparisons of this table; * p < {significance.ALPHA}.{one_seed}"

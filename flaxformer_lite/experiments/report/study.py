@@ -153,6 +153,8 @@ class StudyResults:
     marks: Mapping[Any, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
     method: str = "t"  # "bootstrap" (seeds x blocks) or "t" (Student t over seeds)
     blocks: tuple[int, int, str] | None = None  # (number, size, unit) of the data blocks
+    # (number, "files" or "blocks"): what the data part of the intervals resamples
+    units: tuple[int, str] | None = None
     context_block: int | None = None  # the context protocol's scored block S
     model_size: str | None = None  # the rows' model_size (a study sweeping model sizes)
     note: str = ""  # a sentence ending the caption (e.g. which learning rates the rows have)
@@ -226,10 +228,17 @@ class StudyResults:
         n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]} per cell; see CSV"
         if self.method == "bootstrap" and self.blocks:
             count, size, unit = self.blocks
+            units, unit_name = self.units or (count, "blocks")
+            data = (
+                f"the {units} files of the evaluation split, each with its blocks ({count} "
+                f"blocks of {size} {unit})"
+                if unit_name == "files"
+                else f"the {count} blocks of {size} {unit} of the evaluation data"
+            )
             note = (
-                f"Mean over seeds ± half its {CONFIDENCE:.0%} interval: the seeds' spread plus a "
-                f"bootstrap of the {count} blocks of {size} {unit} of the evaluation data (one "
-                f"draw for every seed; {stats.BOOTSTRAP_REPLICATES} replicates), Student t with "
+                f"Mean over seeds ± half its {CONFIDENCE:.0%} interval over seeds and "
+                f"evaluation {unit_name}: the seeds' spread plus a bootstrap of {data}, one draw "
+                f"for every seed ({stats.BOOTSTRAP_REPLICATES} replicates), Student t with "
                 f"Welch-Satterthwaite degrees of freedom (seeds per cell: {n}; ends in the CSV)."
             )
             if ns[0] == 1:
@@ -256,7 +265,7 @@ class StudyResults:
         if self.info.better is None or len(self.encodings) < 2:
             return ""
         test = (
-            f"paired test over the shared seeds and data blocks, Holm-corrected within the "
+            f"paired test over the shared seeds and evaluation data, Holm-corrected within the "
             f"column, alpha = {significance.ALPHA}"
         )
         if self.marks:
@@ -533,6 +542,7 @@ def _results(name, metric, key, rs, index, order) -> StudyResults:
         blocks=(grids[0].values.shape[1], grids[0].block_size, grids[0].unit)
         if bootstrap
         else None,
+        units=(grids[0].num_units, grids[0].unit_name) if bootstrap else None,
         context_block=next(iter(context_blocks)) if len(context_blocks) == 1 else None,
         model_size=size,
     )

@@ -41,6 +41,7 @@ def write_report(
     allow_mixed: Sequence[str] = (),
     origins: Sequence[str] | None = None,
     failed: Mapping[str, str] | None = None,
+    plots: bool = True,
 ) -> Path:
     """Write ``tables/*.{md,tex,csv}``, ``plots/*.{png,pdf}`` and ``REPORT.md`` into ``out_dir``
     (see the module docstring for the sections) and return the path of ``REPORT.md``.
@@ -60,6 +61,7 @@ def write_report(
         the captions and REPORT.md say what was mixed.
       origins: each row's file, named when rows are refused (default: ``row N``).
       failed: cell -> its error line (a study's failed cells), stated in the report.
+      plots: also draw ``plots/`` (False: tables and REPORT.md only, e.g. to check tables).
 
     Raises:
       ValueError: no rows, and nothing failed or missing to state (with either, a REPORT.md
@@ -80,10 +82,10 @@ def write_report(
     if verdict.refused:
         raise comparable.MixedRowsError(verdict.refused)
     pairing = dict(reference=reference, all_pairs=all_pairs)
-    return _write_files(rows, out_dir, verdict, blocks, pairing, common_rate, stated)
+    return _write_files(rows, out_dir, verdict, blocks, pairing, common_rate, stated, plots)
 
 
-def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, stated) -> Path:
+def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, stated, plots):
     """Every section's tables, the figures and REPORT.md of rows that may share tables."""
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
     choices = sweep_report.select_rates(rows)
@@ -101,7 +103,7 @@ def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, sta
             (".csv", paired.render_csv),
         ):
             _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
-    figures = make_plots(main_rows, tables, out_dir)
+    figures = make_plots(main_rows, tables, out_dir) if plots else []
     mixed = verdict.report_lines()
     text = render_report(rows, tables, figures, pairs=pairs, derived=derived, mixed=mixed, **stated)
     _write_text(out_dir / "REPORT.md", text)
