@@ -25,7 +25,7 @@ from flaxformer_lite.nn.generate import generate, sample_logits
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM, EncoderDecoder
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 V, P, N = 32, 5, 11  # vocab, prompt length, new tokens
 T = P + N  # the sequence compared with the full forward pass
 TRAIN_LENGTH = 8  # "training length" of the scaled RoPE variants: T goes past it
@@ -403,7 +403,7 @@ def test_generate_script_end_to_end(tmp_path):
 
 
 def test_dynamic_ntk_prompt_does_not_depend_on_how_much_follows():
-    """The issue's repro: a 2-layer RoPE model with dynamic NTK and original length 4; a
+    """A 2-layer RoPE model with dynamic NTK and original length 4; a
     4-token prompt prefilled into caches of capacity 4, 8 and 20 gives the logits of the full
     forward pass over the prompt (the cache's capacity is not the current length), and
     generating past the original length picks, at every step, the argmax of the cached

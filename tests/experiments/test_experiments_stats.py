@@ -1,4 +1,4 @@
-"""Uncertainty from seeds and data, paired tests, Holm (issue 13): hand-computed cases and
+"""Uncertainty from seeds and data, paired tests, Holm: hand-computed cases and
 known results for `experiments.stats`, and the marks and paired table they produce."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _simulated(rng, seeds, blocks, sd_seed, sd_block, sd_noise):
 )
 def test_intervals_cover_the_true_mean_at_about_their_level(seeds, sd_seed, sd_block):
     """Coverage of the 95 % interval over 200 simulated studies with a known mean of 0: the
-    first version's percentile bootstrap (seeds, then blocks drawn afresh for every seed)
+    nested percentile bootstrap (seeds, then blocks drawn afresh for every seed)
     covered it in 62 % (data-dominated, 5 seeds) and 75 % (seed-dominated, 3 seeds) of cases."""
     rng = np.random.default_rng(11)
     hits = 0
@@ -81,7 +81,7 @@ def test_intervals_cover_the_true_mean_at_about_their_level(seeds, sd_seed, sd_b
 def test_paired_test_keeps_its_level_with_few_seeds():
     """Two encodings with the same expected loss, each trained on 3 seeds (seed noise) and
     scored on the same blocks (shared difficulty plus an encoding x block interaction): p < 0.05
-    in about 5 % of 200 simulated studies (the first version's bootstrap p: 26 %)."""
+    in about 5 % of 200 simulated studies (the nested bootstrap's p: 26 %)."""
     rng = np.random.default_rng(12)
     rejections = 0
     for _ in range(200):
@@ -283,8 +283,8 @@ def test_change_with_length_for_the_window_protocols():
 
 def test_an_all_zero_exact_match_keeps_its_blocks_and_its_bootstrap_interval():
     """A task nobody solved at a length is a measurement of 0 in every block: its block record
-    keeps ``exact`` (zeros), and records written before (``exact`` dropped) read as zeros, so the
-    table keeps the bootstrap over seeds and blocks instead of falling back to Student t."""
+    keeps ``exact`` (zeros), so the table keeps the bootstrap over seeds and blocks instead of
+    falling back to Student t; a record without the field has no grid (it was not measured)."""
     from flaxformer_lite.evaluation.blocks import BlockSums
     from flaxformer_lite.experiments import significance
 
@@ -301,10 +301,11 @@ def test_an_all_zero_exact_match_keeps_its_blocks_and_its_bootstrap_interval():
     rows, blocks = [], []
     for seed in (0, 1):
         rows.append(key | {"run": f"copy-rope-seed{seed}", "seed": seed, "value": 0.0})
-        old = {k: v for k, v in record.items() if k != "exact"} if seed else record
-        blocks.append(key | {"run": f"copy-rope-seed{seed}", "seed": seed, "blocks": old})
+        blocks.append(key | {"run": f"copy-rope-seed{seed}", "seed": seed, "blocks": record})
     grid = significance.BlockIndex(blocks).grid(rows, "exact_match")
     assert grid is not None and grid.values.shape == (2, 12) and not grid.values.any()
+    unmeasured = [b | {"blocks": {k: v for k, v in record.items() if k != "exact"}} for b in blocks]
+    assert significance.BlockIndex(unmeasured).grid(rows, "exact_match") is None
 
 
 def test_a_table_with_some_cells_lacking_blocks_is_student_t_throughout():
@@ -341,11 +342,11 @@ def test_no_bold_for_a_best_mean_that_its_paired_test_finds_worse():
 
 def test_the_coverage_script_prints_both_methods_for_every_case(capsys):
     """scripts/interval_coverage.py (the figures in docs/design.md §7): one row per case with a
-    share for the library's method and the first version's; bad sizes are refused by name."""
+    share for the library's method and the nested bootstrap; bad sizes are refused by name."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "interval_coverage.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "interval_coverage.py"
     spec = importlib.util.spec_from_file_location("interval_coverage", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

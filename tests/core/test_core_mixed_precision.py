@@ -61,7 +61,7 @@ def test_float32_gradients_match_float64_numpy():
 
 @pytest.mark.parametrize("d_in, d_out", [(16, 48), (48, 16)])
 def test_float32_kernel_gradient_is_one_untransposed_product(d_in, d_out):
-    """Issue 15: autodiff of the plain ``x @ kernel`` makes XLA:CPU copy ``g`` into a
+    """Autodiff of the plain ``x @ kernel`` makes XLA:CPU copy ``g`` into a
     transposed buffer and contract its second axis (Eigen's slowest form); the custom
     gradient contracts the first axis of both operands, with the narrower operand on the
     left: the product's result is ``[16, 48]`` both for a ``16 -> 48`` layer

@@ -1,10 +1,10 @@
 """A run continues only under the identity it was made with; a workdir holds one study.
 
 The identity (`train.identity`): the config fields that change numbers, the corpus content
-hash and the versions. Each test reproduces a red-team case of issue 16 -- a finished study
-rerun with another schedule or evaluation, a killed run resumed with another schedule,
-another jax / Python / corpus content, the same corpus at a new path, another study in the
-same workdir -- and asserts the new behaviour: one refusal naming the fields (or, with
+hash and the versions. The cases: a finished study rerun with another schedule or
+evaluation, a killed run resumed with another schedule, another jax / Python / corpus
+content, the same corpus at a new path, another study in the same workdir. Each ends in one
+refusal naming the fields (or, with
 ``restart_changed``, a fresh start in place), acceptance where nothing that changes numbers
 changed. The tiny preset on a small file corpus, 4 training steps.
 """
@@ -29,7 +29,7 @@ from flaxformer_lite.train import identity, loop
 from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CELL = "alibi-seed0"
 WORDS = [b"alpha", b"beta", b"gamma", b"delta", b"epsilon", b"zeta", b"eta", b"theta"]
 
@@ -130,9 +130,9 @@ def test_identity_is_what_changes_numbers():
 
 
 def test_finished_study_rerun_with_another_schedule_is_refused_then_restarted(copy):
-    """Red team: ``--config.train.num_steps=40`` on a finished study skipped every cell and
-    kept the old tables with rc 0. Now: one line naming the field, nothing written; settings
-    that change no number are accepted; ``restart_changed`` trains the cell afresh."""
+    """``--config.train.num_steps=40`` on a finished study is refused in one line naming the
+    field, nothing written (never every cell skipped and the old tables kept with rc 0);
+    settings that change no number are accepted; ``restart_changed`` trains the cell afresh."""
     corpus, workdir = copy
     before = snapshot(workdir)
     finished_rows = (workdir / "results.jsonl").read_bytes()
@@ -169,8 +169,8 @@ def test_finished_study_rerun_with_another_schedule_is_refused_then_restarted(co
 
 
 def test_new_evaluation_lengths_keep_the_training(copy):
-    """Red team: new ``eval.length_multiples`` on a finished study were ignored. Now refused;
-    with ``restart_changed`` the cell is evaluated again from its final checkpoint."""
+    """New ``eval.length_multiples`` on a finished study are refused, not ignored; with
+    ``restart_changed`` the cell is evaluated again from its final checkpoint."""
     corpus, workdir = copy
     wider = study_config(corpus)
     wider.eval.length_multiples = (1, 2)
@@ -190,9 +190,9 @@ def test_new_evaluation_lengths_keep_the_training(copy):
 
 
 def test_killed_run_never_resumes_into_another_schedule(finished, tmp_path, monkeypatch):
-    """Red team: killed at step 3 of 4, resumed with 6 steps, the run mixed two learning-rate
-    schedules under the config_hash of a clean 6-step run. Now refused; restarted, it equals
-    the clean run, number for number and hash for hash."""
+    """A run killed at step 3 of 4 and resumed with 6 steps is refused (it would mix two
+    learning-rate schedules under the config_hash of a clean 6-step run); restarted, it
+    equals the clean run, number for number and hash for hash."""
     corpus, _ = finished
     original = TrainBatches.__call__
 
@@ -219,9 +219,9 @@ def test_killed_run_never_resumes_into_another_schedule(finished, tmp_path, monk
 
 
 def test_other_versions_and_corpus_content_are_refused(copy, tmp_path, monkeypatch):
-    """Red team: a resume under another jax or Python, or after the corpus's files changed,
-    went unnoticed. Now each is refused naming the field and both values; the same content
-    at another path is accepted; another git commit is only a warning."""
+    """A resume under another jax or Python, or after the corpus's files changed, is refused
+    naming the field and both values; the same content at another path is accepted; another
+    git commit is only a warning."""
     corpus, workdir = copy
     moved = tmp_path / "elsewhere" / corpus.name
     moved.parent.mkdir()
@@ -253,7 +253,7 @@ def test_other_versions_and_corpus_content_are_refused(copy, tmp_path, monkeypat
 
 
 def test_identical_folder_corpus_at_another_path_and_cache_is_accepted(tmp_path):
-    """Red team: the same corpus at a new path / cache_dir was refused (paths compared)."""
+    """The same corpus at a new path / cache_dir is accepted (content compared, not paths)."""
     folder = tmp_path / "a" / "docs"
     folder.mkdir(parents=True)
     for i in range(60):
@@ -274,7 +274,7 @@ def test_identical_folder_corpus_at_another_path_and_cache_is_accepted(tmp_path)
 
 
 def test_another_study_in_the_workdir_is_refused(copy):
-    """Red team: a second study in one workdir silently replaced the first's results."""
+    """A second study in one workdir is refused; it never replaces the first's results."""
     corpus, workdir = copy
     before = snapshot(workdir)
     tasks = extrapolation_tasks.get_config("tiny")

@@ -1,7 +1,7 @@
 """Chunked (online-softmax) attention against the plain implementation, and the dispatch.
 
 The plain `attention.dot_product_attention` is itself tested against a float64 numpy
-reference in test_attention.py; here every chunked result is compared with it (and, for
+reference in test_core_attention.py; here every chunked result is compared with it (and, for
 the bias, with a numpy ALiBi), forward and backward, on shapes chosen so that the lengths
 are not multiples of the block sizes and several blocks are visited.
 """
@@ -680,8 +680,8 @@ def test_length_positions_broadcast_in_chunked_and_attend():
 
 
 def test_attend_auto_above_default_threshold_takes_arange_positions():
-    """The issue's case: "auto" chunks above `DEFAULT_CHUNKED_THRESHOLD` keys and must take
-    ``jnp.arange(L)`` there too (it raised before), agreeing with dense attention."""
+    """The "auto" implementation chunks above `DEFAULT_CHUNKED_THRESHOLD` keys and takes
+    ``jnp.arange(L)`` positions there too (no error), agreeing with dense attention."""
     L = attention.DEFAULT_CHUNKED_THRESHOLD + 16
     rng = np.random.default_rng(43)
     q, k, v = (jnp.asarray(rng.standard_normal((1, L, 1, 8)), jnp.float32) for _ in range(3))

@@ -22,7 +22,7 @@ import pytest
 from flaxformer_lite.experiments import report, results, significance, stats
 from flaxformer_lite.experiments.report import paired, plots
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- stats
@@ -321,8 +321,8 @@ def test_latex_escape():
     assert report.latex_escape("a_b 50% ± & #1 ~") == (r"a\_b 50\% $\pm$ \& \#1 \textasciitilde{}")
 
 
-# A run name / label as the red team wrote them: a newline, emphasis, code, HTML, a cell
-# separator, a link, math. Unescaped they broke the Markdown tables or rendered as markup.
+# A run name / label with a newline, emphasis, code, HTML, a cell separator, a link, math:
+# unescaped, each would break a Markdown table or render as markup.
 EVIL = "a*b*\n`x` <b>bold</b> | _y_ [l](http://e) $m$ &amp;"
 EVIL_MD = "a\\*b\\* \\`x\\` &lt;b&gt;bold&lt;/b&gt; \\| \\_y\\_ \\[l\\](http://e) \\$m\\$ &amp;amp;"
 
@@ -400,9 +400,9 @@ def test_merge_two_run_dirs_drops_duplicates_keeps_distinct(tmp_path):
 
 
 def test_two_rows_of_one_seed_are_an_error_naming_the_key_and_files(tmp_path):
-    """Red-team case: a duplicate row of one seed (same run, seed, length, protocol, metric,
-    label) was averaged as two seeds ("5.914 ± 6.353"). Now an error naming the key and both
-    places, whether the rows are in one file or come from two run dirs."""
+    """A duplicate row of one seed (same run, seed, length, protocol, metric, label) is an
+    error naming the key and both places, never averaged as two seeds ("5.914 ± 6.353"),
+    whether the rows are in one file or come from two run dirs."""
     a = _write_jsonl(tmp_path / "a", TWO_SEEDS[:3])
     rerun = dict(TWO_SEEDS[0], value=9.9, backend="gpu")  # same measurement, other contents
     b = _write_jsonl(tmp_path / "b", [TWO_SEEDS[1], rerun])
@@ -426,7 +426,7 @@ def test_two_rows_of_one_seed_are_an_error_naming_the_key_and_files(tmp_path):
     # make_report: one line, non-zero exit, nothing written
     proc = subprocess.run(
         [sys.executable, "scripts/make_report.py", str(a), str(b)],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
     )

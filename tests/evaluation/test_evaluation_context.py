@@ -1,4 +1,4 @@
-"""The context-controlled protocol and the per-block sums (issue 13).
+"""The context-controlled protocol and the per-block sums.
 
 * the same target bytes are scored at every context length c, target k of a block with
   exactly c + k bytes before it -- checked against a naive loop that runs the model once per

@@ -22,7 +22,7 @@ from flaxformer_lite.train import loop
 from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +267,8 @@ def test_bad_config_values_name_the_field(path, value, match):
 
 
 def test_learned_table_must_cover_the_training_length():
-    """Beyond L the cells are "n/a" (test_plan.py); a table shorter than L cannot train."""
+    """Beyond L the cells are "n/a" (tests/evaluation/test_evaluation_plan.py); a table
+    shorter than L cannot train."""
     c = extrapolation_lm.get_config("tiny")
     c.model.positional = "learned"
     c.model.positional_options.learned.max_length = 8

@@ -1,4 +1,4 @@
-"""The package as a pip user gets it (issue 18): a wheel, installed into a fresh environment,
+"""The package as a pip user gets it: a wheel, installed into a fresh environment,
 runs a study by config name from another directory with the ``flaxformer-lite`` command.
 
 The wheel is built offline from this checkout (no build isolation: the test extra installs
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "flaxformer_lite"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks import gpu_check
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_shell_script_parses():

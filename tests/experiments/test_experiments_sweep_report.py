@@ -361,9 +361,7 @@ def test_cost_table_per_step_and_tokens_per_second():
     assert body["rope"] == ("1", "35.0", "1.00", "4,064", "1.00")
     assert body["alibi"] == ("1", "—", "—", "512", "7.94")
     assert "depend on the machine" in table.caption
-    records = {
-        r["encoding"]: r for r in csv.DictReader(io.StringIO(report.render_csv(table)))
-    }
+    records = {r["encoding"]: r for r in csv.DictReader(io.StringIO(report.render_csv(table)))}
     assert float(records["fire"]["train_ms_per_step"]) == pytest.approx(70.0)
     assert float(records["fire"]["eval_tokens_per_second"]) == pytest.approx(1625.6)
     assert cost.forward_tokens(_cost_row("x", 0, protocol="sliding", stride=16)) == 4 * 4096
