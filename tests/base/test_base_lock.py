@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_bad_input import HARNESS
+from subprocess_checks import HARNESS, STUDY_ARGS, env, last_line
 
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import (
@@ -20,7 +21,7 @@ from flaxformer_lite.base.io import (
     append_text,
     atomic_write_text,
 )
-from flaxformer_lite.base.lock import WorkdirLock
+from flaxformer_lite.base.lock import WorkdirBusyError, WorkdirLock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
@@ -201,3 +202,69 @@ def test_the_metrics_writer_refuses_a_linked_log_or_event_directory(tmp_path, ou
             MetricsWriter(workdir, resume_step=0)
         assert outside.read_text() == PRECIOUS
         assert sorted(p.name for p in outside.parent.iterdir()) == [".bashrc"]
+
+
+HOLDER = """
+import sys, time
+from flaxformer_lite.base.lock import WorkdirLock
+locks = [WorkdirLock(path).acquire() for path in sys.argv[1:]]
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_locked_workdir_is_refused_with_the_holders_pid_and_taken_over_when_it_dies(tmp_path):
+    study, single = tmp_path / "study", tmp_path / "single"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(study), str(single)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(
+            WorkdirBusyError, match=rf"in use by another process \(pid {holder.pid} "
+        ):
+            WorkdirLock(study).acquire()
+
+        # A second study and a second single run on the held workdirs: one line, status 2.
+        second = [
+            [sys.executable, "scripts/run_study.py", f"--workdir={study}", *STUDY_ARGS],
+            [
+                sys.executable,
+                "scripts/train.py",
+                "--config=experiments/extrapolation_lm.py:tiny",
+                f"--workdir={single}",
+            ],
+        ]
+        procs = [
+            subprocess.Popen(c, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for c in second
+        ]
+        for workdir, p in zip((study, single), procs, strict=True):
+            out, err = p.communicate(timeout=300)
+            done = subprocess.CompletedProcess(p.args, p.returncode, out.decode(), err.decode())
+            assert done.returncode == 2, done.stderr[-3000:]
+            assert re.fullmatch(
+                rf"error: workdir='{re.escape(str(workdir))}': in use by another process "
+                rf"\(pid {holder.pid} on host \S+ since \S+, holding {re.escape(str(workdir))}"
+                r"/\.lock\); wait for it to end or stop it, or use another workdir",
+                last_line(done),
+            )
+        # The refused processes wrote nothing: the holder's lock file is all there is.
+        assert sorted(p.name for p in study.iterdir()) == [".lock"]
+        assert sorted(p.name for p in single.iterdir()) == [".lock"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+    # The holder died holding the lock (SIGKILL: no cleanup ran); its lock file still names
+    # it, but the kernel released the lock, so the next writer takes it over.
+    assert f"pid={holder.pid} " in (study / ".lock").read_text()
+    with WorkdirLock(study):
+        assert f"pid={os.getpid()} " in (study / ".lock").read_text()
+        with pytest.raises(WorkdirBusyError, match=rf"\(pid {os.getpid()} "):
+            WorkdirLock(study).acquire()  # not re-entrant, even within one process
+    assert (study / ".lock").read_text() == ""  # released: no stale pid to mislead

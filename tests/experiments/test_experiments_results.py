@@ -1,11 +1,12 @@
 """Rows with impossible numbers are skipped lines, reported with file and line: a value that
 is not a finite float (NaN, ±inf, a 401-digit integer), a length beyond 2**40, negative bits
-per byte, an accuracy outside [0, 1] -- never a traceback and never a table cell.
-"""
+per byte, an accuracy outside [0, 1] -- never a traceback and never a table cell. A results
+file loads without pickle."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 
@@ -107,3 +108,19 @@ def test_the_report_skips_each_impossible_row_naming_file_and_line(tmp_path):
     assert "2.1" in table  # the mean of the two good seeds
     report = (tmp_path / "out" / "REPORT.md").read_text()
     assert f"{len(BAD)} results line(s) were skipped" in report
+
+
+@pytest.fixture
+def no_pickle(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was used to load data")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+
+
+def test_results_load_without_pickle(tmp_path, no_pickle):
+    """A results file loads with pickle refused: rows are JSON lines."""
+    row = {"encoding": "rope", "metric": "loss", "value": 1.5, "eval_length": 16}
+    (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
+    assert results.load_rows(tmp_path) == [row]

@@ -13,15 +13,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import pytest
+from subprocess_checks import STUDY_ARGS, env, last_line, restricted, temporary_files
 
+from flaxformer_lite.base import faults
+from flaxformer_lite.base.lock import WorkdirBusyError, WorkdirLock
 from flaxformer_lite.experiments import results
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.loop import build_model
@@ -29,19 +34,7 @@ from flaxformer_lite.train.optim import make_optimizer
 from flaxformer_lite.train.run_config import RunConfig
 from flaxformer_lite.train.step import init_train_state
 
-ROOT = Path(__file__).resolve().parent.parent
-STUDY_ARGS = (
-    "--config=experiments/extrapolation_lm.py:tiny",
-    "--only=alibi,rope",  # cells in sweep order: rope-seed0, then alibi-seed0
-    "--config.train.num_steps=8",
-    "--config.train.checkpoint_every=4",
-    "--config.eval.length_multiples=(1,2)",
-    "--config.eval.max_tokens=512",  # 4 + 2 evaluation batches per cell
-    "--config.eval.protocols=('nonoverlapping','context')",
-    "--config.eval.context_multiples=(1,2)",  # c = 16, 32: 8 target blocks of 8 bytes
-    "--config.eval.context_targets=64",
-    "--progress=false",
-)
+ROOT = Path(__file__).resolve().parents[2]
 KILLED = -signal.SIGKILL
 
 
@@ -144,7 +137,7 @@ def test_kill_at_every_point_then_rerun_gives_the_same_results(clean, tmp_path):
 
 def test_happy_path_prints_nothing_on_stderr(clean):
     """With --progress=false, a study that runs without trouble says nothing on stderr: no
-    warning or log line of absl, orbax, jax or Python's warnings (issue 18 item 6). A line
+    warning or log line of absl, orbax, jax or Python's warnings. A line
     here is either noise to silence at its source or something to explain in one line."""
     stderr = (clean.parent / "stderr.txt").read_text()
     assert stderr == "", stderr[-3000:]
@@ -241,3 +234,160 @@ def test_make_report_skips_a_corrupted_line_and_names_it(clean, tmp_path):
     rows, problems = results.read_rows_file(study / "results.jsonl")
     assert [p.line for p in problems] == [3]
     assert len(rows) == len(lines) - 1
+
+
+ROPE = Path("runs") / "rope-seed0"
+
+
+RERUN = "; rerun the same command to resume"
+
+
+ROPE_ONLY = tuple("--only=rope" if a == "--only=alibi,rope" else a for a in STUDY_ARGS)
+assert ROPE_ONLY != STUDY_ARGS
+
+
+def run_rope(workdir: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    """`run_study` of the rope cell alone (the signal tests need no second cell)."""
+    cmd = [sys.executable, "scripts/run_study.py", f"--workdir={workdir}", *ROPE_ONLY]
+    extra = {faults.ENV: fault} if fault else {}
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=600
+    )
+
+
+def rope_values(clean: Path) -> dict:
+    return {k: v for k, v in values(clean).items() if k[0] == "rope"}
+
+
+def test_disk_full_or_failing_stops_the_study_with_one_line_and_a_rerun_finishes(clean, tmp_path):
+    """A file-size limit (EFBIG) in orbax's first checkpoint, a failing disk (EIO) writing
+    eval.json, a full disk (ENOSPC) writing rows.jsonl: each stops the study at once (the other
+    cell is not started), cleans its temporary files; the rerun ends with the clean numbers."""
+    study = tmp_path / "study"
+    rope, alibi = study / ROPE, study / "runs" / "alibi-seed0"
+
+    def failed(fault: str | None = None, fsize: int | None = None) -> str:
+        if fsize is None:
+            proc = run_study(study, fault)
+        else:
+            cmd = [sys.executable, "scripts/run_study.py", f"--workdir={study}", *STUDY_ARGS]
+            cmd = restricted(cmd, fsize=fsize)
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600
+            )
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert not alibi.exists(), "the study went on to the next cell"
+        assert temporary_files(study) == []
+        return last_line(proc)
+
+    # 1. Every file is limited to 32 KiB: rope's first checkpoint cannot be written; the
+    # message names the step and the file inside it that could not be written.
+    line = failed(fsize=32 * 1024)
+    assert re.fullmatch(
+        re.escape(f"error: cannot write {rope}/checkpoints/4: [Errno 27] File too large ")
+        + re.escape(f"(writing {rope}/checkpoints/4.orbax-checkpoint-tmp")
+        + r"[^ ]*/[^ /]+\); "
+        + re.escape("free space and rerun the same command to resume"),
+        line,
+    ), line
+    assert not list((rope / "checkpoints").iterdir())
+
+    # 2. The disk fails writing rope's eval.json (after training and evaluating it).
+    assert failed("write:eval.json:1:EIO") == (
+        f"error: cannot write {rope}/eval.json: [Errno 5] Input/output error; "
+        "fix the cause and rerun the same command to resume"
+    )
+    assert sorted(p.name for p in (rope / "checkpoints").iterdir()) == ["4", "8"]
+    assert not (rope / "eval.json").exists()
+
+    # 3. The disk is full when rope's rows are written (its eval.json is done).
+    assert failed("write:rows.jsonl:1:ENOSPC") == (
+        f"error: cannot write {rope}/rows.jsonl: [Errno 28] No space left on device; "
+        "free space and rerun the same command to resume"
+    )
+    assert (rope / "eval.json").exists() and not (rope / "rows.jsonl").exists()
+
+    # 4. Space freed: the same command finishes the study, with the clean run's numbers.
+    proc = run_study(study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert values(study) == values(clean)
+    assert tables(study) == tables(clean)
+    assert temporary_files(study) == []
+
+
+def test_sigint_and_sigterm_end_with_one_line_and_a_rerun_finishes(clean, tmp_path):
+    """At exact points: mid-training, inside a checkpoint save and an atomic write (both
+    completed before the process stops), during evaluation."""
+    study = tmp_path / "study"
+    rope = study / ROPE
+
+    def interrupted(fault: str, status: int) -> str:
+        proc = run_rope(study, fault)
+        assert proc.returncode == status, proc.stderr[-3000:]
+        assert temporary_files(study) == []
+        return last_line(proc)
+
+    # 1. SIGINT at step 6 of rope (its checkpoint at step 4 is on disk).
+    assert interrupted("train_step:6:SIGINT", 130) == (
+        "interrupted (SIGINT) at step 6 of cell rope-seed0 "
+        "(8 steps; resumes from its checkpoint at step 4)" + RERUN
+    )
+
+    # 2. SIGTERM while orbax saves step 8: the save completes first.
+    assert interrupted("checkpoint_save:1:SIGTERM", 143) == (
+        "interrupted (SIGTERM) at step 8 of cell rope-seed0 "
+        "(8 steps; resumes from its checkpoint at step 8)" + RERUN
+    )
+    assert sorted(p.name for p in (rope / "checkpoints").iterdir()) == ["4", "8"]
+
+    # 3. SIGTERM during evaluation.
+    assert interrupted("eval_batch:2:SIGTERM", 143) == (
+        "interrupted (SIGTERM) while evaluating cell rope-seed0" + RERUN
+    )
+    assert not (rope / "eval.json").exists()
+
+    # 4. SIGINT while rope's rows are written: the file is completed first.
+    assert interrupted("write:rows.jsonl:1:SIGINT", 130) == (
+        "interrupted (SIGINT) while writing the rows of cell rope-seed0" + RERUN
+    )
+    rows, problems = results.read_rows_file(rope / "rows.jsonl")
+    assert problems == [] and len(rows) == len(
+        results.read_rows_file(clean / ROPE / "rows.jsonl")[0]
+    )
+
+    # 5. The same command finishes the study, with the clean run's numbers.
+    proc = run_rope(study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert values(study) == rope_values(clean)
+
+
+def test_a_real_sigterm_from_outside_while_the_study_holds_its_lock(clean, tmp_path):
+    study = tmp_path / "study"
+    cmd = [sys.executable, "scripts/run_study.py", f"--workdir={study}", *ROPE_ONLY]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (study / ROPE / "checkpoints" / "4").is_dir():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with pytest.raises(WorkdirBusyError, match=rf"\(pid {proc.pid} "):
+            WorkdirLock(study).acquire()  # the running study holds it
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    assert done.returncode == 143, err[-3000:]
+    assert re.fullmatch(
+        r"interrupted \(SIGTERM\) (at step \d of|while [a-z ]+) cell rope-seed0( \(.+\))?" + RERUN,
+        last_line(done),
+    ), last_line(done)
+    assert temporary_files(study) == []
+    proc = run_rope(study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert values(study) == rope_values(clean)

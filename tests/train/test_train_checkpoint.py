@@ -1,12 +1,13 @@
-"""Corrupt checkpoints: fall back to the previous step with a warning, never crash or mix.
+"""Checkpoints (`train.checkpoint`): a corrupt newest step falls back to the previous one with a
+warning, never crashes or mixes steps; a checkpoint restores without pickle.
 
-(End to end through a study: tests/test_kill_resume.py; a corrupted results line:
-tests/test_report.py and tests/test_kill_resume.py.)
-"""
+(End to end through a study, with a corrupted results line too:
+tests/integration/test_integration_kill_resume.py.)"""
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -168,3 +169,30 @@ def test_a_step_found_unreadable_is_replaced_when_recomputed(saved, tmp_path):
     ckpt = Checkpointer(work, keep=3)
     assert equal(ckpt.restore(1, make_state(0.0)), make_state(1.0))
     ckpt.close()
+
+
+@pytest.fixture
+def no_pickle(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was used to load data")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+
+
+def test_checkpoints_load_without_pickle(tmp_path, no_pickle):
+    """A checkpoint restores (arrays, a bfloat16 leaf, a PRNG key) with pickle refused."""
+    state = {
+        "params": {"w": jnp.arange(12.0).reshape(3, 4), "b": jnp.ones(4, jnp.bfloat16)},
+        "step": jnp.asarray(7, jnp.int32),
+        "key": jax.random.key(3),
+    }
+    ckpt = Checkpointer(tmp_path / "ckpt", keep=2)
+    ckpt.save(7, state)
+    restored, step = ckpt.restore_latest(state)
+    ckpt.close()
+    assert step == 7
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,11 +1,15 @@
-"""Bad input through the command line: one clear line, exit status 2, nothing written.
+"""The commands (`experiments.commands`): the ``flaxformer-lite`` dispatcher, configs by name,
+help and output, and bad input through the command line: one clear line, exit status 2 (1
+for a report that cannot be written), nothing written.
 
-Every case runs ``scripts/train.py`` or ``scripts/run_study.py`` as a user would, with 8
-simulated CPU devices (for the data-parallel batch check). To keep this fast, one helper
-process per script imports its command (`flaxformer_lite.experiments.commands`) once and
-forks a child per case (the import of JAX, Flax and orbax is most of a CLI call's time); the
-child calls the command's ``run`` exactly as ``python scripts/X.py ARGS`` does.
-"""
+Every bad-input case runs ``scripts/train.py`` or ``scripts/run_study.py`` as a user would,
+with 8 simulated CPU devices (for the data-parallel batch check). To keep this fast, one helper
+process per script (`subprocess_checks.HARNESS`) imports its command once and forks a child per
+case (the import of JAX, Flax and orbax is most of a CLI call's time); the child calls the
+command's ``run`` exactly as ``python scripts/X.py ARGS`` does. ``--help`` and make_report's bad
+paths run in a subprocess (absl flags are global to a process); the dispatcher and the config
+resolution in-process. The installed command from a wheel:
+tests/integration/test_integration_wheel.py."""
 
 from __future__ import annotations
 
@@ -18,42 +22,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from subprocess_checks import HARNESS, env, last_line, restricted
 
-from experiments import extrapolation_lm
+from experiments import extrapolation_lm, extrapolation_tasks
+from flaxformer_lite.experiments import cli, commands
+from flaxformer_lite.experiments.commands.train import result_lines
 from flaxformer_lite.train.run_config import RunConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
-
-# Runs in a helper process: argv[1] = script, argv[2] = JSON list of argument lists.
-HARNESS = r"""
-import importlib.util, json, os, sys, tempfile, traceback
-script, cases = sys.argv[1], json.loads(sys.argv[2])
-command = {"run_study.py": "study", "train.py": "train"}[os.path.basename(script)]
-module = importlib.import_module("flaxformer_lite.experiments.commands." + command)
-out = []
-for args in cases:
-    with tempfile.TemporaryFile("w+") as log:
-        pid = os.fork()
-        if pid == 0:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            code = 0
-            try:
-                module.run([script, *args], prog="python " + script)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        log.seek(0)
-        out.append({"rc": os.waitstatus_to_exitcode(status), "output": log.read()})
-print("RESULTS" + json.dumps(out))
-"""
 
 
 def different_config(workdir: Path, positional: str) -> None:
@@ -73,7 +50,7 @@ def a_file(path: Path) -> None:
 # (id, extra arguments, the error line (regex), setup(dir) -> workdir or None for dir/"w")
 COMMON = [
     ("lr", ["--config.optim.learning_rate=-1"], r"config\.optim\.learning_rate=-1\.0: must be > 0"),
-    # up-front checks of values that used to fail only after the workdir was written
+    # values checked up front, before the workdir is written
     (
         "lr_inf",
         ["--config.optim.learning_rate=inf"],
@@ -362,3 +339,149 @@ def test_missing_required_flags_are_named_in_one_line(script, args, missing, tmp
         "--workdir=runs/quick (--help lists every flag)"
     )
     assert not (tmp_path / "w").exists()
+
+
+ROW = (
+    '{"study": "s", "preset": "tiny", "run": "rope-seed0", "encoding": "rope", "seed": 0, '
+    '"train_length": 64, "eval_length": 64, "protocol": "nonoverlapping", "stride": 64, '
+    '"task": null, "metric": "bits_per_byte", "value": 2.0}\n'
+)
+
+
+def make_report(*args: str, read_only: bool = False) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "scripts/make_report.py", *args]
+    return subprocess.run(
+        restricted(cmd, read_only=True) if read_only else cmd,
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_make_report_on_a_bad_path_is_one_line(tmp_path):
+    missing = tmp_path / "missing"
+    proc = make_report(str(missing))
+    assert proc.returncode == 2
+    assert last_line(proc) == f"error: {missing}: no such run dir or results file"
+
+    (tmp_path / "isdir" / "results.jsonl").mkdir(parents=True)
+    proc = make_report(str(tmp_path / "isdir"))
+    assert proc.returncode == 2
+    assert last_line(proc) == (
+        f"error: {tmp_path}/isdir/results.jsonl: is a directory, not a results file "
+        "(JSON lines of rows)"
+    )
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.jsonl").write_text(ROW)
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out"
+    proc = make_report(str(run), f"--out={out}")
+    assert proc.returncode == 1
+    assert last_line(proc) == (
+        f"error: cannot write {out}/tables: [Errno 20] Not a directory; "
+        f"the report goes into --out={out}"
+    )
+
+
+def test_make_report_into_a_read_only_dir_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    (run / "tables").mkdir(parents=True)
+    (run / "results.jsonl").write_text(ROW)
+    for path in (run / "tables", run):
+        path.chmod(0o555)
+    try:
+        probe = [sys.executable, "-c", f"open({str(run / 'probe')!r}, 'w')"]
+        if subprocess.run(restricted(probe, read_only=True), capture_output=True).returncode == 0:
+            pytest.skip("this process cannot give up its permission to write read-only dirs")
+        proc = make_report(str(run), read_only=True)
+    finally:
+        for path in (run, run / "tables"):
+            path.chmod(0o755)
+    assert proc.returncode == 1
+    assert re.fullmatch(
+        rf"error: cannot write {re.escape(str(run))}/tables/\w+\.md: \[Errno 13\] Permission "
+        rf"denied; the report goes into --out={re.escape(str(run))}",
+        last_line(proc),
+    ), last_line(proc)
+    assert sorted(p.name for p in (run / "tables").iterdir()) == []  # no temporary file
+
+
+def test_the_dispatcher_lists_subcommands_and_refuses_unknown_ones(capsys):
+    with pytest.raises(SystemExit) as e:
+        commands.main(["flaxformer-lite"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    for name in ("study", "train", "report", "generate", "demo"):
+        assert f"\n  {name} " in err
+    with pytest.raises(SystemExit) as e:
+        commands.main(["flaxformer-lite", "--help"])
+    assert e.value.code == 0 and "SUBCOMMAND" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        commands.main(["flaxformer-lite", "studdy"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: unknown subcommand 'studdy'; allowed: study, train, report, generate, demo "
+        "(flaxformer-lite --help)\n"
+    )
+
+
+def test_configs_resolve_by_name_to_the_experiments_files():
+    configs = cli.packaged_configs()
+    assert configs["extrapolation_lm"].resolve() == ROOT / "experiments" / "extrapolation_lm.py"
+    assert set(configs) == {"extrapolation_lm", "extrapolation_tasks", "pretrained"}
+    argv = cli.resolve_config(["prog", "--config=extrapolation_tasks:tiny", "--only=rope"])
+    assert argv == ["prog", f"--config={configs['extrapolation_tasks']}:tiny", "--only=rope"]
+    assert cli.resolve_config(["prog", "--config", "extrapolation_lm:cpu"])[2] == (
+        f"{configs['extrapolation_lm']}:cpu"
+    )
+    by_path = ["prog", "--config=experiments/extrapolation_lm.py:tiny"]
+    assert cli.resolve_config(by_path) == by_path
+    assert cli.config_presets(configs["extrapolation_tasks"]) == list(extrapolation_tasks.PRESETS)
+
+
+def test_an_unknown_config_name_is_one_line_naming_the_packaged_ones(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.resolve_config(["prog", "--config=extrapolation:quick"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --config=extrapolation:quick: no packaged study config 'extrapolation'; allowed: "
+        "['extrapolation_lm', 'extrapolation_tasks', 'pretrained'] "
+        "(or a config file FILE.py:PRESET)\n"
+    )
+
+
+def test_help_exits_0_keeps_the_usage_lines_and_lists_every_preset():
+    proc = subprocess.run(
+        [sys.executable, "-m", "flaxformer_lite", "train", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the backslash continuation of the usage example is printed as written
+    assert "--workdir=runs/tiny \\\n        --config.model.positional=rope" in proc.stdout
+    flat = " ".join(proc.stdout.split())
+    assert f"extrapolation_lm: {', '.join(extrapolation_lm.PRESETS)};" in flat
+    assert f"extrapolation_tasks: {', '.join(extrapolation_tasks.PRESETS)}" in flat
+
+
+def test_train_prints_one_aligned_line_per_length_with_rounded_values():
+    summary = {
+        "eval": [
+            {"encoding": "rope", "protocol": "nonoverlapping", "eval_length": 64,
+             "bits_per_byte": 1.964213456},
+            {"encoding": "learned", "protocol": "nonoverlapping", "eval_length": 128,
+             "bits_per_byte": None, "na": "no embedding past 64"},
+            {"encoding": "alibi", "protocol": "task", "eval_length": 32, "exact_match": 0.375},
+        ]
+    }  # fmt: skip
+    assert result_lines(summary) == [
+        "rope                     nonoverlapping  length     64  1.9642 bits/byte",
+        "learned                  nonoverlapping  length    128  n/a (no embedding past 64)",
+        "alibi                    task            length     32  37.5 % exact match",
+    ]

@@ -1,16 +1,27 @@
-"""The sweep runner: sweeps as data, overrides, cell selection, rows (kill-then-rerun:
-test_kill_resume.py)."""
+"""Sweeps (`experiments.sweeps`): sweeps as data, overrides, cell names and selection, shards of a
+study's cells (``--shard=I/N``: deterministic, disjoint, covering, balanced by cost), the rows of
+a cell, and every preset of every study config building and validating every run of its sweep
+without training. (A killed study rerun: tests/integration/test_integration_kill_resume.py;
+shards merged by make_report: tests/integration/test_integration_shard.py.)"""
 
 from __future__ import annotations
 
+import importlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from subprocess_checks import STUDY_ARGS
 
 from experiments import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.experiments import rows as results_rows
 from flaxformer_lite.experiments import sweeps
+from flaxformer_lite.experiments.sweeps import apply_overrides, expand_sweep
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sweep_lists_every_encoding_and_seed():
@@ -54,8 +65,8 @@ def test_sweep_errors_name_the_field():
 
 @pytest.mark.parametrize("seeds", [(-1,), (0, -3), (1.5,), (True,), (2**40,)])
 def test_a_bad_seed_is_refused_naming_sweep_seeds(seeds):
-    """Red-team case: sweep.seeds=(-1,) was accepted and failed after writing the workdir,
-    in an error that named no field."""
+    """A bad seed in sweep.seeds is refused before the workdir is written, in an error that
+    names the field."""
     c = extrapolation_lm.get_config("tiny").to_dict()
     c["sweep"]["seeds"] = seeds
     with pytest.raises(ConfigError, match=r"^config\.sweep\.seeds=.*: each seed must be an int in"):
@@ -70,7 +81,7 @@ def test_a_bad_seed_is_refused_naming_sweep_seeds(seeds):
     "name", ["../../x", "..", "a/b", "a\\b", "/abs", ".hidden", "-x", "", "a b", "x..y", "é", None]
 )
 def test_a_cell_name_outside_runs_is_refused(name):
-    """Red-team case: a sweep cell named ../../x was created outside the study directory."""
+    """A sweep cell whose name would put it outside the study's runs/ (../../x) is refused."""
     sweep = [{"name": "rope-seed0", "overrides": {}}, {"name": name, "overrides": {}}]
     with pytest.raises(ConfigError, match=r"^sweep cell name=.*: must be a plain directory name"):
         sweeps.check_cell_names(sweep)
@@ -205,3 +216,114 @@ def test_presets_of_the_citeable_study():
         ValueError, match=r"preset='paper' is not known; allowed: \[.*'wikitext103_bytes'"
     ):
         extrapolation_lm.get_config("paper")
+
+
+@pytest.mark.parametrize("value, expected", [("0/1", (0, 1)), ("3/4", (3, 4)), ((1, 2), (1, 2))])
+def test_parse_shard(value, expected):
+    assert sweeps.parse_shard(value) == expected
+
+
+@pytest.mark.parametrize("value", ["4/4", "-1/4", "0/0", "1", "a/b", "1/2/3", ""])
+def test_a_bad_shard_is_refused_naming_the_flag(value):
+    with pytest.raises(ConfigError, match=r"^--shard=.*: must be I/N with integers"):
+        sweeps.parse_shard(value)
+
+
+@pytest.mark.parametrize("preset, n", [("tiny", 2), ("tiny", 3), ("cpu", 4), ("all", 5)])
+def test_shards_are_deterministic_disjoint_covering_and_balanced(preset, n):
+    config = extrapolation_lm.get_config(preset)
+    cells = sweeps.expand_sweep(config)
+    shards = [sweeps.shard_cells(cells, (i, n), config) for i in range(n)]
+    again = [sweeps.shard_cells(cells, (i, n), config) for i in range(n)]
+    assert shards == again  # deterministic
+    names = [c["name"] for shard in shards for c in shard]
+    assert sorted(names) == sorted(c["name"] for c in cells)  # disjoint and covering
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1  # equal costs: balanced by count
+    for shard in shards:  # each shard keeps sweep order
+        order = [cells.index(c) for c in shard]
+        assert order == sorted(order)
+
+
+def test_shards_balance_unequal_costs():
+    """Greedy longest-processing-time: no shard exceeds another by more than the largest cell."""
+    config = extrapolation_lm.get_config("tiny")
+    steps = [10, 80, 20, 40, 40, 70, 10, 30, 50, 60]
+    cells = [
+        {"name": f"c{k}", "overrides": {"train.num_steps": s, "seed": k}}
+        for k, s in enumerate(steps)
+    ]
+    costs = {c["name"]: sweeps.cell_cost(config, c) for c in cells}
+    assert costs["c1"] > costs["c5"] > costs["c0"]  # more steps, more cost
+    loads = [
+        sum(costs[c["name"]] for c in sweeps.shard_cells(cells, (i, 3), config)) for i in range(3)
+    ]
+    assert max(loads) - min(loads) <= max(costs.values())
+    assert max(loads) <= sum(costs.values()) / 3 + max(costs.values()) * 0.5
+
+
+def test_more_shards_than_cells_is_refused():
+    cells = [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {}}]
+    with pytest.raises(ConfigError, match=r"^--shard='2/3': N must be at most .* \(2\)"):
+        sweeps.shard_cells(cells, (2, 3))
+
+
+def test_run_study_refuses_a_bad_shard_in_one_line(tmp_path):
+    cmd = [sys.executable, "scripts/run_study.py", f"--workdir={tmp_path / 's'}", *STUDY_ARGS]
+    proc = subprocess.run(
+        [*cmd, "--shard=2/2"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: --shard='2/2': must be I/N with integers N >= 1 and 0 <= I < N (0-based)"
+    ]
+    assert not (tmp_path / "s").exists()
+
+
+CONFIG_MODULES = ("experiments.extrapolation_lm", "experiments.extrapolation_tasks")
+
+
+PRESETS = [
+    (module, preset)
+    for module in CONFIG_MODULES
+    for preset in importlib.import_module(module).PRESETS
+]
+
+
+def test_the_presets_are_found():
+    assert ("experiments.extrapolation_lm", "cpu") in PRESETS
+    assert ("experiments.extrapolation_tasks", "quick") in PRESETS
+
+
+@pytest.mark.parametrize(("module", "preset"), PRESETS)
+def test_every_run_of_every_preset_validates(module, preset):
+    config = importlib.import_module(module).get_config(preset)
+    sweep = expand_sweep(config)
+    assert sweep, f"{module}:{preset} has no cells"
+    names = [cell["name"] for cell in sweep]
+    assert len(set(names)) == len(names)
+    for cell in sweep:
+        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
+        assert run.eval_plan() is not None  # every evaluation cell is buildable
+
+
+def test_associative_recall_holds_the_task_studies_longest_length():
+    """64 pairs (16 x 4, the task studies' longest evaluation): distinct keys per row, and
+    the one scored target is the value that followed the queried key."""
+    import numpy as np
+
+    from flaxformer_lite.data import get_task
+
+    task = get_task("associative_recall")
+    assert task.max_length == 83
+    batch = task.sample(np.random.default_rng(0), 32, 64)
+    seq = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)  # [B, 2n + 3]
+    assert seq.shape == (32, 2 * 64 + 3)
+    for row, mask in zip(seq, batch["loss_mask"], strict=True):
+        keys, values = row[0:128:2], row[1:128:2]
+        assert len(set(keys.tolist())) == 64 and all(chr(k) not in "0123456789? " for k in keys)
+        assert row[128] == ord("?") and np.flatnonzero(mask).tolist() == [129]
+        (where,) = np.flatnonzero(keys == row[129])
+        assert row[130] == values[where]
+    with pytest.raises(ValueError, match=r"must be in \[1, 83\], got 84"):
+        task.sample(np.random.default_rng(0), 1, 84)
