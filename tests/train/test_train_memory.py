@@ -1,6 +1,8 @@
-"""The memory estimate answers any config at once, by arithmetic, and names the setting that
-makes it large: through the command line, ``flaxformer-lite train`` with a million layers or
-a width of 10**9 is refused in one line within seconds."""
+"""The memory estimate (`train.memory`): closed forms for a tiny config; any config answered at
+once, by arithmetic, naming the setting that makes it large (through the command line,
+``flaxformer-lite train`` with a million layers or a width of 10**9 is refused in one line
+within seconds); a batch of 10M sequences or an evaluation length of 10M tokens refused before
+any work; the generation estimate; no refusal of a shipped preset."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import jax
 import pytest
 from flax import nnx
 
-from experiments import extrapolation_lm
+from experiments import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.experiments.sweeps import apply_overrides, expand_sweep
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import memory
 from flaxformer_lite.train.run_config import RunConfig
@@ -125,3 +128,133 @@ def test_generation_that_cannot_fit_is_refused_naming_what_to_change(prompt, new
     memory.check_generation_memory(
         tiny().model, prompt_len=4, max_new_tokens=200, available=HOST
     )  # the default call fits
+
+
+GiB = 2**30
+
+
+HOST_22 = (22 * GiB, "test host", False)  # this CPU machine's order of magnitude
+
+
+H200 = (139 * GiB, "test H200", True)
+
+
+def tiny_run(**changes) -> RunConfig:
+    """The tiny preset with ALiBi (no positional parameters): d=32, f=64, h=2, n=2, V=256,
+    B=8, T=16; eval lengths 16, 32, 64 in batches of 8."""
+    c = extrapolation_lm.get_config("tiny")
+    c.model.positional = "alibi"
+    for path, value in changes.items():
+        section, field = path.split("__")
+        c[section][field] = value
+    return RunConfig.from_config(c)
+
+
+def test_parameters_closed_form():
+    d, f, n, v = 32, 64, 2, 256
+    layer = (4 * d * d + 4 * d) + (d * f + f + f * d + d) + 2 * 2 * d  # attn, ffn, 2 norms
+    assert memory.count_parameters(tiny_run().model) == v * d + n * layer + 2 * d == 25344
+
+
+def test_training_estimate_closed_form():
+    p, b, t, n, d, f, h, v = 25344, 8, 16, 2, 32, 64, 2, 256
+    est = memory.training_estimate(tiny_run())
+    assert est.state == 4 * p * 4  # params, grads, two AdamW moments; float32
+    assert est.activations == 4 * b * t * (n * (18 * d + 2 * f + 3 * h * t) + 3 * v)
+    assert est.field == "config.data.batch_size" and est.value == 8
+    # chunked attention: no h x T scores per layer, 3 blocks of h x min(T, 512)^2 per sequence
+    est = memory.training_estimate(tiny_run(model__attention_impl="chunked"))
+    assert est.activations == 4 * b * t * (n * (18 * d + 2 * f) + 3 * v) + 4 * 3 * b * h * t * t
+    assert memory.training_estimate(tiny_run(), batch=1, copies=8).state == 8 * 4 * p * 4
+
+
+def test_evaluation_estimate_closed_form():
+    p, b, t, d, f, h, v = 25344, 8, 64, 32, 64, 2, 256  # the longest window: 4 x 16 tokens
+    est = memory.evaluation_estimate(tiny_run())
+    assert est.state == 3 * p * 4
+    assert est.activations == 4 * b * t * (8 * d + 2 * f + 2 * v) + 4 * 2 * b * t * h * t
+    assert est.what.startswith("evaluating 64-token sequences (nonoverlapping")
+    # above the chunking threshold (16 keys here) the windows are chunked: blocks, not T^2
+    est = memory.evaluation_estimate(tiny_run(model__chunked_threshold=16))
+    assert est.activations == 4 * b * t * (8 * d + 2 * f + 2 * v) + 4 * 2 * b * h * t * t
+    est = memory.evaluation_estimate(
+        tiny_run(model__chunked_threshold=16, eval__length_multiples=(1, 64))
+    )
+    t = 1024
+    assert est.activations == 4 * b * t * (8 * d + 2 * f + 2 * v) + 4 * 2 * b * h * 512 * 512
+
+
+def test_a_batch_of_ten_million_sequences_is_refused_with_the_estimate_and_setting():
+    run = tiny_run(data__batch_size=10_000_000)
+    with pytest.raises(ConfigError) as error:
+        memory.check_memory(run, available=HOST_22)
+    message = str(error.value)
+    assert message.startswith("config.data.batch_size=10000000: one training step needs ≈ ")
+    assert "TiB (activations" in message and "22.0 GiB available (test host)" in message
+    assert "lower config.data.batch_size" in message and "\n" not in message
+
+
+def test_an_evaluation_length_of_ten_million_tokens_is_refused_before_training():
+    run = tiny_run(eval__length_multiples=(1, 625_000), eval__max_tokens=0)  # 10M-token windows
+    with pytest.raises(ConfigError) as error:
+        memory.check_memory(run, available=HOST_22)
+    message = str(error.value)
+    # even one window does not fit: the length is the setting to change
+    assert message.startswith("config.eval.length_multiples=(1, 625000): evaluating ")
+    assert "10000000-token sequences" in message and "lower config.eval.length_multiples" in message
+    # a smaller batch would fit: the batch is named
+    run = tiny_run(eval__length_multiples=(1, 62_500), eval__max_tokens=0, eval__batch_size=64)
+    with pytest.raises(ConfigError, match=r"^config\.eval\.batch_size=64: evaluating 1000000-"):
+        memory.check_memory(run, available=(4 * GiB, "test", False))
+
+
+def test_a_model_too_large_for_one_sequence_names_the_model():
+    run = tiny_run(model__d_model=8192, model__d_ff=32768, model__num_heads=64)
+    with pytest.raises(ConfigError, match=r"^config\.model\.d_model=8192: one training step"):
+        memory.check_memory(run, available=(1 * GiB, "test", False))
+    # a small model and a long sequence: the length is named
+    run = tiny_run(data__train_length=2**20, eval__length_multiples=(1,), eval__max_tokens=0)
+    with pytest.raises(ConfigError, match=r"lower config\.data\.train_length or the model size"):
+        memory.check_memory(run, available=(1 * GiB, "test", False))
+
+
+def test_the_check_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(memory.ENV, "off")
+    memory.check_memory(tiny_run(data__batch_size=10_000_000), available=HOST_22)
+
+
+def test_available_memory_is_read_here():
+    free, where, per_device = memory.available_memory()
+    assert free is None or free > 0, where
+    assert per_device is False  # the tests run on CPU
+
+
+def _cells(module, preset):
+    c = module.get_config(preset)
+    for cell in expand_sweep(c):
+        try:
+            yield RunConfig.from_config(apply_overrides(c, cell["overrides"]))
+        except ConfigError:  # a cell the preset's config refuses anyway (not a memory matter)
+            continue
+
+
+@pytest.mark.parametrize(
+    ("module", "preset", "available"),
+    [(extrapolation_lm, p, HOST_22) for p in ("tiny", "quick", "cpu", "all")]
+    + [(extrapolation_tasks, p, HOST_22) for p in ("tiny", "quick", "all")]
+    + [
+        (extrapolation_lm, "wikitext103_bytes", H200),
+        (extrapolation_lm, "wikitext103_bytes", HOST_22),
+    ],
+)
+def test_no_shipped_preset_is_refused(module, preset, available):
+    """Every cell of the presets fits a 22 GiB host; wikitext103_bytes (meant for an
+    accelerator: ≈ 13 GiB per training step by this estimate, float32) fits one H200 and,
+    truthfully, this host too."""
+    runs = list(_cells(module, preset))
+    assert runs
+    for run in runs:
+        memory.check_memory(run, available=available)
+    if preset == "wikitext103_bytes":
+        est = memory.training_estimate(runs[0])
+        assert 8 * GiB < est.total < 16 * GiB

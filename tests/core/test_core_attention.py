@@ -2,7 +2,7 @@
 
 Every reference here is an independent float64 numpy implementation of
 ``softmax(q k^T * scale + bias) v`` (Vaswani et al. 2017, Eq. 1), never the code under test.
-"""
+The softmax of huge logits stays finite, with finite gradients, for every implementation."""
 
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def _alibi_like(qp):
 
 
 # Every implementation that runs on any backend ("cudnn" is GPU-only and takes no bias_fn;
-# tests/test_chunked_attention.py covers it).
+# tests/core/test_core_chunked_attention.py covers it).
 PORTABLE = [impl for impl in attention.IMPLEMENTATIONS if impl != "cudnn"]
 
 
@@ -696,3 +696,61 @@ def test_window_argument_errors():
             assert np.all(np.isfinite(call(window=2, causal=True)[0])), name
     with pytest.raises(ValueError, match=r"^window=0: must be a positive int$"):
         attention.window_mask(4, 4, 0)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "chunked"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_softmax_of_huge_logits_is_finite_with_finite_gradients(implementation, dtype):
+    """Logits of +-1e4 (from q.k and from the bias) give finite outputs equal to the hard
+    attention they approximate, and finite gradients."""
+    b, n, h, d = 1, 6, 2, 4
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(b, n, h, d)), dtype)
+    k = jnp.asarray(rng.normal(size=(b, n, h, d)), dtype)
+    v = jnp.asarray(rng.normal(size=(b, n, h, d)), dtype)
+    positions = jnp.arange(n, dtype=jnp.int32)[None, :]
+
+    def bias_fn(qp, kp):
+        """+1e4 on key j = i // 2 (<= i), -1e4 elsewhere: each query sees one key only."""
+        hit = kp[:, None, None, :] == qp[:, None, :, None] // 2
+        return jnp.broadcast_to(
+            jnp.where(hit, 1e4, -1e4).astype(jnp.float32), (b, h, qp.shape[1], kp.shape[1])
+        )
+
+    def out(q, k, v, scale):
+        return attention.attend(
+            q * scale,
+            k,
+            v,
+            q_positions=positions,
+            k_positions=positions,
+            bias_fn=bias_fn,
+            causal=True,
+            implementation=implementation,
+        )
+
+    y = out(q, k, v, 1.0)
+    assert y.dtype == dtype and bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
+    expected = np.asarray(v, np.float32)[:, np.arange(n) // 2]  # the one key each query sees
+    np.testing.assert_allclose(np.asarray(y, np.float32), expected, atol=1e-2)
+
+    # q.k itself huge (|logits| ~ 1e4 and beyond): still finite, gradients too.
+    def loss(q, k, v):
+        return out(q, k, v, 3e3).astype(jnp.float32).sum()
+
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert bool(jnp.all(jnp.isfinite(out(q, k, v, 3e3).astype(jnp.float32))))
+    for g in grads:
+        assert bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+
+
+def test_softmax_weights_of_opposite_huge_logits():
+    """attention_weights of logits exactly +1e4 / -1e4: a one-hot row, finite gradients."""
+    d = 4
+    q = jnp.zeros((1, 1, 1, d)).at[..., 0].set(100.0)
+    k = jnp.zeros((1, 3, 1, d)).at[0, :, 0, 0].set(jnp.array([200.0, -200.0, 0.0]))
+    # logits = q.k / sqrt(d) = [1e4, -1e4, 0]
+    w = attention.attention_weights(q, k)
+    np.testing.assert_allclose(np.asarray(w[0, 0, 0]), [1.0, 0.0, 0.0], atol=0)
+    g = jax.grad(lambda q: attention.attention_weights(q, k)[0, 0, 0, 1])(q)
+    assert bool(jnp.all(jnp.isfinite(g)))

@@ -1,11 +1,14 @@
-"""RoPE context extension as its reference implementations ship it (issue 14).
+"""RoPE (`core.rotary`) against the rotation matrix and the reference implementations of its
+context extensions.
 
-YaRN's default is the authors' code / Hugging Face transformers' ``_compute_yarn_parameters``
-(ramp linear in the pair index between the truncated correction dimensions; the attention
-factor on the rotated dimensions only). `hf_yarn` below is a numpy transcription of that
-function, written from its definition, in float32 as torch computes it; dynamic NTK follows
-``_compute_dynamic_ntk_parameters`` the same way.
-"""
+The rotation: the matrix of Su et al. 2021 (Eq. 15/34) in float64 numpy, both pairings,
+partial rotary dims, logits that depend only on the offset, float32 angles, clear errors on
+bad arguments. The extensions as their reference implementations ship them: YaRN's default is
+the authors' code / Hugging Face transformers' ``_compute_yarn_parameters`` (ramp linear in the
+pair index between the truncated correction dimensions; the attention factor on the rotated
+dimensions only). `hf_yarn` below is a numpy transcription of that function, written from its
+definition, in float32 as torch computes it; dynamic NTK follows
+``_compute_dynamic_ntk_parameters`` the same way."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from flax import nnx
 from tiny_models import tiny_model_config
 
 import flaxformer_lite as fl
-from flaxformer_lite.core import rotary
+from flaxformer_lite.core import absolute, attention, attention_bias, rotary
 
 
 def hf_yarn(head_dim, fraction, base, factor, original, beta_fast=32.0, beta_slow=1.0):
@@ -71,7 +74,7 @@ def test_yarn_frequencies_equal_hugging_face(head_dim, fraction, base, s, big_l)
 
 
 def test_yarn_kept_fraction_at_head_dim_16_and_length_64():
-    """The issue's worked case: the share of each pair's frequency that is kept (1) rather
+    """A worked case: the share of each pair's frequency that is kept (1) rather
     than interpolated (0): HF [1, 0.67, 0.33, 0, ...], the paper's ramp [0.30, 0.07, 0, ...]."""
     theta = 1e4 ** (-2.0 * np.arange(8) / 16)
     for variant, kept in (
@@ -241,3 +244,121 @@ def test_the_study_scores_dynamic_ntk_incrementally():
     c.eval.rope_scalings = ("pi", "dynamic_ntk")
     cells = RunConfig.from_config(c).eval_plan().cells
     assert {cell.label.variant for cell in cells if cell.incremental} == {"dynamic_ntk"}
+
+
+def np_rope(x, positions, *, base=10000.0, layout="half", rotary_dim=None):
+    """Rotate x [b, l, h, d] by explicit block rotation matrices built per position."""
+    x = np.asarray(x, np.float64)
+    b, length, _, d = x.shape
+    r = d if rotary_dim is None else rotary_dim
+    positions = np.asarray(positions, np.float64).reshape(-1, length)
+    positions = np.broadcast_to(positions, (b, length))
+    out = x.copy()
+    for bi in range(b):
+        for li in range(length):
+            rot = np.eye(d)
+            for i in range(r // 2):
+                a = positions[bi, li] * base ** (-2 * i / r)
+                u, w = (i, i + r // 2) if layout == "half" else (2 * i, 2 * i + 1)
+                rot[u, u], rot[u, w] = np.cos(a), -np.sin(a)
+                rot[w, u], rot[w, w] = np.sin(a), np.cos(a)
+            out[bi, li] = x[bi, li] @ rot.T
+    return out
+
+
+def _x(seed, shape=(2, 5, 3, 8), dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+ROPE_POSITIONS = np.array([[0, 1, 2, 7, 300], [5, 6, 40, 41, 99]], np.int32)
+
+
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
+@pytest.mark.parametrize("base", [10000.0, 500.0])
+def test_rope_matches_rotation_matrix(layout, base):
+    x = _x(0)
+    y = rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, base=base, layout=layout)
+    assert y.shape == x.shape and y.dtype == jnp.float32
+    ref = np_rope(x, ROPE_POSITIONS, base=base, layout=layout)
+    np.testing.assert_allclose(y, ref, atol=2e-4)
+    # A rotation preserves norms; position 0 is the identity.
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+    np.testing.assert_allclose(y[0, 0], x[0, 0], atol=1e-6)
+
+
+def test_rope_half_and_interleaved_are_the_same_rotation_under_a_permutation():
+    d = 8
+    perm = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])  # 0 2 4 6 1 3 5 7
+    x = _x(1, (2, 5, 3, d))
+    half = rotary.apply_rope(jnp.asarray(x[..., perm]), ROPE_POSITIONS, layout="half")
+    inter = rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout="interleaved")
+    np.testing.assert_allclose(half, np.asarray(inter)[..., perm], atol=1e-5)
+    # Without the permutation the two layouts differ (the equality is not trivial).
+    plain_half = rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout="half")
+    assert np.abs(np.asarray(plain_half) - np.asarray(inter)).max() > 0.1
+
+
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
+def test_rope_partial_rotary_dim_leaves_the_rest_untouched(layout):
+    x = _x(2, (2, 5, 3, 12))
+    y = np.asarray(rotary.apply_rope(jnp.asarray(x), ROPE_POSITIONS, layout=layout, rotary_dim=4))
+    np.testing.assert_array_equal(y[..., 4:], x[..., 4:])
+    ref = np_rope(x, ROPE_POSITIONS, layout=layout, rotary_dim=4)  # theta_i = base^(-2i/4)
+    np.testing.assert_allclose(y, ref, atol=2e-4)
+    assert np.abs(y[..., :4] - x[..., :4]).max() > 0.1
+
+
+@pytest.mark.parametrize("layout", rotary.ROPE_LAYOUTS)
+def test_rope_logits_depend_only_on_the_offset(layout):
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((2, 6, 2, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((2, 6, 2, 16)), jnp.float32)
+    pos = np.array([[0, 1, 2, 3, 4, 5], [3, 9, 10, 20, 21, 50]], np.int32)
+
+    def logits(p):
+        qr = rotary.apply_rope(q, p, layout=layout)
+        kr = rotary.apply_rope(k, p, layout=layout)
+        return np.asarray(attention.attention_logits(qr, kr)[0])
+
+    base = logits(pos)
+    for shift in (1, 17, 1000):
+        np.testing.assert_allclose(logits(pos + shift), base, atol=2e-3)
+    # Relative, not absolute: changing one offset does change the logits.
+    other = pos.copy()
+    other[:, 0] += 1
+    assert np.abs(logits(other) - base).max() > 1e-2
+
+
+def test_rope_angles_are_float32_for_bf16_inputs():
+    x = jnp.asarray(_x(4, (1, 2, 1, 8)), jnp.bfloat16)
+    pos = np.array([[256, 257]], np.int32)  # 257 is not representable in bf16
+    y = rotary.apply_rope(x, pos)
+    assert y.dtype == jnp.bfloat16
+    ref = np_rope(np.asarray(x, np.float64), pos)
+    np.testing.assert_allclose(np.asarray(y, np.float64), ref, atol=3e-2)
+    rounded = np_rope(np.asarray(x, np.float64), np.array([[256, 256]]))
+    assert np.abs(rounded[0, 1] - ref[0, 1]).max() > 0.1  # rounding the position is visible
+
+
+def test_rope_inv_frequencies_closed_form():
+    np.testing.assert_allclose(
+        rotary.rope_inv_frequencies(8),
+        [1.0, 0.1, 0.01, 0.001],  # 10000^(-2i/8) = 10^(-i), rtol=1e-6
+    )
+    np.testing.assert_allclose(rotary.rope_inv_frequencies(4, base=100.0), [1.0, 0.1], rtol=1e-6)
+
+
+def test_invalid_arguments_raise_clear_errors():
+    x = jnp.zeros((1, 3, 1, 8))
+    with pytest.raises(ValueError, match=r"rotary_dim must be even.*got 3"):
+        rotary.apply_rope(x, np.arange(3), rotary_dim=3)
+    with pytest.raises(ValueError, match="layout='zigzag'"):
+        rotary.apply_rope(x, np.arange(3), layout="zigzag")
+    with pytest.raises(ValueError, match="do not fit head_dim=8"):
+        rotary.apply_rope(x, np.arange(3), rotary_dim=10)
+    with pytest.raises(ValueError, match="dim=0: must be a positive int"):
+        absolute.sinusoidal(np.arange(3), 0)
+    with pytest.raises(ValueError, match="num_heads=0: must be a positive int"):
+        attention_bias.alibi_slopes(0)
+    with pytest.raises(ValueError, match=r"base=.*: must be a finite number > 0"):
+        absolute.sinusoidal(np.arange(3), 4, base=-1.0)
