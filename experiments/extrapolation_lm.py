@@ -18,6 +18,9 @@ unless ``eval.max_tokens`` caps it):
   cpu_best_lr
           cpu at each encoding's best learning rate on validation (the `lr` study: 1e-2 for
           all five), beside cpu's common rate 3e-3.
+  families
+          cpu's protocols for the newer families (T5, xPos, KERPLE log and power, FIRE), RoPE
+          with YaRN at evaluation and randomized RoPE, 3 seeds: does any use context beyond L?
   all     every encoding family in the library (+ randomized positions, + RoPE scaling rows
           PI / NTK / dynamic NTK / YaRN at evaluation, + windowed attention), 1 seed.
   lr      quick's model and training at each peak learning rate of LEARNING_RATES (1e-3,
@@ -60,6 +63,8 @@ ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
 ALL_ENCODINGS = (*ENCODINGS, "t5", "xpos", "kerple_log", "kerple_power", "fire")
 # ... and these also trained and evaluated on sorted random positions (Ruoss et al. 2023).
 ALL_RANDOMIZED = ("sinusoidal", "rope")
+# The `families` preset: the newer families, and RoPE for its YaRN rows (plus randomized RoPE).
+FAMILIES = ("rope", "t5", "xpos", "kerple_log", "kerple_power", "fire")
 # The `lr` preset's grid of peak learning rates (quick's 3e-3 the second; 3e-2 was added after
 # every encoding came out best at 1e-2, the top of the first grid: docs/results.md).
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
@@ -213,6 +218,17 @@ def _cpu_best_lr(c: ml_collections.ConfigDict) -> None:
     c.optim.learning_rate = BEST_LEARNING_RATE
 
 
+def _families(c: ml_collections.ConfigDict) -> None:
+    # Does any of the newer families use context beyond L? The cpu protocol (both protocols,
+    # 16,384 context targets) for each newer family, RoPE with YaRN at evaluation (the rope rows
+    # also give plain RoPE) and randomized RoPE, 3 seeds: 21 runs; FIRE trains ~4.5x slower.
+    _cpu(c)
+    c.sweep.encodings = FAMILIES
+    c.sweep.randomized = ("rope",)
+    c.sweep.seeds = (0, 1, 2)
+    c.eval.rope_scalings = ("yarn",)
+
+
 def _wikitext103_bytes(c: ml_collections.ConfigDict) -> None:
     # A byte-level study on WikiText-103 raw sized for one accelerator, L = 512 bytes,
     # evaluation to 32 x 512 = 16,384 bytes. Its settings against the ALiBi paper's (Press
@@ -270,6 +286,7 @@ PRESETS = {
     "quick": _quick,
     "cpu": _cpu,
     "cpu_best_lr": _cpu_best_lr,
+    "families": _families,
     "all": _all,
     "wikitext103_bytes": _wikitext103_bytes,
     "lr": _lr,

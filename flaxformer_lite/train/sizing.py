@@ -35,10 +35,19 @@ SIZED_OPTIONS = (
 def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int]:
     """The lengths the sized options follow: ``train_length`` (L), ``length`` (tokens per
     training sequence: L, or a task's sequence length at L) and ``longest`` (tokens of the
-    longest evaluation sequence)."""
+    longest evaluation sequence, a context-protocol window included)."""
     data, evaluation = config["data"], config["eval"]
     train_length = int(data["train_length"])
     longest = train_length * max(evaluation["length_multiples"])
+    randomized = bool(config.get("sweep", {}).get("randomized")) or bool(
+        config["model"].get("randomized_positions")
+    )
+    if randomized and "context" in tuple(evaluation.get("protocols", ())):
+        # randomized positions must reach a context window too: c bytes of context and S
+        # scored targets, c + S - 1 tokens (max_position matters only with randomized positions)
+        block = int(evaluation.get("context_block") or 0) or train_length // 2
+        context = int(train_length * max(evaluation.get("context_multiples") or (0,)))
+        longest = max(longest, context + block - 1)
     if data.get("source") == "task":
         names = tuple(config.get("sweep", {}).get("tasks", ())) or (data["task"],)
         tasks = [get_task(name) for name in names]

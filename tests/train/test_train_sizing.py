@@ -118,3 +118,13 @@ def test_the_command_line_override_reaches_the_recorded_identity(tmp_path):
     model = identity["config"]["model"] if "config" in identity else identity["model"]
     assert model["max_position"] == 128
     assert model["positional_options"]["threshold_init"] == 32.0
+
+
+def test_randomized_positions_reach_the_longest_context_window():
+    """The context protocol's window at c = 16L holds c + S - 1 = 1024 + 32 - 1 tokens; a
+    study that trains on randomized positions needs them all, one that does not keeps 16L."""
+    assert extrapolation_lm.get_config("families").model.max_position == 1055
+    assert extrapolation_lm.get_config("cpu").model.max_position == 1024
+    config = extrapolation_lm.get_config("families")
+    config.data.train_length = 128  # resized with L: 2048 + 64 - 1
+    assert RunConfig.from_config(config).model.max_position == 2111
