@@ -14,7 +14,8 @@ or the memory currently available are skipped with the estimate printed, never a
     .venv/bin/python benchmarks/attention_long.py                 # 1k, 4k, 16k, 64k tokens
     .venv/bin/python benchmarks/attention_long.py --lengths 1024 4096 --repeats 5
 
-Prints a Markdown table (and the machine, JAX version and git commit) on stdout.
+Prints a Markdown table (and the machine, its f32 matmul ceiling, JAX version and git commit)
+on stdout; the ratios of "chunked" to "xla" come from the same run, case by case.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -106,6 +108,24 @@ def available_bytes() -> int:
     return 1 << 62
 
 
+def matmul_gflops(rounds: int = 3) -> list[float]:
+    """GFLOP/s of a jitted float32 ``jnp.dot`` of two 2048 x 2048 matrices, once per round
+    (the machine's matmul ceiling, printed beside the table)."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 2048
+    x = jnp.full((n, n), 0.01, jnp.float32)
+    f = jax.jit(jnp.dot)
+    f(x, x).block_until_ready()
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        f(x, x).block_until_ready()
+        out.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return out
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
@@ -140,6 +160,7 @@ def main() -> None:
 
     import jax
 
+    ceiling = matmul_gflops()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -147,7 +168,8 @@ def main() -> None:
         f"batch 1, {args.heads} heads x {args.head_dim} dims, causal, float32, forward only; "
         f"chunked blocks {args.block_q} x {args.block_k}; jax {jax.__version__}; "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}); "
-        f"commit {commit or '?'}\n",
+        f"commit {commit or '?'}; f32 jnp.dot 2048^2 ceiling "
+        f"{statistics.median(ceiling):.0f} GFLOP/s (median of {len(ceiling)})\n",
         flush=True,
     )
     header = (

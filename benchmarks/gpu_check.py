@@ -1,7 +1,7 @@
 """A ready GPU check: attention kernels, a bf16 train step, MFU, a quick study, GPU tests.
 
-Issue 15 (item 5). One command on a machine with one NVIDIA GPU (``benchmarks/gpu_check.sh``
-installs the CUDA jax wheel first and calls this) runs five checks, each timed and each in its
+One command on a machine with one NVIDIA GPU (``benchmarks/gpu_check.sh`` installs the CUDA
+jax wheel first and calls this) runs five checks, each timed and each in its
 own try/except, so one failing check never hides the others (its traceback goes to stderr):
 
 a. attention: `flaxformer_lite.core.attention.attend` with "cudnn" and "auto" (the fused
@@ -13,29 +13,28 @@ a. attention: `flaxformer_lite.core.attention.attend` with "cudnn" and "auto" (t
 b. bf16 train step: the study's decoder (`benchmarks/train_speed.py` `model_config`) with
    ``dtype="bfloat16"`` against float32 from the same initial parameters on the same batch:
    every loss finite, the first losses within a relative tolerance, the loss falling.
-c. MFU: a 116M-parameter byte decoder (the issue's ~125M class) at seq 1024 in bf16 with
-   attention_impl="auto",
-   timed after compile; MFU = model FLOPs per token (6 x matmul parameters + 12 x layers x
-   length x d_model, `train_speed.Shape.model_flops_per_token`) x tokens/s / the device's
-   peak dense bf16 FLOP/s, compared with ``--mfu-goal`` from this run's measurement only.
+c. MFU: a 116M-parameter byte decoder (the GPT-2 small class) at seq 1024 in bf16 with
+   attention_impl="auto", timed after compile (the mean of its timed steps); MFU = model FLOPs
+   per token (6 x matmul parameters + 12 x layers x length x d_model,
+   `train_speed.Shape.model_flops_per_token`) x tokens/s / the device's peak dense bf16
+   FLOP/s (its ceiling), compared with ``--mfu-goal`` from this run's measurement only.
 d. quick study: ``flaxformer-lite study --config=extrapolation_lm:quick
    --config.model.attention_impl=auto`` in a subprocess; wall time and rows of all five
    encodings in results.jsonl.
 e. GPU-relevant tests: pytest on the attention, chunked attention and mixed precision files.
 
-Without a GPU (or with ``--cpu-fallback``) every check shrinks to tiny sizes (about 45 s of
-CPU time, mostly compiles, half of them the study's five cells; 53-72 s wall measured on 2
-cores shared with a background job), the study uses the ``tiny`` preset cut to one layer and
-2 steps, and the tests run only with ``--with-tests``. Status per row: ``pass`` / ``fail``;
-``skipped: <why>`` (not run here); ``met`` / ``missed`` (MFU against the goal: a measurement,
-it does not change the exit status unless ``--fail-on-missed-goal``); ``n/a on CPU``. The
-exit status is 1 if any row failed.
+Without a GPU (or with ``--cpu-fallback``) every check shrinks to tiny sizes (about a minute,
+mostly compiles, half of them the study's five cells), the study uses the ``tiny`` preset cut
+to one layer and 2 steps, and the tests run only with ``--with-tests``. Status per row:
+``pass`` / ``fail``; ``skipped: <why>`` (not run here); ``met`` / ``missed`` (MFU against the
+goal: a measurement, it does not change the exit status unless ``--fail-on-missed-goal``);
+``n/a on CPU``. The exit status is 1 if any row failed.
 
     .venv/bin/python benchmarks/gpu_check.py                  # on a GPU: budget 8 minutes
     .venv/bin/python benchmarks/gpu_check.py --cpu-fallback   # anywhere: about a minute
 
-On a GPU the parts are sized to fit 8 minutes together (an estimate, not yet measured: the
-study's 5 x 1000 steps and compiles are the largest part; the MFU model's compile next).
+On a GPU the parts are sized to fit 8 minutes together (the study's 5 x 1000 steps and compiles
+are the largest part; the MFU model's compile next); ``--budget-s`` prints the total against it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A ready GPU check for a fresh machine with one NVIDIA GPU (issue 15, item 5).
+# A ready GPU check for a fresh machine with one NVIDIA GPU.
 #
 # What it does, from any directory:
 #   1. cd to the repository root; create .venv (or reuse it) and `pip install -e '.[test]'`;

@@ -66,7 +66,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from benchmarks.attention_long import available_bytes
-from benchmarks.machine import machine_line
 
 GOAL = 1.0  # library tokens/s over transformers' at every length
 
@@ -421,7 +420,7 @@ def report(args, rows, memory_row, ceilings, n_params, started, lb, la, torch_v,
     from benchmarks.train_speed import _cpu_name, _git_commit, _versions
 
     lines = [
-        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs, {machine_line()}; "
+        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; "
         f"Python {platform.python_version()}, {_versions()}, torch {torch_v}, "
         f"transformers {hf_v}; commit {_git_commit()}; started "
         f"{started.strftime('%Y-%m-%d %H:%M UTC')}",

@@ -1,12 +1,12 @@
 """Training-speed benchmark: JAX train step vs an equivalent PyTorch eager model, one run.
 
-Issues 7 (a) and 15. Measures, in one invocation and interleaved round by round (so that load from
-other processes hits every contestant alike; PyTorch runs in a worker process that the
-rounds drive block by block, with glibc's default malloc, JAX in this one with the
-allocator settings of `flaxformer_lite.train.allocator`, each framework at its best):
+Measures, in one invocation and interleaved round by round (so that load from other processes
+hits every contestant alike; PyTorch runs in a worker process that the rounds drive block by
+block, with glibc's default malloc, JAX in this one with the allocator settings of
+`flaxformer_lite.train.allocator`, each framework at its best):
 
 * the machine's f32 matmul ceiling: ``jnp.dot`` of two 2048 x 2048 float32 matrices
-  (and the bf16 one with float32 accumulation, for reference);
+  (and the bf16 one with float32 accumulation, for reference), once per round;
 * the reference model (decoder-only LM, 4 layers, d_model 256, 4 heads, d_ff 1024, pre-LN,
   GELU, tied embeddings, sinusoidal positions, seq 256, batch 16, AdamW with clipping):
   train tokens/s and MFU of `flaxformer_lite.train.step.make_train_step` (jitted exactly as
@@ -15,9 +15,8 @@ allocator settings of `flaxformer_lite.train.allocator`, each framework at its b
   float32 and in bf16 compute (JAX: ``ModelConfig.dtype="bfloat16"``, float32 parameters,
   float32 accumulation; PyTorch: ``torch.autocast("cpu", dtype=torch.bfloat16)``);
 * the study's quick-preset model (d_model 64, 4 layers, 4 heads, d_ff 256, L=64,
-  batch 32): ms per step (JAX, float32, per positional encoding), one step per call as in
-  every run since issue 7 (the preset itself trains 10 steps per compiled call,
-  ``train.steps_per_call``; that gain is measured by benchmarks/steps_per_call.py);
+  batch 32): ms per step (JAX, float32, per positional encoding), one step per compiled call
+  (the preset itself trains several steps per call, ``train.steps_per_call``);
 * compile time (JAX: lower + compile of the train step; PyTorch: its first step).
 
 MFU counts model FLOPs the usual way (Kaplan et al. 2020 / PaLM appendix B): 6 x matmul
@@ -27,28 +26,22 @@ by the measured f32 ``jnp.dot`` ceiling of the same run.
 
     .venv/bin/python benchmarks/train_speed.py                  # everything, 5 rounds
     .venv/bin/python benchmarks/train_speed.py --rounds 3 --no-torch
-    .venv/bin/python benchmarks/train_speed.py --rounds 3 --record docs/benchmark_runs.jsonl
 
-Prints a Markdown table (machine, its boot time and boot id, load average, Python / jax /
-jaxlib / flax / torch versions and git commit) on stdout, then issue 15's targets with "met" /
-"missed" from this run's medians only (`targets`): reference f32 >= 1.1x PyTorch eager f32,
-reference bf16 >= 1.0x PyTorch bf16 autocast, quick-model ms/step <= PyTorch's; next to each
-ratio, the range of the per-round ratios (the two contestants' timed blocks of one round, run
-within seconds of each other), which shows how far the machine's drift moved it within the
-run. docs/benchmarks.md counts a target as met only when runs on two different machines
-(different boot ids) meet it; ``--record FILE`` also appends the run as one JSON line
-(`run_record`), from which benchmarks/target_status.py prints every machine's runs and each
-target's status. PyTorch is optional (``pip install -e '.[bench]'``); without it the
-PyTorch rows and the targets are left out.
+Prints a Markdown table (CPU, load average, Python / jax / jaxlib / flax / torch versions and
+git commit) on stdout: every figure is the median of the rounds, the ceiling beside it. Then
+the targets with "met" / "missed" from this run's medians (`targets`): reference f32 >= 1.1x
+PyTorch eager f32, reference bf16 >= 1.0x PyTorch bf16 autocast, quick-model ms/step <=
+PyTorch's; next to each ratio, the range of the per-round ratios (the two contestants' timed
+blocks of one round, run within seconds of each other), which shows how far the machine's
+drift moved it within the run. PyTorch is optional (``pip install -e '.[bench]'``); without
+it the PyTorch rows and the targets are left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import importlib.metadata
-import json
 import os
 import platform
 import statistics
@@ -65,10 +58,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.machine import boot_id as _boot_id
-from benchmarks.machine import booted as _booted
-from benchmarks.machine import machine_line as _machine_line
-from benchmarks.target_status import ratio_text
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.train import cpu_matmul as cpu_products
@@ -367,33 +356,23 @@ def measure(
     return times
 
 
-def _git_commit(ignore: str | None = None, *, repo: Path | None = None) -> str:
+def _git_commit(*, repo: Path | None = None) -> str:
     """The short commit of ``repo``'s checkout (default: this file's), with " (+ uncommitted
-    changes)" when a tracked file differs from it, or "unknown" outside a git checkout;
-    ``ignore``: a file whose changes do not count (``--record``'s file, which the runs
-    themselves append to)."""
+    changes)" when a tracked file differs from it, or "unknown" outside a git checkout."""
     here = repo if repo is not None else Path(__file__).resolve().parent
     try:
-        commit, top, dirty = (
+        commit, dirty = (
             subprocess.run(
                 ["git", *command], capture_output=True, text=True, cwd=here, check=True
             ).stdout
             for command in (
                 ["rev-parse", "--short", "HEAD"],
-                ["rev-parse", "--show-toplevel"],
                 ["status", "--porcelain", "--untracked-files=no"],
             )
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    commit, top = commit.strip(), top.strip()
-    # porcelain lines are "XY path", the path relative to the checkout's top
-    changed = {line[3:] for line in dirty.splitlines() if line.strip()}
-    if ignore is not None:
-        resolved = Path(ignore).resolve()
-        if resolved.is_relative_to(Path(top)):
-            changed.discard(resolved.relative_to(Path(top)).as_posix())
-    return commit + (" (+ uncommitted changes)" if changed else "")
+    return commit.strip() + (" (+ uncommitted changes)" if dirty.strip() else "")
 
 
 def _torch_version(python: str | None) -> str | None:
@@ -468,20 +447,11 @@ def main(argv: list[str] | None = None) -> None:
         "when this one's Python has no CPU wheel of the torch version to compare with; the "
         "worker must be able to import this file's imports (jax, flax)",
     )
-    p.add_argument(
-        "--record",
-        metavar="FILE",
-        help="also append this run as one JSON line to FILE (created if missing): provenance, "
-        "every contestant's per-round ms/step and each target's ratio and verdict; "
-        "benchmarks/target_status.py judges the targets across machines from such rows",
-    )
     p.add_argument("--torch-worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.torch_worker:
         return torch_worker(args.torch_worker)
-    if args.record and Path(args.record).is_dir():
-        p.error(f"--record {args.record!r} is a folder; give the JSON-lines file to append to")
     if args.xla_flags:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
     if not args.default_malloc:
@@ -552,9 +522,6 @@ def main(argv: list[str] | None = None) -> None:
         worker.close()
     run = (args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after)
     print(report(*run))
-    if args.record:
-        append_record(Path(args.record), run_record(*run))
-        print(f"recorded to {args.record}", file=sys.stderr)
 
 
 def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after) -> str:
@@ -564,12 +531,12 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
     flops = REFERENCE.model_flops_per_token()
     tok = REFERENCE.batch * REFERENCE.length
     lines = [
-        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs, {_machine_line()}; "
+        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; "
         f"Python {platform.python_version()}, "
         f"{_versions()}"
         + (f", torch {torch}" if torch is not None else "")
         + (f" (worker: {args.torch_python})" if torch and args.torch_python else "")
-        + f"; commit {_git_commit(args.record)}; JAX malloc "
+        + f"; commit {_git_commit()}; JAX malloc "
         + ("glibc defaults" if args.default_malloc else "tuned (train/allocator.py)")
         + f"; JAX products {_products(args)}"
         + "; PyTorch in a worker process with glibc defaults"
@@ -624,8 +591,8 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
             )
     lines += [
         "",
-        "Targets (issue 15), from this run's medians only; a target counts as met in the docs",
-        "only when it is met on two sessions' machines:",
+        "Targets, from this run's medians (a target is met on this machine when the median "
+        "ratio meets it):",
         "",
         "| target | measured | this run |",
         "|---|---|---|",
@@ -634,6 +601,17 @@ def report(args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, l
         f"| {name} | {got} | {status} |" for name, got, status in targets(med, args.impl, times)
     ]
     return "\n".join(lines)
+
+
+def ratio_text(ratio: float, goal: float) -> str:
+    """``ratio`` as printed beside a verdict on ``ratio >= goal``: two decimals, or as many
+    more as it takes for the printed figure to fall on the verdict's side of ``goal`` (a
+    ratio of 0.9962 against 1.0 prints "0.996x", which "1.00x" beside "missed" would hide)."""
+    for digits in range(2, 7):
+        text = f"{ratio:.{digits}f}"
+        if (float(text) >= goal) == (ratio >= goal):
+            return text + "x"
+    return f"{ratio!r}x"
 
 
 TARGETS = (
@@ -657,7 +635,7 @@ TARGETS = (
 def target_results(
     med: dict[str, float], impl: str = "xla", times: dict[str, list[float]] | None = None
 ) -> list[dict]:
-    """Issue 15's targets whose contestants ran, as numbers: ``name``, ``goal``, the two
+    """The targets whose contestants ran, as numbers: ``name``, ``goal``, the two
     ``contestants`` (JAX, PyTorch), their median ``jax_ms`` / ``pytorch_ms``, ``ratio``
     (PyTorch time / JAX time, > 1: JAX faster), ``met`` (``ratio >= goal``) and, with
     ``times`` (label -> seconds per step of each round) of two rounds or more, the range
@@ -689,10 +667,10 @@ def target_results(
 def targets(
     med: dict[str, float], impl: str = "xla", times: dict[str, list[float]] | None = None
 ) -> list[tuple[str, str, str]]:
-    """(target, measured, "met" / "missed") for each of issue 15's targets whose contestants
-    ran, as the report prints them (`target_results` has the numbers). The verdict is the
-    medians' ratio; the measured column adds the range of the per-round ratios, so a
-    reader sees how far the machine's drift moved the ratio within the run."""
+    """(target, measured, "met" / "missed") for each target whose contestants ran, as the
+    report prints them (`target_results` has the numbers). The verdict is the medians'
+    ratio; the measured column adds the range of the per-round ratios, so a reader sees how
+    far the machine's drift moved the ratio within the run."""
     out = []
     for t in target_results(med, impl, times):
         ratio = ratio_text(t["ratio"], t["goal"])
@@ -712,66 +690,6 @@ def _products(args: argparse.Namespace) -> str:
         for dt in dtypes
     )
     return f"train.cpu_matmul={args.cpu_matmul!r} ({used})"
-
-
-def run_record(
-    args, torch, ref, quick, times, ceiling, ceiling_bf16, load_before, load_after
-) -> dict:
-    """This run as one JSON-serialisable row (what ``--record`` appends): when it finished,
-    the machine (its boot id tells machines apart), the software, commit and settings,
-    the load, the ceilings, every contestant's ms/step of each round and compile seconds,
-    and `target_results`. benchmarks/target_status.py reads these rows."""
-    med = {label: statistics.median(ts) for label, ts in times.items()}
-    return {
-        "benchmark": "train_speed",
-        "finished_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "cpu": _cpu_name(),
-            "cpus": os.cpu_count(),
-            "booted_utc": _booted(),
-            "boot_id": _boot_id(),
-        },
-        "software": {
-            "python": platform.python_version(),
-            **_version_map(),
-            "torch": torch,
-            "torch_python": args.torch_python,
-        },
-        "commit": _git_commit(args.record),
-        "settings": {
-            "rounds": args.rounds,
-            "seconds": args.seconds,
-            "impl": args.impl,
-            "positional": args.positional,
-            "dtypes": list(args.dtypes),
-            "quick_positional": [] if args.no_quick else list(args.quick_positional),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "cpu_matmul": _products(args),
-            "jax_malloc": "glibc defaults" if args.default_malloc else "tuned",
-        },
-        "load_1min": {"before": load_before[0], "after": load_after[0]},
-        "ceiling_gflops": {
-            "float32": {
-                "median": statistics.median(ceiling),
-                "min": min(ceiling),
-                "max": max(ceiling),
-            },
-            "bfloat16": statistics.median(ceiling_bf16),
-        },
-        "ms_per_step": {label: [t * 1e3 for t in ts] for label, ts in times.items()},
-        "compile_s": {c.label: c.compile_s for c in ref + quick},
-        "targets": target_results(med, args.impl, times),
-    }
-
-
-def append_record(path: Path, row: dict) -> None:
-    """Append ``row`` to the JSON-lines file ``path`` as one line, flushed to disk (a run
-    that dies later loses nothing already recorded; the parent folder is created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 if __name__ == "__main__":
