@@ -273,10 +273,9 @@ def causal_query_blocks(length: int) -> int:
     products, the softmax and their gradients cover ``(n + 1) / 2n`` of the full square (3/4
     for 2 blocks, 5/8 for 4) instead of computing the masked upper triangle and discarding it.
     The result is the same function (each row's softmax runs over the keys it can see; the
-    keys it skips had weight exactly 0), equal to float32 rounding. Measured on a 2-core CPU
-    (issue 15, docs/performance.md): training step of the reference model (L = 256, 4 blocks)
-    ~1.1x faster with jax 0.10.2, ~1.02x with jax 0.12; quick model (L = 64, 2 blocks) ~1.05x.
-    More blocks mean more, smaller products and longer compiles; below 64 tokens one block.
+    keys it skips had weight exactly 0), equal to float32 rounding; the skipped work makes the
+    training step faster (docs/performance.md §Attention). More blocks mean more, smaller
+    products and longer compiles, so 4 blocks from 256 tokens, 2 from 64, below that one.
     """
     length = check_positive_int("length", length)
     return 4 if length >= 256 else 2 if length >= 64 else 1
@@ -366,9 +365,9 @@ def attend(
     bfloat16 / float16 ``q``, ``k``, ``v`` with "xla" on CPU are computed in float32 (products
     included) and the output rounded to ``v.dtype``: XLA:CPU has no fast low-precision path for
     the gradient of this function (its products take float32 cotangents, the per-block key
-    gradients are summed in bfloat16 one rounded add at a time); the bf16 reference training
-    step of docs/benchmarks.md ran 1.26x faster with this change alone in an A/B on a 2-core
-    CPU (docs/performance.md, issue 15). On GPU / TPU the low-precision products stay.
+    gradients are summed in bfloat16 one rounded add at a time), so float32 is both more
+    accurate and faster there (docs/performance.md §Attention). On GPU / TPU the
+    low-precision products stay.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(

@@ -11,25 +11,23 @@ and float32 parameters the way mixed-precision training wants it (Micikevicius e
 
 Why not ``nnx.Linear(dtype=bfloat16)``: it casts the kernel and computes
 ``bf16 x bf16 -> bf16`` products. On XLA:CPU that output type takes a slow path (the
-product runs at float32 speed or worse; ``bf16 x bf16 -> f32`` runs about twice as fast as
-float32 on CPUs with AVX512-BF16), the backward products see float32 cotangents and fall back
-to float32, and the bf16 bias-gradient sums are lowered to slow windowed reductions. The
-reference model of docs/benchmarks.md trains about 1.6x faster with this function than with
-the plain cast (docs/performance.md).
+product runs at float32 speed or worse, while ``bf16 x bf16 -> f32`` uses the CPU's bf16
+instructions where it has them), the backward products see float32 cotangents and fall back
+to float32, and the bf16 bias-gradient sums are lowered to slow windowed reductions
+(docs/performance.md §Dense layers).
 
 Float32 ``x`` goes through the same custom gradient for one reason, the kernel gradient
 ``dW = xᵀ g`` (Rumelhart et al. 1986): plain autodiff of ``x @ kernel`` writes it as a product
 whose result is ``[d_out, d_in]`` followed by a transpose, and XLA:CPU lays that out by copying
 ``g`` into a transposed buffer and running Eigen's slowest form of the product (both operands
 transposed). Here the leading axes are flattened and ``dW`` is one 2-D product contracting the
-first axis of both operands with the result already ``[d_in, d_out]``: no copy of ``g``, and
-the reference training step of docs/benchmarks.md runs ~1.1x faster on a 2-core CPU (docs/
-performance.md, issue 15). On CPU a layer with ``d_in > d_out`` takes the product the other
-way round and transposes its small result (`_kernel_gradient`, another ~3 %). The forward
+first axis of both operands with the result already ``[d_in, d_out]``: no copy of ``g``
+(docs/performance.md §Dense layers). On CPU a layer with ``d_in > d_out`` takes the product
+the other way round and transposes its small result (`_kernel_gradient`). The forward
 pass and ``dx`` are the same operations as autodiff's; ``dW`` sums the same products in another
 order, so float32 training is not bit-identical to the plain product's (differences ~1e-6
-after a few steps). Low precision keeps the form below (measured: the 2-D form is slower
-there, as XLA then cannot hand the product to YNNPACK).
+after a few steps). Low precision keeps the form below: there the 2-D form is slower, as XLA
+then cannot hand the product to YNNPACK.
 
 Shapes: ``x`` ``[..., d_in]``, ``kernel`` ``[d_in, d_out]``, ``bias`` ``[d_out]`` or None;
 returns ``[..., d_out]`` in ``x.dtype``. For float32 ``x`` the value is exactly
@@ -101,11 +99,11 @@ def _kernel_gradient(x2: Array, g2: Array) -> Array:
     one product contracting the first axis of both.
 
     On CPU, when ``d_in > d_out`` (a feed-forward output layer), it is computed as
-    ``(g2ᵀ x2)ᵀ``: Eigen runs this transposed-operand product ~1.3x faster with the narrower
-    operand on the left (measured on a 2-core AMD EPYC: ``[4096, 1024]ᵀ [4096, 256]`` 17.0 ms,
-    swapped 12.8 ms; equal results; docs/performance.md). The optimization barrier keeps
-    XLA's algebraic simplifier from folding the transpose back into the product. Elsewhere
-    (GPU, TPU) the BLAS takes any operand order and the plain product is kept.
+    ``(g2ᵀ x2)ᵀ``: Eigen runs this transposed-operand product faster with the narrower operand
+    on the left, with equal results (docs/performance.md §Dense layers). The optimization
+    barrier keeps XLA's algebraic simplifier from folding the transpose back into the
+    product. Elsewhere (GPU, TPU) the BLAS takes any operand order and the plain product is
+    kept.
     """
     dims = (((0,), (0,)), ((), ()))
 
@@ -143,8 +141,7 @@ def elementwise_in_float32(fn: Callable[[Array], Array], x: Array) -> Array:
 
     For a bfloat16 / float16 activation such as GELU's chain of multiplies, adds and a tanh:
     XLA:CPU evaluates it in the low precision op by op, rounding after each, which is both
-    less accurate and slower (GELU forward on ``[16, 256, 1024]``: 5.0 ms in bf16, 2.0 ms
-    through float32, 1.2 ms for float32 input, 2-core AMD EPYC; docs/performance.md, issue 15).
+    less accurate and slower than one pass in float32 (docs/performance.md §Dense layers).
     On accelerators the float32 chain costs the same inside one fused kernel. Gradients flow
     through the casts (float32 inside, ``x.dtype`` outside).
     """

@@ -40,8 +40,8 @@ def argmax_last(x: Array) -> Array:
     """``jnp.argmax(x, axis=-1)`` (the first index of the maximum) for rows without NaN.
 
     One max, one compare-and-select and one integer min: XLA:CPU runs these as plain
-    vectorised reductions, while ``argmax``'s (value, index) reduction took ~2 ms of the
-    quick-preset train step (docs/performance.md). A row containing NaN gives the row size.
+    vectorised reductions, while ``argmax``'s (value, index) reduction is a slow variadic one
+    (docs/performance.md §Accuracy). A row containing NaN gives the row size.
     """
     top = jnp.max(x, axis=-1, keepdims=True)
     index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)

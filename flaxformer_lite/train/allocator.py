@@ -1,12 +1,11 @@
 """Keep freed host memory in the process, so CPU training steps stop page-faulting.
 
-XLA's CPU runtime allocates each execution's temporary buffer as one block (81 MiB for the
-quick-preset train step, about 700 MiB for the reference model of docs/benchmarks.md) with
-malloc and frees it when the execution ends. glibc serves a block above its mmap threshold
-(32 MiB at most) with a fresh ``mmap`` and returns it with ``munmap``, so every step touches
-all of that memory for the first time again: 20k minor page faults and ~35 ms of kernel time
-per quick-preset step (of ~80 ms CPU time), 170k faults and ~290 ms per reference step
-(docs/performance.md). Three ``mallopt`` settings make glibc keep and reuse the memory:
+XLA's CPU runtime allocates each execution's temporary buffer as one block (tens to hundreds
+of MiB for a train step) with malloc and frees it when the execution ends. glibc serves a
+block above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and returns it with
+``munmap``, so every step touches all of that memory for the first time again: minor page
+faults and kernel time in every step (docs/performance.md §Host allocator). Three ``mallopt``
+settings make glibc keep and reuse the memory:
 
 * ``M_ARENA_MAX=1``: every thread allocates from the main heap, which can grow past the
   64 MiB limit of glibc's per-thread arenas (larger blocks there always use mmap);

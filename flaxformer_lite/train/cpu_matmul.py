@@ -2,25 +2,22 @@
 
 XLA:CPU hands a compiled step's products to YNNPACK or Eigen. jaxlib can instead run each
 product alone as a oneDNN primitive (oneDNN is the library PyTorch's CPU products use), with
-the two compile options of `ONEDNN_PRODUCTS`. On the 2-core machines of docs/benchmarks.md
-the float32 reference train step ran 1.03-1.15x as fast that way (ten A/Bs, jax 0.12.0.1 and
-0.10.2; docs/performance.md, "tenth session"), the quick-preset step 1.07-1.24x with jax 0.12
-(one A/B of six at 0.94x) and 0.99x with jax 0.10.2.
+the two compile options of `ONEDNN_PRODUCTS`. The rule: float32 products go to oneDNN on CPU,
+because a float32 train step runs faster that way (docs/performance.md §Products on CPU).
 
 A bfloat16 model's products are ``bf16 x bf16 -> f32`` (`flaxformer_lite.core.mixed_precision`)
-except its attention core and tied logits, which run in float32 on CPU. jaxlib 0.11.2 and
-0.12.0.1 hand the mixed products to oneDNN too, as float32 products of converted operands: that
-step took 1.5x as long. jaxlib 0.10.2 leaves them to XLA's own products and gives oneDNN only
-the float32 ones: that step ran ~1.06x as fast (sixteen A/B pairs; "eleventh session"). So a
-bfloat16 model uses oneDNN by default only where `onednn_takes_bf16_products` says this jaxlib
-leaves its mixed products alone.
+except its attention core and tied logits, which run in float32 on CPU. Some jaxlibs hand the
+mixed products to oneDNN too, as float32 products of converted operands, which is slower than
+XLA's own; others leave them to XLA and give oneDNN only the float32 ones, which is faster. So
+a bfloat16 model uses oneDNN by default only where `onednn_takes_bf16_products` says this
+jaxlib leaves its mixed products alone (it reads the compiled program, not a version number).
 
 Only the *individual* oneDNN mode (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``: the product alone,
 the element-wise work after it left to XLA) is ever used. The other mode,
 ``LIBRARY_FUSION_TYPE_DOT``, fuses the element-wise ops that follow a product into its oneDNN
-call and computes ``(x @ w) * 0.3 + 1.0`` as ``x @ w + 1.0`` in jaxlib 0.10.2, 0.11.2 and
-0.12.0.1 (docs/performance.md, "fourth session"). Before a step is compiled with oneDNN, this
-module checks that exact case and three like it on the running jaxlib (`onednn_problem`).
+call and has computed ``(x @ w) * 0.3 + 1.0`` as ``x @ w + 1.0``. Because a jaxlib can get a
+fused product wrong, this module checks that exact case and three like it on the running
+jaxlib before a step is compiled with oneDNN (`onednn_problem`).
 
 ``config.train.cpu_matmul`` (`resolve`):
 
@@ -90,9 +87,9 @@ def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> 
     dtype = jnp.dtype(compute_dtype)
     if dtype == jnp.bfloat16:
         if onednn_takes_bf16_products():
-            return "xla"  # its mixed products become float32 ones: 1.5x slower
+            return "xla"  # its mixed products would become slower float32 ones
     elif dtype != jnp.float32:
-        return "xla"  # float16: not measured
+        return "xla"  # float16: no evidence that oneDNN helps
     problem = onednn_problem()  # only where oneDNN would be used: the check compiles
     if problem is not None:
         _warn_once(problem)
@@ -157,9 +154,9 @@ def onednn_takes_bf16_products() -> bool:
     """Whether this jaxlib, compiling with `ONEDNN_PRODUCTS`, gives a ``bf16 x bf16 -> f32``
     product (the kind `mixed_precision.dense` emits) to oneDNN.
 
-    Read off the compiled HLO of one such product: an ``__onednn_fusion`` in it means yes
-    (jaxlib 0.11.2 and 0.12.0.1, which convert the operands to float32 first); none means XLA
-    keeps it (jaxlib 0.10.2). A product that fails to compile counts as yes: XLA's products.
+    Read off the compiled HLO of one such product: an ``__onednn_fusion`` in it means yes (the
+    jaxlib converts the operands to float32 first); none means XLA keeps it. A product that
+    fails to compile counts as yes: XLA's products.
     """
     a = jnp.ones((64, 32), jnp.bfloat16)
     b = jnp.ones((32, 48), jnp.bfloat16)

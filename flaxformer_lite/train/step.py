@@ -90,9 +90,9 @@ def make_multi_step(
     ``[steps, batch, length]``; each metric comes back with that axis, ``[steps]``. The steps
     are exactly ``train_step``'s, in order: on CPU the resulting parameters equal those of
     ``steps`` separate calls bit for bit (tested). It pays once per call the host time every
-    call costs (flattening the state, 222 arrays for the quick preset, and dispatching it:
-    ~3 ms against the quick step's ~37 ms on 2 CPU cores; docs/performance.md, issue 15).
-    Jit it with the state donated, as the single step.
+    call costs (flattening the state, a few hundred arrays, and dispatching it), which is a
+    visible share of a small model's step (docs/performance.md §Steps per call). Jit it with
+    the state donated, as the single step.
     """
 
     def multi_step(state: TrainState, batches: dict[str, Array]):
