@@ -6,6 +6,10 @@ A malformed ``--config.`` override (a field the config does not have, a value of
 type, a missing value) or an unknown preset becomes ``error: <flag>=<value>: <what is wrong
 and what is allowed>`` and exit status 2, before anything is written.
 
+``--import MODULE`` (repeatable, every command) imports a user's module before the config is
+resolved (`import_modules`), so the encodings it registers are known by name to the config
+and its overrides (docs/experiments.md).
+
 `one_line_failures` does the same for what goes wrong once a run has started: a refused
 config or a busy workdir (status 2), a failed write of the run's state (status 1), SIGINT or
 SIGTERM (the `interrupt.describe` line, status 130 or 143).
@@ -14,6 +18,7 @@ SIGTERM (the `interrupt.describe` line, status 130 or 143).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import re
@@ -34,6 +39,15 @@ from flaxformer_lite.train import provenance
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+
+IMPORT_FLAG = "import"
+flags.DEFINE_multi_string(
+    IMPORT_FLAG,
+    [],
+    "MODULE or FILE.py to import before the config is read (repeatable), e.g. a module that "
+    "registers a positional encoding with flaxformer_lite.register; a module name is looked up "
+    "on sys.path and in the current directory",
+)
 
 
 def fail(message: str) -> typing.NoReturn:
@@ -99,6 +113,7 @@ def run_command(
     sys.argv[:] = argv  # absl's --help names sys.argv[0]'s flags and usage
     for flag in flags.FLAGS.get_key_flags_for_module(module):
         flags.FLAGS.register_key_flag_for_module(argv[0], flag)
+    flags.FLAGS.register_key_flag_for_module(argv[0], flags.FLAGS[IMPORT_FLAG])
     main_module = sys.modules.get("__main__")
     if main_module is not None and doc:
         main_module.__doc__ = doc
@@ -111,8 +126,8 @@ def run_command(
         main(args)
 
     global _running_a_command
-    # absl's app.run ends the process when main returns; an interactive session (IPython, a
-    # notebook, `python -i`) survives its SystemExit, so the interrupt watchdog stays off there
+    # absl's app.run ends the process when main returns; an interactive interpreter (IPython,
+    # a notebook, `python -i`) survives its SystemExit, so the interrupt watchdog stays off there
     _running_a_command = not _interactive()
     try:
         app.run(quiet_main, argv=argv, flags_parser=flags_parser or parse_flags)
@@ -123,7 +138,7 @@ def run_command(
 
 
 def _interactive() -> bool:
-    """Whether this is an interactive session: ``python -i``, the REPL, or a running IPython
+    """Whether this is an interactive interpreter: ``python -i``, the REPL, or a running IPython
     shell or kernel (merely importing IPython, as ``tqdm.auto`` does, is not one)."""
     if sys.flags.interactive or hasattr(sys, "ps1"):
         return True
@@ -217,9 +232,10 @@ def resolve_config(argv: list[str]) -> list[str]:
 def parse_flags(argv: list[str]) -> list[str]:
     """A ``flags_parser`` for ``absl.app.run`` that reports bad flags as one line.
 
-    ``--config=NAME:PRESET`` names a packaged config (`resolve_config`). A config whose file
-    defines ``PRESETS`` must name one (``FILE.py:PRESET``): leaving it off used to run the
-    file's default preset silently."""
+    ``--import`` modules are imported first (`import_modules`). ``--config=NAME:PRESET``
+    names a packaged config (`resolve_config`). A config whose file defines ``PRESETS`` must
+    name one (``FILE.py:PRESET``), so that no preset runs without being asked for."""
+    import_modules(argv)
     typed = _flag_value(argv, "config")
     argv = resolve_config(argv)
     _check_preset(argv, typed)
@@ -237,6 +253,53 @@ def parse_flags(argv: list[str]) -> list[str]:
             message = message.replace(resolved, typed)
         fail(message)
     return args
+
+
+def import_modules(argv: list[str]) -> list[str]:
+    """Import every ``--import MODULE`` / ``--import=FILE.py`` of ``argv``, in order, before
+    the config is read; return the modules' names. A module name is found on ``sys.path``
+    with the current directory first (as ``python -m`` does); a path ending in ``.py`` is
+    loaded from that file. A module that cannot be found or raises is `fail`: one line."""
+    names = []
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{IMPORT_FLAG}="):
+            target = arg.split("=", 1)[1]
+        elif arg == f"--{IMPORT_FLAG}" and i + 1 < len(argv):
+            target = argv[i + 1]
+        else:
+            continue
+        names.append(_import_one(target))
+    return names
+
+
+def _import_one(target: str) -> str:
+    flag = f"--{IMPORT_FLAG}={target}"
+    if not target:
+        fail(f"{flag}: name a module (my_encodings) or a file (my_encodings.py)")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                fail(f"{flag}: no such file")
+            name = path.stem
+            loaded = getattr(sys.modules.get(name), "__file__", None)
+            if loaded and Path(loaded).resolve() == path.resolve():
+                return name  # already imported (by an earlier command in this process)
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses and pickling look a class's module up
+            spec.loader.exec_module(module)
+            return name
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        importlib.import_module(target)
+        return target
+    except SystemExit:
+        raise
+    except ModuleNotFoundError as e:
+        fail(f"{flag}: {e} (a module on sys.path or in the current directory, or FILE.py)")
+    except Exception as e:
+        fail(f"{flag}: importing it raised {type(e).__name__}: {e}")
 
 
 def explain_flag_error(argv: list[str], error: Exception) -> str:

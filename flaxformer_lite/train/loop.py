@@ -11,7 +11,8 @@ and leave in ``workdir``::
     metrics.jsonl      training/validation metrics, one JSON object per line
     tensorboard/       the same metrics as TensorBoard events
     eval.json          the final evaluation at every length (written atomically, last)
-    provenance.json    commit, package versions, backend, device, corpus hash
+    provenance.json    commit, package versions, backend, device, corpus hash, and the
+                       positional encoding's options and source (`provenance.encoding`)
 
 On several processes (``config.mesh.multihost``) process 0 alone writes these files, except
 the checkpoints: every process writes its shards of them (`multihost`).
@@ -349,6 +350,7 @@ def _train_and_evaluate_locked(
     env = provenance.environment() | {
         "data": dataset.provenance(),
         "train_matmul": train_matmul(run),
+        "encoding": provenance.encoding(run.model),
     }
     summary = {
         "config": run.to_dict(),

@@ -1,15 +1,20 @@
-"""Where a number came from: commit, package versions, backend and device, Python."""
+"""Where a number came from: commit, package versions, backend and device, Python, and the
+positional encoding's options and source."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
+import inspect
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import jax
+
+from flaxformer_lite.nn.model_config import ModelConfig
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "flaxformer-lite")
 
@@ -69,4 +74,28 @@ def environment() -> dict[str, Any]:
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),
         "machine": platform.machine(),
+    }
+
+
+def encoding(model: ModelConfig) -> dict[str, Any]:
+    """The model's positional encoding as provenance: ``name``, its exact ``options``, and
+    where its factory is defined -- ``factory`` (``module.qualname``), ``file`` (the source
+    file, None when there is none) and ``builtin`` (whether it is one of this package's).
+
+    A user's encoding (registered by a module given to ``--import``) is otherwise known only by
+    its name: the module and file say which code produced the numbers."""
+    spec = model.encoding
+    factory = spec.factory
+    module = getattr(factory, "__module__", None) or "unknown"
+    name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+    try:
+        file = inspect.getsourcefile(factory)
+    except TypeError:  # a builtin or a callable instance without a source file
+        file = None
+    return {
+        "name": spec.name,
+        "options": dataclasses.asdict(model.positional_options),
+        "factory": f"{module}.{name}",
+        "file": str(Path(file).resolve()) if file else None,
+        "builtin": module.startswith("flaxformer_lite."),
     }
