@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from flaxformer_lite.experiments import report, results, significance, stats
-from flaxformer_lite.experiments.report import paired, plots
+from flaxformer_lite.experiments.report import figures, paired, plots
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,8 +124,9 @@ def test_markdown_table_two_seeds():
     (table,) = report.build_tables(TWO_SEEDS)
     assert table.name == "bits_per_byte_nonoverlapping"
     assert report.render_markdown(table) == (
-        f"**Bits per byte — nonoverlapping.** {CAPTION} Mean ± 95% CI across seeds "
-        "(Student t, n=2). Nothing is marked: no per-block data to test differences with.\n"
+        f"**Bits per byte — nonoverlapping.** {CAPTION} Mean ± 95% interval over seeds "
+        "(t\\_seeds: Student t, n=2). Nothing is marked: no per-block data to test differences "
+        "with.\n"
         "\n"
         "| encoding | 1× (64) | 2× (128) |\n"
         "|:--|--:|--:|\n"
@@ -143,7 +144,8 @@ def test_latex_table_two_seeds():
         "% Requires \\usepackage{booktabs}.\n"
         "\\begin{table}[htbp]\n"
         "\\centering\n"
-        f"\\caption{{{tex_caption} Mean $\\pm$ 95\\% CI across seeds (Student t, n=2). "
+        f"\\caption{{{tex_caption} Mean $\\pm$ 95\\% interval over seeds (t\\_seeds: Student t, "
+        "n=2). "
         "Nothing is marked: no per-block data to test differences with.}\n"
         "\\label{tab:bits_per_byte_nonoverlapping}\n"
         "\\begin{tabular}{lrr}\n"
@@ -563,6 +565,21 @@ def test_write_report_files_and_determinism(tmp_path):
         assert data.startswith(b"\x89PNG" if name.endswith(".png") else b"%PDF")
 
     text = first.read_text()
+    # the per-position plot in the tables' unit, the protocols and intervals defined once (so
+    # captions stay short), the command that regenerates the report
+    assert "Bits per byte at each position of the length-256 windows" in text
+    assert "## Protocols and intervals" in text and "- **nonoverlapping**: windows" in text
+    assert "- **t_seeds**:" in text and "- **t_seeds_bootstrap_blocks**:" in text
+    assert "`flaxformer-lite report RUN_DIR [RUN_DIR ...]`" in text
+    assert "make_report.py" not in text
+    captions = [t.caption() for t in report.build_tables(rows)]
+    captions += [f.caption for f in figures.make_plots(rows, report.build_tables(rows), tmp_path)]
+    assert max(len(c.split()) for c in captions) <= 50, max(captions, key=len)
+    csv_text = (tmp_path / "one" / "tables" / "bits_per_byte_nonoverlapping.csv").read_text()
+    assert {
+        line.split(",")[csv_text.splitlines()[0].split(",").index("interval")]
+        for line in csv_text.splitlines()[1:]
+    } == {"t_seeds"}
     for link in (
         "](plots/bits_per_byte_nonoverlapping_vs_length.png)",
         "](plots/loss_by_position_nonoverlapping.png)",
@@ -596,7 +613,7 @@ def test_report_of_single_seed_says_no_interval(tmp_path):
     text = path.read_text()
     assert text.startswith("# Tiny\n")
     assert "One seed per cell (n=1: no interval)." in text
-    assert "One seed (n=1): no CI bands." in text
+    assert "One seed (n=1): no bands." in text
     assert "- Git commit(s): not recorded" in text
     with pytest.raises(ValueError, match="at least one results row"):
         report.write_report([], tmp_path)

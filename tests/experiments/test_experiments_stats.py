@@ -180,7 +180,10 @@ def test_bold_only_when_significantly_best_and_ties_marked():
     (column,) = table.columns
     assert table.mark("a", column) == "best" and table.mark("b", column) is None
     md = report.render_markdown(table)
-    assert "| a | **" in md and "Bold: best and significantly better" in md
+    assert "| a | **" in md and "Bold: significantly best" in md
+    assert len(table.caption().split()) <= 50, table.caption()  # the protocol is defined once
+    assert "t_seeds_bootstrap_blocks" in table.caption()  # the CSV's name for the intervals
+    assert "t_seeds_bootstrap_blocks" in report.render_csv(table.table())
     rows, blocks = _rows_and_blocks({"a": 0.0, "b": 0.0, "c": 0.2})  # a and b identical
     (table,) = tables.build_tables(rows, blocks)
     assert {table.mark(e, column) for e in ("a", "b")} == {"tie"}

@@ -10,7 +10,13 @@ from typing import Any
 
 from flaxformer_lite.experiments.report import paired
 from flaxformer_lite.experiments.report.figures import PlotInfo
-from flaxformer_lite.experiments.report.study import MAIN_METRICS, StudyResults, encoding_order
+from flaxformer_lite.experiments.report.study import (
+    CONFIDENCE,
+    INTERVAL_NAMES,
+    MAIN_METRICS,
+    StudyResults,
+    encoding_order,
+)
 from flaxformer_lite.experiments.report.table import (
     MISSING_MD,
     Table,
@@ -20,6 +26,8 @@ from flaxformer_lite.experiments.report.table import (
     md_text,
     render_markdown,
 )
+from flaxformer_lite.experiments.significance import ALPHA
+from flaxformer_lite.experiments.stats import BOOTSTRAP_REPLICATES
 from flaxformer_lite.experiments.sweeps import learning_rate_tag
 
 
@@ -285,15 +293,52 @@ def _intro(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         return ["No results rows: no cell has finished, so there are no tables or plots.", ""]
     return [
         f"Generated from {len(rows)} results rows alone by "
-        "`flaxformer_lite.experiments.report` (regenerate with `python "
-        "scripts/make_report.py RUN_DIR [RUN_DIR ...]`). Tables are also in `tables/` as "
-        "LaTeX (booktabs) and CSV; figures in `plots/` as PNG and PDF.",
+        "`flaxformer_lite.experiments.report` (regenerate with `flaxformer-lite report "
+        "RUN_DIR [RUN_DIR ...]`). Tables are also in `tables/` as LaTeX (booktabs) and CSV; "
+        "figures in `plots/` as PNG and PDF.",
         "",
         "## Setup",
         "",
         *_setup_lines(rows),
         "",
+        *protocols_section(rows),
     ]
+
+
+# What each evaluation protocol scores, said once here instead of in every caption.
+PROTOCOLS = {
+    "nonoverlapping": "windows of the evaluation length tile the split without overlap; each "
+    "target is scored once, with as much context as its offset in its window (0 to length - 1 "
+    "tokens).",
+    "sliding": "windows of the evaluation length move by a stride; each target is scored once, "
+    "from the window that gives it the most context.",
+    "context": "the same target bytes in every column: each scored block of S targets is read "
+    "after c bytes of context (c to c + S - 1 bytes before a target), so a column changes the "
+    "context only.",
+    "task": "synthetic tasks: exact match of the whole answer and per-token accuracy.",
+}
+
+
+def protocols_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``## Protocols and intervals``: each protocol the rows use, and the intervals and marks
+    the captions name (`study.INTERVAL_NAMES`)."""
+    used = [p for p in _distinct(rows, "protocol") if p in PROTOCOLS]
+    lines = ["## Protocols and intervals", ""]
+    lines += [f"- **{p}**: {PROTOCOLS[p]}" for p in used]
+    lines += [
+        f"- **{INTERVAL_NAMES['t']}**: the {CONFIDENCE:.0%} Student-t interval of the mean over "
+        "seeds.",
+        f"- **{INTERVAL_NAMES['bootstrap']}**: the {CONFIDENCE:.0%} interval over seeds and "
+        "evaluation data: the seeds' spread plus a bootstrap of the evaluation blocks (or files, "
+        f"each with its blocks; one draw for every seed, {BOOTSTRAP_REPLICATES} replicates), "
+        "Student t with Welch-Satterthwaite degrees of freedom. With one seed it covers the "
+        "evaluation data, not training noise.",
+        "- **Marks**: paired tests over the shared seeds and evaluation data, Holm-corrected "
+        f"within a column, alpha = {ALPHA}: bold is best and significantly better than every "
+        "other row, italic tied for best.",
+        "",
+    ]
+    return lines
 
 
 def _section(heading: str, text: str, items: Sequence[str]) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from flaxformer_lite.experiments.report import plots, sweep_report
 from flaxformer_lite.experiments.report.study import (
     CONFIDENCE,
+    INTERVAL_NAMES,
     StudyResults,
     encoding_order,
     group_by,
@@ -40,15 +42,20 @@ def _series(table: StudyResults) -> dict[str, list[plots.Point]]:
     return out
 
 
-def _band_note(tables: Sequence[StudyResults]) -> str:
+def _band_label(tables: Sequence[StudyResults]) -> str:
+    """The legend entry of the shaded bands: the tables' interval, in a few words."""
     if all(t.method == "bootstrap" for t in tables):
-        return (
-            f"Bands: the {CONFIDENCE:.0%} interval from the seeds' spread and a bootstrap of "
-            "the evaluation data's blocks."
-        )
-    if all(c.n == 1 for t in tables for c in t.cells.values()):
-        return "One seed (n=1): no CI bands."
-    return f"Bands: {CONFIDENCE:.0%} CI across seeds (Student t) where n > 1."
+        return f"{CONFIDENCE:.0%} interval (seeds + eval data)"
+    return f"{CONFIDENCE:.0%} interval over seeds"
+
+
+def _band_note(tables: Sequence[StudyResults]) -> str:
+    if all(c.n == 1 for t in tables for c in t.cells.values()) and not all(
+        t.method == "bootstrap" for t in tables
+    ):
+        return "One seed (n=1): no bands."
+    name = INTERVAL_NAMES["bootstrap" if all(t.method == "bootstrap" for t in tables) else "t"]
+    return f"Shaded: the {CONFIDENCE:.0%} interval ({name}; see Protocols and intervals)."
 
 
 def make_plots(
@@ -85,11 +92,11 @@ def _length_plots(rows, tables, out_dir: Path, styles) -> list[PlotInfo]:
             xlabel="context length c (bytes before each block of scored targets)"
             if context
             else "evaluation length (tokens)",
+            band_label=_band_label([t]),
         )
-        same = " The same target bytes at every context length." if context else ""
         caption = (
-            f"{t.info.title} vs {axis} (log2 axis) per encoding; dashed line: training length."
-            f"{same} {_band_note([t])}"
+            f"{t.info.title} vs {axis} (log2 axis) per encoding; dashed line: training length. "
+            f"{_band_note([t])}"
         )
         figures.append(PlotInfo(stem, title, caption))
     return figures
@@ -109,7 +116,9 @@ def _task_plots(tables, out_dir: Path, styles) -> list[PlotInfo]:
                 label = f"{label} [{t.name}]"
             panels[label] = (_series(t), t.train_length)
         title = "Exact match vs evaluation length" + (f" — {study}" if prefix else "")
-        plots.plot_task_panels(panels, out_dir / stem, title=title, styles=styles)
+        plots.plot_task_panels(
+            panels, out_dir / stem, title=title, styles=styles, band_label=_band_label(chosen)
+        )
         caption = (
             "Exact-match accuracy vs evaluation length, one panel per task (log2 axis); dashed "
             f"line: training length. {_band_note(chosen)}"
@@ -130,6 +139,7 @@ def _position_plots(
         r for r in rows if r["metric"] == "loss_by_position" and r.get("protocol") != "context"
     ]
     groups = group_by(curves_rows, group_key)
+    totals = _cell_totals(rows)
     many_studies = len({r.get("study") for r in rows}) > 1
     names = table_names(("loss_by_position", key) for key in groups)
     taken = {t.name for t in tables}
@@ -140,7 +150,17 @@ def _position_plots(
         rs = [r for r in rs if r["eval_length"] == longest]
         by_encoding = group_by(rs, lambda r: r["encoding"])
         order = [e for e in encoding_order(rows) if e in by_encoding]
-        curves = {e: plots.mean_curve([r["value"] for r in by_encoding[e]]) for e in order}
+        # in the tables' unit when every curve's cell has its bits per byte and loss rows
+        in_bits = all(_bits_per_byte_factor(r, totals) is not None for r in rs)
+        curves = {
+            e: plots.mean_curve(
+                [
+                    _scaled(r["value"], _bits_per_byte_factor(r, totals) if in_bits else 1.0)
+                    for r in by_encoding[e]
+                ]
+            )
+            for e in order
+        }
         window = max(1, (train_length or longest) // 8)
         name = names[("loss_by_position", key)]
         if name in taken:
@@ -155,20 +175,50 @@ def _position_plots(
             train_length=train_length,
             window=window,
             title=f"{title} (moving average over {window} positions)",
+            ylabel="bits per byte" if in_bits else "loss (nats/token)",
             styles=styles,
         )
         seeds = sorted({len(v) for v in by_encoding.values()})
         n = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]}"
         smoothing = f"L/8 = {window}" if train_length else f"{window}"
+        unit = "Bits per byte" if in_bits else "Loss (nats/token)"
         caption = (
-            f"Mean loss at each position of the length-{longest} evaluation windows, averaged "
-            f"over seeds (n={n}) and smoothed with a centred moving average over "
-            f"{smoothing} positions; dashed line: training length L"
+            f"{unit} at each position of the length-{longest} windows, mean over seeds "
+            f"(n={n}), centred moving average over {smoothing} positions; dashed line: L"
             + (f" = {train_length}" if train_length else "")
             + ". Positions right of it see more context than any training window."
         )
         figures.append(PlotInfo(stem, title, caption))
     return figures
+
+
+def _cell_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    fields = ("run", "seed", "config_hash", "encoding", "eval_length", "protocol", "stride")
+    return tuple(str(row.get(k)) for k in fields)
+
+
+def _cell_totals(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[str, float]]:
+    """``{cell: {"loss": nats/token, "bits_per_byte": ...}}`` of every evaluation cell."""
+    out: dict[tuple[Any, ...], dict[str, float]] = {}
+    for r in rows:
+        if r.get("metric") in ("loss", "bits_per_byte") and isinstance(r.get("value"), float):
+            out.setdefault(_cell_key(r), {})[r["metric"]] = r["value"]
+    return out
+
+
+def _bits_per_byte_factor(row: Mapping[str, Any], totals: Mapping) -> float | None:
+    """The cell's bits per byte over its loss in nats per token: 1 / ln 2 for a byte model,
+    times tokens per byte for a tokenizer's; what turns the per-position loss into the
+    tables' unit. None when the cell has no such pair of rows."""
+    cell = totals.get(_cell_key(row), {})
+    loss, bits = cell.get("loss"), cell.get("bits_per_byte")
+    if loss is None or bits is None or not (loss > 0 and math.isfinite(bits / loss)):
+        return None
+    return bits / loss
+
+
+def _scaled(curve: Sequence[float | None], factor: float) -> list[float | None]:
+    return [None if v is None else v * factor for v in curve]
 
 
 def _gap_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[PlotInfo]:
@@ -181,11 +231,17 @@ def _gap_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[PlotInf
         where = " — " + ", ".join(str(x) for x in group if x) if len(groups) > 1 else ""
         title = f"Extrapolation gap vs parameters{where}"
         plots.plot_vs_params(
-            panels, out_dir / stem, ylabel="gap (bits/byte)", title=title, styles=styles
+            panels,
+            out_dir / stem,
+            ylabel="gap (bits/byte)",
+            title=title,
+            styles=styles,
+            band_label=f"{CONFIDENCE:.0%} interval over seeds",
         )
         seeds = sorted({r.get("seed") for r in rows if r.get("seed") is not None}, key=str)
         band = (
-            f"bands: {CONFIDENCE:.0%} Student-t CI across seeds (n = {len(seeds)})"
+            f"shaded: the {CONFIDENCE:.0%} interval over seeds ({INTERVAL_NAMES['t']}, "
+            f"n = {len(seeds)})"
             if len(seeds) > 1
             else "one seed: no bands"
         )

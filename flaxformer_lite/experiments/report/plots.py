@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from flaxformer_lite.base.io import atomic_write_bytes, write_error
 
@@ -112,7 +113,30 @@ def _draw_series(ax: Any, series: Series, styles: Mapping[str, Mapping[str, Any]
         hw = np.array([np.nan if p[2] is None else p[2] for p in points], dtype=float)
         ax.plot(x, y, label=name, markersize=4, linewidth=1.5, **style)
         if np.isfinite(hw).any():
-            ax.fill_between(x, y - hw, y + hw, color=style["color"], alpha=0.15, linewidth=0)
+            ax.fill_between(x, y - hw, y + hw, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
+
+
+BAND_ALPHA = 0.15  # the shading of an interval band
+
+
+def band_handle(label: str) -> Patch:
+    """The legend entry that says what the shaded bands are (one for every series)."""
+    return Patch(facecolor="0.4", alpha=2 * BAND_ALPHA, linewidth=0, label=label)
+
+
+def has_bands(series: Series) -> bool:
+    """Whether any point of ``series`` has a half width (a band is drawn)."""
+    return any(p[2] is not None and math.isfinite(p[2]) for pts in series.values() for p in pts)
+
+
+def _legend(ax: Any, series: Series, band_label: str | None) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if band_label and has_bands(series):
+        handles.append(band_handle(band_label))
+        labels.append(band_label)
+    ax.legend(
+        handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+    )
 
 
 def plot_vs_length(
@@ -124,9 +148,11 @@ def plot_vs_length(
     title: str,
     styles: Mapping[str, Mapping[str, Any]] | None = None,
     xlabel: str = "evaluation length (tokens)",
+    band_label: str | None = None,
 ) -> list[Path]:
     """A metric vs evaluation length, one line per encoding, bands from each point's half
-    width (the table's interval) where there is one.
+    width (the table's interval) where there is one; ``band_label`` says in the legend what
+    the bands are.
 
     log2-scaled x axis (ticks at the evaluated lengths, labelled with their multiple of L) and a
     vertical dashed line at ``train_length``. Saves ``stem.png`` and ``stem.pdf``.
@@ -138,7 +164,7 @@ def plot_vs_length(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _legend(ax, series, band_label)
     return save_figure(fig, stem)
 
 
@@ -149,8 +175,10 @@ def plot_task_panels(
     ylabel: str = "exact match",
     title: str,
     styles: Mapping[str, Mapping[str, Any]] | None = None,
+    band_label: str | None = None,
 ) -> list[Path]:
-    """One panel per task (``panels[task] = (series, train_length)``) of a metric vs length."""
+    """One panel per task (``panels[task] = (series, train_length)``) of a metric vs length;
+    ``band_label`` names the bands in the legend."""
     n = len(panels)
     if n == 0:
         raise ValueError("plot_task_panels needs at least one task panel; got none")
@@ -168,6 +196,8 @@ def plot_task_panels(
         ax.set_ylabel(ylabel)
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
+    if band_label and any(has_bands(series) for series, _ in panels.values()):
+        handles[band_label] = band_handle(band_label)
     return _finish_panels(fig, axes, n, handles, title, stem)
 
 
@@ -210,10 +240,11 @@ def plot_loss_by_position(
     train_length: int | None,
     window: int,
     title: str,
-    ylabel: str = "loss (nats/token)",
+    ylabel: str = "bits per byte",
     styles: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Path]:
-    """Loss at each window offset (already averaged over seeds), smoothed over ``window``.
+    """Loss at each window offset (already averaged over seeds and in the unit ``ylabel``
+    names), smoothed over ``window``.
 
     The dashed vertical line marks the training length: offsets to its right have more
     context than any training window had.
@@ -251,10 +282,12 @@ def plot_vs_params(
     title: str,
     styles: Mapping[str, Mapping[str, Any]] | None = None,
     columns: int = 2,
+    band_label: str | None = None,
 ) -> list[Path]:
     """One panel per entry of ``panels`` (``panels[title] = series``, points ``(parameters,
     mean, ci_half_width_or_None)``): a metric against the number of parameters (log10 axis),
-    one line per encoding with its band, and a dotted line at zero. Saves PNG and PDF."""
+    one line per encoding with its band (``band_label`` names them in the legend), and a
+    dotted line at zero. Saves PNG and PDF."""
     n = len(panels)
     if n == 0:
         raise ValueError("plot_vs_params needs at least one panel; got none")
@@ -281,6 +314,8 @@ def plot_vs_params(
         ax.grid(True, alpha=0.3)
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
+    if band_label and any(has_bands(series) for series in panels.values()):
+        handles[band_label] = band_handle(band_label)
     return _finish_panels(fig, axes, n, handles, title, stem)
 
 

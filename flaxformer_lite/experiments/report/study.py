@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.experiments import significance, stats
+from flaxformer_lite.experiments import significance
 from flaxformer_lite.experiments.report.table import (
     MISSING_MD,
     NOT_APPLICABLE,
@@ -54,6 +54,12 @@ CSV_FIELDS = (
     "n",
     "note",
 )
+
+
+# The name of a table's intervals, in its caption and in its CSV's ``interval`` field: Student t
+# over seeds, or Student t (Welch-Satterthwaite df) over seeds plus a bootstrap of the evaluation
+# blocks (`significance.interval`); REPORT.md's "Protocols and intervals" defines both.
+INTERVAL_NAMES = {"t": "t_seeds", "bootstrap": "t_seeds_bootstrap_blocks"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +182,9 @@ class StudyResults:
         return " — ".join(parts)
 
     def caption(self) -> str:
-        """Plain-text caption: what is shown, the setting, the statistic and n."""
+        """Plain-text caption: what is shown, the setting, the statistic and n. The protocols
+        and the intervals are defined once, in the report's "Protocols and intervals"
+        section (`protocols_section`), so a caption names them and stays short."""
         info = self.info
         unit = f" ({info.unit})" if info.unit else ""
         better = f", {info.better} is better" if info.better else ""
@@ -202,10 +210,7 @@ class StudyResults:
             setting.append(f"{length}; columns are window offsets [lo, hi)")
         elif self.protocol == "context" and self.train_length:
             s_text = f"{self.context_block}" if self.context_block else "S"
-            setting.append(
-                f"columns: context length c as a multiple of L; the same target bytes in every "
-                f"column, each with c to c + {s_text} - 1 bytes before it"
-            )
+            setting.append(f"columns: context length c as a multiple of L (S = {s_text})")
         elif self.train_length:
             unit = "task length" if self.task else "tokens"
             setting.append(f"columns: evaluation length as a multiple of L ({unit})")
@@ -229,24 +234,15 @@ class StudyResults:
         if self.method == "bootstrap" and self.blocks:
             count, size, unit = self.blocks
             units, unit_name = self.units or (count, "blocks")
-            data = (
-                f"the {units} files of the evaluation split, each with its blocks ({count} "
-                f"blocks of {size} {unit})"
-                if unit_name == "files"
-                else f"the {count} blocks of {size} {unit} of the evaluation data"
-            )
-            note = (
-                f"Mean over seeds ± half its {CONFIDENCE:.0%} interval over seeds and "
-                f"evaluation {unit_name}: the seeds' spread plus a bootstrap of {data}, one draw "
-                f"for every seed ({stats.BOOTSTRAP_REPLICATES} replicates), Student t with "
-                f"Welch-Satterthwaite degrees of freedom (seeds per cell: {n}; ends in the CSV)."
-            )
-            if ns[0] == 1:
-                note += " With one seed it covers the evaluation data, not training noise."
-            return note
+            data = f"{units} files" if unit_name == "files" else f"{count} blocks of {size} {unit}"
+            name = INTERVAL_NAMES["bootstrap"]
+            return f"Mean ± half the {CONFIDENCE:.0%} interval ({name}; seeds: {n}; {data})."
         if ns == [1]:
             return "One seed per cell (n=1: no interval)."
-        note = f"Mean ± {CONFIDENCE:.0%} CI across seeds (Student t, n={n})."
+        note = (
+            f"Mean ± {CONFIDENCE:.0%} interval over seeds ({INTERVAL_NAMES['t']}: Student t, "
+            f"n={n})."
+        )
         if ns[0] == 1:
             note += " Cells marked (n=1) have no interval."
         repeated = any(
@@ -264,17 +260,10 @@ class StudyResults:
         """What bold and italic mean in this table (or why nothing is marked)."""
         if self.info.better is None or len(self.encodings) < 2:
             return ""
-        test = (
-            f"paired test over the shared seeds and evaluation data, Holm-corrected within the "
-            f"column, alpha = {significance.ALPHA}"
-        )
         if self.marks:
-            return (
-                f"Bold: best and significantly better than every other row ({test}); italic: "
-                "tied for best (not significantly different from the best)."
-            )
+            return "Bold: significantly best; italic: tied for best (paired tests)."
         if self.method == "bootstrap":
-            return f"Nothing is marked: the paired tests support no column's best ({test})."
+            return "Nothing is marked: the paired tests support no column's best."
         return "Nothing is marked: no per-block data to test differences with."
 
     def mark(self, encoding: str, column: EvalColumn) -> str | None:
@@ -343,7 +332,7 @@ class StudyResults:
             number(None if cell is None else cell.half_width),
             number(None if cell is None else cell.low),
             number(None if cell is None else cell.high),
-            "" if cell is None or cell.half_width is None else self.method,
+            "" if cell is None or cell.half_width is None else INTERVAL_NAMES[self.method],
             self.mark(encoding, column) or "",
             0 if cell is None else cell.n,
             "" if cell is None or cell.na is None else f"{NOT_APPLICABLE}: {cell.na}",
