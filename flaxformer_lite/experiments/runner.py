@@ -69,7 +69,7 @@ class Study:
         self._cells: dict[str, StudyCell | ConfigError] = {}
         self._restarts: dict[str, tuple] = {}  # name -> (cell or None, differences)
         # this call's selection: the cells --only kept (all of a shard's N shards together)
-        # and the shard (I, N); recorded in study.json for make_report's missing cells
+        # and the shard (I, N); recorded in study.json for the report's missing cells
         self.selected: list[str] = [c["name"] for c in sweep]
         self.shard: tuple[int, int] | None = None
 
@@ -332,7 +332,7 @@ def run_study(
         selected cells (`sweeps.shard_cells`: deterministic, balanced by `sweeps.cell_cost`),
         so N machines or GPUs can share one study. Give each shard its own workdir (the
         workdir lock refuses a second process on one) and merge them with
-        ``scripts/make_report.py DIR_0 ... DIR_N-1 --out=DIR``, which names missing cells.
+        ``flaxformer-lite report DIR_0 ... DIR_N-1 --out=DIR``, which names missing cells.
 
     A workdir holds one study (`Study.check_same_study`) and every cell's run continues, or
     counts as finished, only under the identity it was made with (`train.identity`: the

@@ -54,7 +54,7 @@ def write_report(
       blocks: the per-block records beside the rows (`results.load_blocks`): bootstrap
         intervals, significance marks and ``tables/paired_differences.{md,tex,csv}``.
       reference, all_pairs: the paired-differences table's reference encoding, or all pairs.
-      missing: lines naming cells without results (``make_report.py``), stated in the report.
+      missing: lines naming cells without results (merged shards), stated in the report.
       common_rate: the learning rate the ranking at each encoding's best rate is compared
         with (default: the grid's middle rate; the runner passes ``optim.learning_rate``).
       allow_mixed: fields (`comparable`) in which rows sharing a table may differ on purpose;
