@@ -18,7 +18,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from flaxformer_lite.data.registry import get_task
+from flaxformer_lite.data.registry import get_task, task_names
 
 # the option paths `sized_values` sets, below config.model
 SIZED_OPTIONS = (
@@ -32,10 +32,11 @@ SIZED_OPTIONS = (
 )
 
 
-def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int]:
+def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int] | None:
     """The lengths the sized options follow: ``train_length`` (L), ``length`` (tokens per
     training sequence: L, or a task's sequence length at L) and ``longest`` (tokens of the
-    longest evaluation sequence, a context-protocol window included)."""
+    longest evaluation sequence, a context-protocol window included); None for a task config
+    that names no known task (its validation says so)."""
     data, evaluation = config["data"], config["eval"]
     train_length = int(data["train_length"])
     longest = train_length * max(evaluation["length_multiples"])
@@ -49,7 +50,10 @@ def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int]:
         context = int(train_length * max(evaluation.get("context_multiples") or (0,)))
         longest = max(longest, context + block - 1)
     if data.get("source") == "task":
-        names = tuple(config.get("sweep", {}).get("tasks", ())) or (data["task"],)
+        names = tuple(config.get("sweep", {}).get("tasks", ())) or (data.get("task"),)
+        known = set(task_names())
+        if not all(name in known for name in names):
+            return None  # the data config's validation names the task
         tasks = [get_task(name) for name in names]
         return {
             "train_length": train_length,
@@ -112,6 +116,8 @@ def size_to_training_length(c: Any) -> None:
     """Set every sized option of config ``c`` (a ConfigDict) for its lengths, and record them
     as ``c.sizing``; call after the preset sets L."""
     lengths = sizing_lengths(c)
+    if lengths is None:
+        raise ValueError(f"config.data.task={c['data'].get('task')!r}: not a known task")
     for path, value in sized_values(lengths).items():
         if _get(c["model"], path) is not _ABSENT or path == "max_position":
             _set(c["model"], path, value)
@@ -131,7 +137,7 @@ def resize(values: Mapping[str, Any]) -> dict[str, Any]:
             "lengths the options were sized for (set by size_to_training_length)"
         )
     current = sizing_lengths(values)
-    if dict(current) == dict(recorded):
+    if current is None or dict(current) == dict(recorded):
         return dict(values)
     old, new = sized_values(recorded), sized_values(current)
     out = copy.deepcopy(dict(values))
