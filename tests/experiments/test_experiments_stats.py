@@ -208,7 +208,7 @@ def test_paired_table_against_the_reference():
     assert "| rope − alibi | +0.072 [+0.072, +0.072] p<1e-04* |" in md
     csv = paired.render_csv([table]).splitlines()
     assert csv[0].startswith("study,protocol,task") and len(csv) == 3
-    assert "Holm-corrected over the 2 comparisons" in md
+    assert "Holm-corrected over 2 comparisons" in md
     every = paired.build_paired_tables(tables.build_tables(rows, blocks), all_pairs=True)
     assert len(every[0].pairs) == 3
     assert paired.build_paired_tables(tables.build_tables(rows, blocks), reference="xpos") == []
@@ -281,7 +281,8 @@ def test_change_with_length_for_the_window_protocols():
     assert rope.delta == pytest.approx(0.3 / math.log(2)) and rope.p_holm < 0.05
     md = paired.render_markdown([change])
     assert "**Change with length in bits per byte (L' − L) — nonoverlapping.**" in md
-    assert "| rope (L') − rope (64) | +0.433 [" in md and "early token curse" in md
+    assert "| rope (L') − rope (64) | +0.433 [" in md and "positive means longer windows hurt" in md
+    assert len(paired.caption(change).split()) <= 50 and len(paired.caption(_versus).split()) <= 50
 
 
 def test_an_all_zero_exact_match_keeps_its_blocks_and_its_bootstrap_interval():

@@ -309,7 +309,9 @@ def _intro(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 PROTOCOLS = {
     "nonoverlapping": "windows of the evaluation length tile the split without overlap; each "
     "target is scored once, with as much context as its offset in its window (0 to length - 1 "
-    "tokens).",
+    "tokens), so a longer window gives its first targets more context too and can lower the "
+    "loss of a model that uses no distant context (the early token curse, Press et al. 2022, "
+    "Appendix B).",
     "sliding": "windows of the evaluation length move by a stride; each target is scored once, "
     "from the window that gives it the most context.",
     "context": "the same target bytes in every column: each scored block of S targets is read "
@@ -328,11 +330,13 @@ def protocols_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     lines += [
         f"- **{INTERVAL_NAMES['t']}**: the {CONFIDENCE:.0%} Student-t interval of the mean over "
         "seeds.",
-        f"- **{INTERVAL_NAMES['bootstrap']}**: the {CONFIDENCE:.0%} interval over seeds and "
-        "evaluation data: the seeds' spread plus a bootstrap of the evaluation blocks (or files, "
-        f"each with its blocks; one draw for every seed, {BOOTSTRAP_REPLICATES} replicates), "
-        "Student t with Welch-Satterthwaite degrees of freedom. With one seed it covers the "
-        "evaluation data, not training noise.",
+        f"- **{INTERVAL_NAMES['files']}**: the {CONFIDENCE:.0%} interval over seeds and "
+        "evaluation files: the seeds' spread plus a bootstrap of the evaluation split's files, "
+        f"each with all its blocks (one draw for every seed, {BOOTSTRAP_REPLICATES} replicates, "
+        "times F/(F-1) for F files), Student t with Welch-Satterthwaite degrees of freedom. With "
+        "one seed it covers the evaluation data, not training noise.",
+        f"- **{INTERVAL_NAMES['bootstrap']}**: the same with the blocks as units, where no file "
+        "is recorded (tasks, a split of one file).",
         "- **Marks**: paired tests over the shared seeds and evaluation data, Holm-corrected "
         f"within a column, alpha = {ALPHA}: bold is best and significantly better than every "
         "other row, italic tied for best.",

@@ -54,7 +54,8 @@ def _band_note(tables: Sequence[StudyResults]) -> str:
         t.method == "bootstrap" for t in tables
     ):
         return "One seed (n=1): no bands."
-    name = INTERVAL_NAMES["bootstrap" if all(t.method == "bootstrap" for t in tables) else "t"]
+    names = {t.interval_name for t in tables}
+    name = names.pop() if len(names) == 1 else INTERVAL_NAMES["t"]
     return f"Shaded: the {CONFIDENCE:.0%} interval ({name}; see Protocols and intervals)."
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flaxformer_lite.experiments import significance, stats
-from flaxformer_lite.experiments.report.study import EvalColumn, StudyResults
+from flaxformer_lite.experiments.report.study import INTERVAL_NAMES, EvalColumn, StudyResults
 from flaxformer_lite.experiments.report.table import (
     GENERATED,
     Cell,
@@ -234,52 +234,35 @@ def _p_text(p: float) -> str:
 
 
 def caption(t: Comparisons) -> str:
+    """At most ~50 words: what is subtracted, the units, and the interval and test (REPORT.md's
+    "Protocols and intervals" defines them)."""
     n = sorted({p.seeds for p in t.pairs})
     blocks = sorted({p.blocks for p in t.pairs})
     files = sorted({p.files for p in t.pairs})
     if files and files[0]:
-        data = (
-            f"{', '.join(map(str, files))} evaluation files ({', '.join(map(str, blocks))} "
-            "blocks): the difference of the means, its 95% interval (the per-seed differences' "
-            "spread plus a bootstrap of the files, each with its blocks, the same draws for both "
-            "rows; "
-        )
+        data = f"{', '.join(map(str, files))} evaluation files"
+        name = INTERVAL_NAMES["files"]
     else:
-        data = (
-            f"{', '.join(map(str, blocks))} evaluation blocks: the difference of the means, its "
-            "95% interval (the per-seed differences' spread plus a bootstrap of the blocks, the "
-            "same draws for both rows; "
-        )
+        data = f"{', '.join(map(str, blocks))} evaluation blocks"
+        name = INTERVAL_NAMES["bootstrap"]
     what = "bits/byte" if t.metric == "bits_per_byte" else "exact match"
     better = "negative is better" if t.metric == "bits_per_byte" else "positive is better"
     if t.reference_length is None:
-        head = f"Row minus reference, in {what} ({better}), paired over the same seeds"
+        head = f"Row minus reference, in {what} ({better})."
     elif t.symbol != "c":
         head = (
-            f"Each encoding at evaluation length L' minus the same encoding at L = "
-            f"{t.reference_length}, in {what}, on the same target bytes (every length scores "
-            "the same bytes): positive means the longer windows hurt, negative that they "
-            "helped. With these windows a byte's position and its context grow together, so a "
-            "gain can come from the first bytes of each window having more context (the early "
-            "token curse). Paired over the same seeds"
+            f"Each encoding at L' minus itself at L = {t.reference_length}, in {what}, on the "
+            "same bytes: positive means longer windows hurt."
         )
     else:
         head = (
-            f"Each encoding at context length c minus the same encoding at c = "
-            f"{t.reference_length} (L), in {what}, on the same target bytes: negative means the "
-            f"extra context helped, zero that it was ignored, positive that it hurt. Paired over "
-            "the same seeds"
+            f"Each encoding at context c minus itself at c = {t.reference_length} (L), in "
+            f"{what}, on the same bytes: negative means more context helped."
         )
-    one_seed = (
-        " With one seed the interval and the test cover the evaluation data, not training noise."
-        if n[0] == 1
-        else ""
-    )
     return (
-        f"{head} ({', '.join(map(str, n))}) and the same {data}"
-        f"{stats.BOOTSTRAP_REPLICATES} replicates) and the two-sided p-value of Welch's t on "
-        "Welch-Satterthwaite degrees of freedom, Holm-corrected over the "
-        f"{len(t.pairs)} comparisons of this table; * p < {significance.ALPHA}.{one_seed}"
+        f"{head} Paired over {', '.join(map(str, n))} seed(s) and {data}: Δ, its 95% interval "
+        f"({name}) and Welch's p, Holm-corrected over {len(t.pairs)} comparisons; "
+        f"* p < {significance.ALPHA}."
     )
 
 

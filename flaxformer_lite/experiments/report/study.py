@@ -58,8 +58,13 @@ CSV_FIELDS = (
 
 # The name of a table's intervals, in its caption and in its CSV's ``interval`` field: Student t
 # over seeds, or Student t (Welch-Satterthwaite df) over seeds plus a bootstrap of the evaluation
-# blocks (`significance.interval`); REPORT.md's "Protocols and intervals" defines both.
-INTERVAL_NAMES = {"t": "t_seeds", "bootstrap": "t_seeds_bootstrap_blocks"}
+# files, each with its blocks, or of the blocks themselves where no file is recorded
+# (`significance.interval`); REPORT.md's "Protocols and intervals" defines them.
+INTERVAL_NAMES = {
+    "t": "t_seeds",
+    "bootstrap": "t_seeds_bootstrap_blocks",
+    "files": "t_seeds_bootstrap_files",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +232,13 @@ class StudyResults:
             text.append(self.note)
         return " ".join(text)
 
+    @property
+    def interval_name(self) -> str:
+        """`INTERVAL_NAMES` of this table's intervals."""
+        if self.method == "bootstrap" and self.units and self.units[1] == "files":
+            return INTERVAL_NAMES["files"]
+        return INTERVAL_NAMES[self.method]
+
     def n_note(self) -> str:
         """The statistic and the number of samples, e.g. ``n=1: no interval``."""
         ns = sorted({c.n for c in self.cells.values() if c.na is None}) or [0]
@@ -235,7 +247,7 @@ class StudyResults:
             count, size, unit = self.blocks
             units, unit_name = self.units or (count, "blocks")
             data = f"{units} files" if unit_name == "files" else f"{count} blocks of {size} {unit}"
-            name = INTERVAL_NAMES["bootstrap"]
+            name = self.interval_name
             return f"Mean ± half the {CONFIDENCE:.0%} interval ({name}; seeds: {n}; {data})."
         if ns == [1]:
             return "One seed per cell (n=1: no interval)."
@@ -332,7 +344,7 @@ class StudyResults:
             number(None if cell is None else cell.half_width),
             number(None if cell is None else cell.low),
             number(None if cell is None else cell.high),
-            "" if cell is None or cell.half_width is None else INTERVAL_NAMES[self.method],
+            "" if cell is None or cell.half_width is None else self.interval_name,
             self.mark(encoding, column) or "",
             0 if cell is None else cell.n,
             "" if cell is None or cell.na is None else f"{NOT_APPLICABLE}: {cell.na}",
