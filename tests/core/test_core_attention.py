@@ -754,3 +754,18 @@ def test_softmax_weights_of_opposite_huge_logits():
     np.testing.assert_allclose(np.asarray(w[0, 0, 0]), [1.0, 0.0, 0.0], atol=0)
     g = jax.grad(lambda q: attention.attention_weights(q, k)[0, 0, 0, 1])(q)
     assert bool(jnp.all(jnp.isfinite(g)))
+
+
+def test_causal_weights_without_the_zeroing_pass_are_bitwise_the_masked_ones():
+    """`attention_weights` skips the final select for a causal-only mask; the result is
+    bit-for-bit the one computed with the same mask given explicitly (which selects)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    q = jax.random.normal(keys[0], (2, 7, 3, 4)) * 4.0
+    k = jax.random.normal(keys[1], (2, 9, 3, 4)) * 4.0
+    bias = -0.5 * jnp.abs(jnp.arange(7)[:, None] - jnp.arange(9)[None, :]).astype(jnp.float32)
+    causal = attention.attention_weights(q, k, bias=bias[None, None], causal=True)
+    explicit = attention.attention_weights(
+        q, k, bias=bias[None, None], mask=attention.causal_mask(7, 9)[None, None]
+    )
+    np.testing.assert_array_equal(np.asarray(causal), np.asarray(explicit))
+    assert np.all(np.asarray(causal)[:, :, 0, 1:] == 0.0)

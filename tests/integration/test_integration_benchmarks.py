@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, train_speed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +118,34 @@ def test_mfu_arithmetic_matches_a_hand_computation():
 )
 def test_peak_flops_by_device_name(device_kind, peak):
     assert gpu_check.peak_flops(device_kind) == peak
+
+
+def test_benchmark_targets_are_judged_from_the_runs_own_medians():
+    targets = train_speed.targets  # importing the benchmark configures nothing (main() does)
+    med = {  # seconds per step
+        "JAX float32": 0.400,
+        "PyTorch float32": 0.430,  # 1.075x: below 1.1x
+        "JAX bfloat16": 0.250,
+        "PyTorch bfloat16 (autocast)": 0.250,  # exactly 1.0x: met
+        "JAX float32 sinusoidal": 0.041,
+        "PyTorch float32 sinusoidal": 0.040,  # JAX slower: missed
+    }
+    got = targets(med)
+    assert [status for _, _, status in got] == ["missed", "met", "missed"]
+    assert got[0][1].startswith("1.07x (400.0 vs 430.0 ms/step)")
+    # a ratio just below its goal is printed with the digits that show it: not "1.00x missed"
+    near = {"JAX bfloat16": 0.4345, "PyTorch bfloat16 (autocast)": 0.4328}  # 0.99609x
+    assert targets(near)[0][1:] == ("0.996x (434.5 vs 432.8 ms/step)", "missed")
+    # a contestant that did not run leaves its target out; another implementation's labels
+    assert targets({"JAX float32": 0.4}) == []
+    cudnn = targets({"JAX float32 (cudnn)": 0.2, "PyTorch float32": 0.3}, "cudnn")
+    assert [(s, m[:5]) for _, m, s in cudnn] == [("met", "1.50x")]
+    # with the rounds: the verdict stays the medians'; the spread is of paired rounds
+    times = {"JAX float32": [0.40, 0.38, 0.50], "PyTorch float32": [0.43, 0.456, 0.45]}
+    (_, measured, status), *_ = targets({k: sorted(v)[1] for k, v in times.items()}, "xla", times)
+    # medians 0.45 / 0.40 = 1.125: met (the median of the paired rounds' ratios, 1.075, is not)
+    assert status == "met"
+    assert measured == "1.12x (400.0 vs 450.0 ms/step; rounds 0.90-1.20x)"
+    # a contestant with fewer rounds (or one round) gives no range
+    one = {"JAX float32": [0.4], "PyTorch float32": [0.43]}
+    assert "rounds" not in targets(med, "xla", one)[0][1]

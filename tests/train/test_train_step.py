@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -65,3 +66,22 @@ def test_bfloat16_training_stays_finite(positional, tiny_config):
     assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}  # really trained in bf16
     for x in leaves:
         assert bool(jnp.all(jnp.isfinite(x.astype(jnp.float32))))
+
+
+def test_train_step_donates_the_whole_state(tiny_config):
+    """Every state buffer is donated: the step updates parameters and moments in place."""
+    cfg = tiny_config("alibi", vocab_size=256, num_encoder_layers=0)
+    tx = optax.adamw(1e-3)
+    graphdef, state = init_train_state(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)), tx)
+    step = jax.jit(make_train_step(graphdef, tx, optax.constant_schedule(1e-3)), donate_argnums=0)
+    batch = {
+        "inputs": jnp.zeros((2, 8), jnp.int32),
+        "targets": jnp.ones((2, 8), jnp.int32),
+        "loss_mask": jnp.ones((2, 8), jnp.float32),
+        "positions": jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8)),
+    }
+    old = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    new_state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    assert old and all(x.is_deleted() for x in old)
+    assert not any(x.is_deleted() for x in jax.tree.leaves(new_state))
