@@ -107,9 +107,9 @@ FALLBACK_STUDY_OVERRIDES = (
     "--config.model.num_decoder_layers=1",
 )
 TEST_FILES = (
-    "tests/test_attention.py",
-    "tests/test_chunked_attention.py",
-    "tests/test_mixed_precision.py",
+    "tests/core/test_core_attention.py",
+    "tests/core/test_core_chunked_attention.py",
+    "tests/core/test_core_mixed_precision.py",
 )
 CHECKS = ("attention", "bf16", "mfu", "study", "tests")
 
