@@ -10,11 +10,10 @@ Presets (measured wall times: docs/results.md; every study scores the whole vali
 unless ``eval.max_tokens`` caps it):
   tiny    seconds; what the tests use (evaluation capped to 2048 targets: a smoke preset).
   quick   the README's main job: 5 encodings x 1 seed on the embedded stdlib corpus, 1000 steps
-          each, non-overlapping windows at L x {1, 2, 4, 8, 16} (about 10 min on a 2-core CPU).
+          each, non-overlapping windows at L x {1, 2, 4, 8, 16}.
   cpu     the citeable CPU study: the same 5 encodings x 5 seeds, non-overlapping and
-          context-controlled protocols (16,384 context targets: the cost driver), bootstrap
-          intervals over seeds and data blocks, paired tests. It does not fit 45 min on 2 cores:
-          25 trainings alone take ~30 min there; docs/results.md has its measured cost.
+          context-controlled protocols (16,384 context targets: the cost driver), intervals
+          over seeds and validation files, paired tests.
   cpu_best_lr
           cpu at each encoding's best learning rate on validation (the `lr` study: 1e-2 for
           all five), beside cpu's common rate 3e-3.
@@ -24,24 +23,21 @@ unless ``eval.max_tokens`` caps it):
   all     every encoding family in the library (+ randomized positions, + RoPE scaling rows
           PI / NTK / dynamic NTK / YaRN at evaluation, + windowed attention), 1 seed.
   lr      quick's model and training at each peak learning rate of LEARNING_RATES (1e-3,
-          3e-3 = quick's, 1e-2, 3e-2) x the 5 encodings, 1 seed: 20 runs, ~29 min on 2 idle
-          cores (4 x quick's measured 7.2 min: the rate does not change a step's cost). The
-          report picks each encoding's best rate on validation at 1x and tabulates the study
-          there.
+          3e-3 = quick's, 1e-2, 3e-2) x the 5 encodings, 1 seed: 20 runs, 4 x quick's cost
+          (the rate does not change a step's cost). The report picks each encoding's best rate
+          on validation at 1x and tabulates the study there.
   scaling three model sizes (SCALING_SIZES: 34k, 216k = quick's, 826k parameters with RoPE)
           x the 5 encodings x 2 seeds, 2000 steps each (4.1M training bytes, 0.45 epochs of
           the stdlib training split; quick: 2.0M, 0.23), non-overlapping (the whole
           validation split) and context (4,096 targets, c = L x {1, 4, 16}) protocols: 30
-          runs, ~70 min on 2 idle cores (an estimate: see _scaling). The report tabulates and
-          plots the extrapolation gap (4x and 16x minus 1x) against parameters.
+          runs. The report tabulates and plots the extrapolation gap (4x and 16x minus 1x)
+          against parameters.
   wikitext103_bytes
           a byte-level study on WikiText-103 raw for one accelerator (L = 512 bytes, 25M
           parameters, to 16k bytes). Not the ALiBi paper's setting (a word-level 247M model at
           L = 512 words, 205 epochs): docs/results.md compares the two setting by setting.
-          Not measured here (no accelerator): by arithmetic ~176 MFLOP per training token
-          (6 x 25M parameters + attention) x 16,384 tokens per step x 50,000 steps = 1.4e17
-          FLOP per run, i.e. ~25 min per run at a sustained 100 TFLOP/s (bf16 on one H100-class
-          GPU) and ~6 h for the 15 runs, plus evaluation.
+          By arithmetic ~176 MFLOP per training token (6 x 25M parameters + attention) x
+          16,384 tokens per step x 50,000 steps = 1.4e17 FLOP per run.
 
 The sweep (``config.sweep``) lists the runs as data: every encoding x every seed, plus the
 encodings also trained on randomized positions (``sweep.randomized``), at each learning rate
@@ -65,8 +61,8 @@ ALL_ENCODINGS = (*ENCODINGS, "t5", "xpos", "kerple_log", "kerple_power", "fire")
 ALL_RANDOMIZED = ("sinusoidal", "rope")
 # The `families` preset: the newer families, and RoPE for its YaRN rows (plus randomized RoPE).
 FAMILIES = ("rope", "t5", "xpos", "kerple_log", "kerple_power", "fire")
-# The `lr` preset's grid of peak learning rates (quick's 3e-3 the second; 3e-2 was added after
-# every encoding came out best at 1e-2, the top of the first grid: docs/results.md).
+# The `lr` preset's grid of peak learning rates (quick's 3e-3 the second; it brackets every
+# encoding's best rate, 1e-2: docs/results.md).
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
 # Each encoding's best peak rate in the `lr` study (validation, 1x): 1e-2 for all five.
 BEST_LEARNING_RATE = 1e-2
@@ -194,9 +190,9 @@ def _tiny(c: ml_collections.ConfigDict) -> None:
 def _quick(c: ml_collections.ConfigDict) -> None:
     c.model.update(d_model=64, num_heads=4, d_ff=256, num_decoder_layers=4)
     c.data.update(train_length=64, batch_size=32)
-    # 10 steps per compiled call: the same steps, 9-13 % faster per step with jax 0.12 for a
-    # model this small on 2 CPU cores (docs/performance.md); 10 divides every cadence of
-    # quick and of the presets built on it
+    # 10 steps per compiled call: the same steps, faster for a model this small on a CPU
+    # (docs/performance.md §Steps per call); 10 divides every cadence of quick and of the
+    # presets built on it
     c.train.update(num_steps=1000, checkpoint_every=500, steps_per_call=10)
 
 
@@ -206,7 +202,7 @@ def _cpu(c: ml_collections.ConfigDict) -> None:
     c.eval.protocols = ("nonoverlapping", "context")
     # The context protocol scores each target from a window of c + S - 1 bytes, so it costs
     # ~20x the non-overlapping protocol per target at c = 16L; 16,384 targets (16 data blocks)
-    # keep it to ~50 s per run on 2 cores (65,536, the default, take ~190 s).
+    # keep it affordable on a CPU (the default is 65,536).
     c.eval.context_targets = 16384
 
 
@@ -263,13 +259,7 @@ def _lr(c: ml_collections.ConfigDict) -> None:
 
 
 def _scaling(c: ml_collections.ConfigDict) -> None:
-    # Model size and training length. Cost, from nice'd probes of 20 training steps and one
-    # evaluation per size on the shared 2-core machine, scaled by 0.46 = quick's unshared
-    # 55-60 ms/step (docs/results.md) / its probed CPU time of ~125 ms/step: per step
-    # d32l2 ~15 ms, d64l4 ~57 ms, d128l4 ~115 ms, i.e. 2000 steps x 187 ms = ~6.2 min of
-    # training per encoding x seed; evaluation ~6 / 12 / 16 s per run (compiles included);
-    # 10 encoding x seed pairs -> ~62 min training + ~6 min evaluation + ~3 min start-up
-    # and checkpoints = ~70 min (the calibration's spread, 0.43-0.54, gives 65-85 min).
+    # Model size and training length: three sizes x 2,000 steps (twice quick's training).
     _quick(c)
     c.train.update(num_steps=2000, checkpoint_every=500)
     c.sweep.model_sizes = SCALING_SIZES
