@@ -4,7 +4,7 @@ A quoted table sits between ``<!-- table: results/<study>/tables/<name>.md -->``
 ``<!-- end table -->`` (the path relative to docs/); this script replaces what is between them
 with that file's text. Rebuild a study's tables from its committed rows first::
 
-    flaxformer-lite report docs/results/cpu --noplots
+    flaxformer-lite report docs/results/cpu --noplots $(cat docs/results/cpu/report.args)
     python scripts/quote_tables.py
 
 tests/experiments/test_experiments_committed_results.py checks both steps.

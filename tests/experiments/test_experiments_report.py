@@ -116,7 +116,7 @@ TWO_SEEDS = [
 ]
 CAPTION = (
     "Bits per byte (bits/byte), lower is better. Study s; protocol nonoverlapping; train length "
-    "L = 64; columns: evaluation length as a multiple of L (tokens)."
+    "L = 64; columns: evaluation length in multiples of L (tokens)."
 )
 
 

@@ -215,10 +215,10 @@ class StudyResults:
             setting.append(f"{length}; columns are window offsets [lo, hi)")
         elif self.protocol == "context" and self.train_length:
             s_text = f"{self.context_block}" if self.context_block else "S"
-            setting.append(f"columns: context length c as a multiple of L (S = {s_text})")
+            setting.append(f"columns: context c in multiples of L (S = {s_text})")
         elif self.train_length:
             unit = "task length" if self.task else "tokens"
-            setting.append(f"columns: evaluation length as a multiple of L ({unit})")
+            setting.append(f"columns: evaluation length in multiples of L ({unit})")
         if setting:
             text.append(sentence("; ".join(setting)))
         text.append(self.n_note())
@@ -248,7 +248,10 @@ class StudyResults:
             units, unit_name = self.units or (count, "blocks")
             data = f"{units} files" if unit_name == "files" else f"{count} blocks of {size} {unit}"
             name = self.interval_name
-            return f"Mean ± half the {CONFIDENCE:.0%} interval ({name}; seeds: {n}; {data})."
+            return (
+                f"Mean ± {CONFIDENCE:.0%} interval over seeds and evaluation {unit_name} "
+                f"({name}; seeds: {n}; {data})."
+            )
         if ns == [1]:
             return "One seed per cell (n=1: no interval)."
         note = (

@@ -1,0 +1,68 @@
+"""The committed results: every table under docs/results/<study>/ is rebuilt from the rows
+committed beside it (``results.jsonl.gz``, ``blocks.jsonl.gz``) byte for byte, and every table
+the README and docs/ quote from them is the committed table, so a doc table cannot drift from
+its data.
+
+A study's ``report.args``, when present, holds the report flags its tables were made with (e.g.
+``--all_pairs``). A quoted table sits between ``<!-- table: results/<study>/tables/<name>.md -->`` and
+``<!-- end table -->`` (the path relative to docs/) and holds that file's text exactly.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+STUDIES = sorted(p for p in RESULTS.glob("*") if (p / "results.jsonl.gz").is_file())
+QUOTE = re.compile(r"<!-- table: (?P<path>[^ ]+) -->\n(?P<body>.*?)<!-- end table -->", re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_results_are_committed():
+    assert STUDIES, f"no committed rows under {RESULTS}"
+    for study in STUDIES:
+        assert (study / "blocks.jsonl.gz").is_file(), f"{study.name}: rows without their blocks"
+        assert list((study / "tables").glob("*.md")), f"{study.name}: no committed tables"
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=[p.name for p in STUDIES])
+def test_committed_tables_rebuild_from_their_rows_byte_for_byte(study, tmp_path):
+    work = tmp_path / study.name
+    work.mkdir()
+    for name in ("results.jsonl.gz", "blocks.jsonl.gz", "study.json"):
+        if (study / name).is_file():
+            shutil.copy(study / name, work / name)
+    args = (study / "report.args").read_text().split() if (study / "report.args").is_file() else []
+    cmd = [sys.executable, "-m", "flaxformer_lite", "report", str(work), "--noplots", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    committed = sorted(p.name for p in (study / "tables").iterdir())
+    rebuilt = sorted(p.name for p in (work / "tables").iterdir())
+    assert committed == rebuilt
+    for name in committed:
+        want = (study / "tables" / name).read_bytes()
+        got = (work / "tables" / name).read_bytes()
+        assert got == want, f"{study.name}/tables/{name} differs from its rows' rebuild"
+    assert (work / "REPORT.md").read_bytes() == (study / "REPORT.md").read_bytes()
+
+
+def test_every_quoted_table_is_its_committed_file():
+    quoted = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in QUOTE.finditer(text):
+            source = ROOT / "docs" / match["path"]
+            where = f"{page.relative_to(ROOT)} quotes {match['path']}"
+            assert source.is_file(), f"{where}: no such committed table"
+            assert match["body"] == source.read_text(encoding="utf-8"), f"{where}: it differs"
+            quoted += 1
+        # a marker that the pattern did not pair (a typo, a missing end) is an error too
+        assert text.count("<!-- table:") == len(QUOTE.findall(text)), f"{page}: unpaired marker"
+    assert quoted > 0, "no page quotes a committed table"
