@@ -3,9 +3,10 @@ committed beside it (``results.jsonl.gz``, ``blocks.jsonl.gz``) byte for byte, a
 the README and docs/ quote from them is the committed table, so a doc table cannot drift from
 its data.
 
-A study's ``report.args``, when present, holds the report flags its tables were made with (e.g.
-``--all_pairs``). A quoted table sits between ``<!-- table: results/<study>/tables/<name>.md -->`` and
-``<!-- end table -->`` (the path relative to docs/) and holds that file's text exactly.
+A study's ``report.args``, when present, holds the report flags its tables were made with
+(e.g. ``--all_pairs``). A quoted table sits between
+``<!-- table: results/<study>/tables/<name>.md -->`` and ``<!-- end table -->`` (the path
+relative to docs/) and holds that file's text exactly.
 """
 
 from __future__ import annotations
