@@ -176,7 +176,7 @@ def unit_weights(units: np.ndarray, replicates: int, seed: int) -> np.ndarray:
     return _unit_weights(units.tobytes(), units.dtype.str, units.shape, replicates, seed)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # a few distinct block layouts per report; ~4 MB each
 def _unit_weights(raw: bytes, dtype: str, shape, replicates: int, seed: int) -> np.ndarray:
     units = np.frombuffer(raw, dtype=dtype).reshape(shape)
     _, inverse = np.unique(units, return_inverse=True)
