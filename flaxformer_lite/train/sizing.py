@@ -8,8 +8,9 @@ lengths it sized them for. `resize` is applied by `RunConfig.from_config`: when 
 lengths (``data.train_length``, the evaluation multiples, the tasks) differ from the recorded
 ones -- an override such as ``--config.data.train_length=128`` -- every sized option that
 still holds its value for the recorded lengths is set to its value for the new ones; an option
-set by hand to another value is kept. The resized values are model options, so they are part
-of the run's identity.
+set by hand to another value is kept. Without randomized positions ``max_position`` changes no
+number, so it scales with L but not with new evaluation lengths (those keep the training and its
+identity). The resized values are model options, so they are part of the run's identity.
 """
 
 from __future__ import annotations
@@ -40,10 +41,7 @@ def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int] | None:
     data, evaluation = config["data"], config["eval"]
     train_length = int(data["train_length"])
     longest = train_length * max(evaluation["length_multiples"])
-    randomized = bool(config.get("sweep", {}).get("randomized")) or bool(
-        config["model"].get("randomized_positions")
-    )
-    if randomized and "context" in tuple(evaluation.get("protocols", ())):
+    if _randomized(config) and "context" in tuple(evaluation.get("protocols", ())):
         # randomized positions must reach a context window too: c bytes of context and S
         # scored targets, c + S - 1 tokens (max_position matters only with randomized positions)
         block = int(evaluation.get("context_block") or 0) or train_length // 2
@@ -61,6 +59,13 @@ def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int] | None:
             "longest": max(t.sequence_length(longest) for t in tasks),
         }
     return {"train_length": train_length, "length": train_length, "longest": longest}
+
+
+def _randomized(config: Mapping[str, Any]) -> bool:
+    """Whether the config (or its sweep) trains on randomized positions."""
+    return bool(config.get("sweep", {}).get("randomized")) or bool(
+        config["model"].get("randomized_positions")
+    )
 
 
 def sized_values(lengths: Mapping[str, int]) -> dict[str, Any]:
@@ -137,6 +142,11 @@ def resize(values: Mapping[str, Any]) -> dict[str, Any]:
             "lengths the options were sized for (set by size_to_training_length)"
         )
     current = sizing_lengths(values)
+    if current is not None and not _randomized(values):
+        # without randomized positions max_position changes no number: it follows L, but new
+        # evaluation lengths keep the training (and its identity)
+        longest = recorded["longest"] * current["length"] // recorded["length"]
+        current = dict(current, longest=longest)
     if current is None or dict(current) == dict(recorded):
         return dict(values)
     old, new = sized_values(recorded), sized_values(current)

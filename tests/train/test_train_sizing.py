@@ -95,7 +95,9 @@ def test_a_malformed_sizing_record_is_refused_naming_the_field():
 
 def test_the_command_line_override_reaches_the_recorded_identity(tmp_path):
     """``flaxformer-lite train --config.data.train_length=128``: the run's recorded identity
-    has every option sized for L = 128 (here FIRE's and the randomized-position range)."""
+    has every option sized for L = 128 (here FIRE's; the position range scales with L, 16 x 4 ->
+    128 x 4, and not with the evaluation lengths, which change no number without randomized
+    positions)."""
     workdir = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -116,7 +118,7 @@ def test_the_command_line_override_reaches_the_recorded_identity(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     identity = json.loads((workdir / "identity.json").read_text())
     model = identity["config"]["model"] if "config" in identity else identity["model"]
-    assert model["max_position"] == 128
+    assert model["max_position"] == 512
     assert model["positional_options"]["threshold_init"] == 32.0
 
 
@@ -128,3 +130,13 @@ def test_randomized_positions_reach_the_longest_context_window():
     config = extrapolation_lm.get_config("families")
     config.data.train_length = 128  # resized with L: 2048 + 64 - 1
     assert RunConfig.from_config(config).model.max_position == 2111
+
+
+def test_new_evaluation_lengths_keep_the_sized_options_without_randomized_positions():
+    config = extrapolation_lm.get_config("quick")
+    config.eval.length_multiples = (1, 2)
+    assert _resolved(config, "rope").model.max_position == 1024  # as sized: no number changes
+    config = extrapolation_lm.get_config("families")  # randomized RoPE: the range must follow
+    config.eval.length_multiples = (1, 2)
+    config.eval.protocols = ("nonoverlapping",)
+    assert RunConfig.from_config(config).model.max_position == 128
