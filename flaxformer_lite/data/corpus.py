@@ -74,6 +74,7 @@ class ByteSplit:
         self.name = name
         self.corpus = corpus
         self.num_files = num_files
+        self._separators: np.ndarray | None = None  # `document_of`'s, found on first use
 
     @property
     def num_bytes(self) -> int:
@@ -92,7 +93,7 @@ class ByteSplit:
         the separator after them. Evaluation blocks record the document of their first
         target: files, not blocks, are the sampling unit of the statistics
         (`flaxformer_lite.experiments.stats`)."""
-        if not hasattr(self, "_separators"):
+        if self._separators is None:
             self._separators = self._separator_positions()
         return np.searchsorted(self._separators, np.asarray(positions, np.int64), side="left")
 

@@ -11,7 +11,7 @@ relative to docs/) and holds that file's text exactly.
 
 from __future__ import annotations
 
-import re
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -22,7 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 STUDIES = sorted(p for p in RESULTS.glob("*") if (p / "results.jsonl.gz").is_file())
-QUOTE = re.compile(r"<!-- table: (?P<path>[^ ]+) -->\n(?P<body>.*?)<!-- end table -->", re.S)
+_SPEC = importlib.util.spec_from_file_location("quote_tables", ROOT / "scripts" / "quote_tables.py")
+quote_tables = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(quote_tables)
+QUOTE = quote_tables.QUOTE  # the pattern the script refreshes
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
