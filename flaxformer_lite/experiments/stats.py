@@ -172,20 +172,30 @@ def unit_weights(units: np.ndarray, replicates: int, seed: int) -> np.ndarray:
     draw per replicate, applied to every seed (the blocks are the same data for all). With a
     distinct label per block this is the bootstrap of blocks. The same arguments give the
     same draws (cached: a report makes them for every cell and pair). Read-only."""
+    draws, inverse = _unit_draws(units, replicates, seed)
+    return draws[:, inverse]
+
+
+def _unit_draws(units: np.ndarray, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(draws, inverse)``: ``[R, F]`` multiplicities of the ``F`` distinct units in each
+    replicate and ``[B]`` the unit index of each block (`unit_weights` is
+    ``draws[:, inverse]``). Read-only, cached."""
     units = np.asarray(units)
-    return _unit_weights(units.tobytes(), units.dtype.str, units.shape, replicates, seed)
+    return _cached_draws(units.tobytes(), units.dtype.str, units.shape, replicates, seed)
 
 
-@functools.lru_cache(maxsize=16)  # a few distinct block layouts per report; ~4 MB each
-def _unit_weights(raw: bytes, dtype: str, shape, replicates: int, seed: int) -> np.ndarray:
+@functools.lru_cache(maxsize=16)  # a few distinct block layouts per report
+def _cached_draws(raw: bytes, dtype: str, shape, replicates: int, seed: int):
     units = np.frombuffer(raw, dtype=dtype).reshape(shape)
     _, inverse = np.unique(units, return_inverse=True)
+    inverse = inverse.reshape(-1)
     n_units = int(inverse.max()) + 1
     rng = np.random.default_rng(seed)
     draws = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=replicates)
-    weights = draws[:, inverse.reshape(-1)].astype(np.float64)
-    weights.flags.writeable = False
-    return weights
+    draws = draws.astype(np.float64)
+    for a in (draws, inverse):
+        a.flags.writeable = False
+    return draws, inverse
 
 
 def num_units(units: np.ndarray) -> int:
@@ -193,11 +203,19 @@ def num_units(units: np.ndarray) -> int:
     return int(np.unique(np.asarray(units)).shape[0])
 
 
-def _replicate_means(values, counts, weights, transform=None) -> np.ndarray:
+def _replicate_means(values, counts, draws, inverse, transform=None) -> np.ndarray:
     """The statistic (mean over seeds of each seed's ratio over the drawn blocks) for every
-    replicate, ``[R]``."""
+    replicate, ``[R]``: the blocks' sums are added per unit first (``[S, F]``), so each
+    replicate costs ``F``, not ``B``, products."""
+    n_units = draws.shape[1]
+
+    def per_unit(x):  # [S, B] -> [S, F]
+        out = np.zeros((x.shape[0], n_units))
+        np.add.at(out, (slice(None), inverse), x)
+        return out
+
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        ratio = (weights @ values.T) / (weights @ counts.T)  # [R, S]
+        ratio = (draws @ per_unit(values).T) / (draws @ per_unit(counts).T)  # [R, S]
         return (ratio if transform is None else transform(ratio)).mean(axis=1)
 
 
@@ -261,8 +279,8 @@ def bootstrap_interval(
     units = _check_units(units, values.shape[1])
     per_seed = seed_means(values, counts, transform)
     mean = float(per_seed.mean())
-    weights = unit_weights(units, replicates, seed)
-    reps = _replicate_means(values, counts, weights, transform)
+    draws, inverse = _unit_draws(units, replicates, seed)
+    reps = _replicate_means(values, counts, draws, inverse, transform)
     se, df = _standard_error(per_seed, reps, num_units(units))
     half = _half_width(se, df, confidence)
     return mean, mean - half, mean + half
@@ -306,9 +324,9 @@ def paired_difference(
     units = _check_units(units, va.shape[1])
     per_seed = seed_means(va, ca, transform) - seed_means(vb, cb, transform)
     delta = float(per_seed.mean())
-    weights = unit_weights(units, replicates, seed)
-    reps = _replicate_means(va, ca, weights, transform) - _replicate_means(
-        vb, cb, weights, transform
+    draws, inverse = _unit_draws(units, replicates, seed)
+    reps = _replicate_means(va, ca, draws, inverse, transform) - _replicate_means(
+        vb, cb, draws, inverse, transform
     )
     se, df = _standard_error(per_seed, reps, num_units(units))
     half = _half_width(se, df, confidence)
