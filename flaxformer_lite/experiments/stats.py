@@ -171,7 +171,7 @@ def unit_weights(units: np.ndarray, replicates: int, seed: int) -> np.ndarray:
     distinct units with replacement, and a block counts as often as its unit was drawn. One
     draw per replicate, applied to every seed (the blocks are the same data for all). With a
     distinct label per block this is the bootstrap of blocks. The same arguments give the
-    same draws (cached: a report makes them for every cell and pair). Read-only."""
+    same draws (cached: a report makes them for every cell and pair)."""
     draws, inverse = _unit_draws(units, replicates, seed)
     return draws[:, inverse]
 
