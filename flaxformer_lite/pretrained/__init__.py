@@ -11,11 +11,19 @@ to evaluate), results, study and cli import it.
 
 from flaxformer_lite.pretrained.families import FAMILIES, family_of, model_config
 from flaxformer_lite.pretrained.files import PretrainedError, read_config
-from flaxformer_lite.pretrained.load import Pretrained, PretrainedInfo, load_pretrained, resolve
+from flaxformer_lite.pretrained.load import (
+    Checkpoint,
+    Pretrained,
+    PretrainedInfo,
+    load_pretrained,
+    open_checkpoint,
+    resolve,
+)
 from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "FAMILIES",
+    "Checkpoint",
     "Pretrained",
     "PretrainedError",
     "PretrainedInfo",
@@ -24,6 +32,7 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "model_config",
+    "open_checkpoint",
     "read_config",
     "resolve",
 ]

@@ -11,6 +11,7 @@ must be used (or be a known buffer): nothing is left at a random initialisation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from flaxformer_lite.base.memory import format_bytes, host_available
+from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.nn.param_count import count_parameters
@@ -58,6 +60,17 @@ class PretrainedInfo:
     weights_sha256: str  # "sha256:..." of the safetensors files, in order
     tokenizer_sha256: str | None  # "sha256:..." of the tokenizer files, None without one
     hf_config: dict[str, Any]  # config.json as read
+
+    def record(self) -> dict[str, Any]:
+        """What a results row says of the model: id, family, revision, weights and tokenizer
+        sha256."""
+        return {
+            "model_id": self.model_id,
+            "family": self.family,
+            "revision": self.revision,
+            "weights_sha256": self.weights_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +120,124 @@ def resolve(source: str | os.PathLike, *, revision: str | None = None) -> tuple[
     raise PretrainedError(
         f"{repo}: not in the local cache and not downloadable ({errors[-1]}); {how}"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A pretrained model's files, resolved and read once: the folder, ``config.json`` and
+    the `ModelConfig` it maps to (`families`). `open_checkpoint` makes it; `load` places the
+    weights into a model of a given config (the mapped one, or the same architecture with
+    other compute settings or an evaluation-time RoPE scaling).
+
+    Attributes:
+      source: the hub id or folder it was opened from.
+      folder: the local folder read.
+      revision: the hub commit, when it came from the hub.
+      hf_config: ``config.json`` as read.
+      family: its `families.Family`.
+      config: the mapped `ModelConfig` (float32, the family's defaults).
+    """
+
+    source: str
+    folder: Path
+    revision: str | None
+    hf_config: dict[str, Any]
+    family: families.Family
+    config: ModelConfig
+
+    def load(self, cfg: ModelConfig | None = None, *, shardings=None) -> DecoderOnlyLM:
+        """The model of ``cfg`` (default `config`) with the checkpoint's weights: memory
+        checked first (the config's count, then the stored tensors' sizes), every parameter
+        taken from the checkpoint and every stored tensor used (`_mapped`, `_fill`).
+        ``shardings(abstract params)`` places each parameter on its devices (None: the
+        default device). Refuses, in one line, a ``cfg`` whose parameters differ from the
+        checkpoint's."""
+        cfg = self.config if cfg is None else cfg
+        name = self.family.name
+        _check_memory(name, cfg, None)
+        files = CheckpointFiles(self.folder, strip=self.family.prefixes)
+        _check_memory(name, cfg, files)
+        arrays = _mapped(self.family, files, cfg)
+        graphdef, abstract, rest = _abstract(cfg)
+        params = _fill(self.family, abstract, arrays, cfg.params_dtype, shardings)
+        return nnx.merge(graphdef, params, rest)
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The folder's tokenizer (`tokenizer.load_tokenizer`), read once."""
+        return load_tokenizer(self.folder)
+
+    @property
+    def separator_id(self) -> int:
+        """The token that joins documents when the model scores a corpus: its end-of-text
+        token (``config.json``'s ``eos_token_id``; the first of a list), 0 when it has none."""
+        eos = self.hf_config.get("eos_token_id")
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        return int(eos) if isinstance(eos, int) and not isinstance(eos, bool) else 0
+
+    def scored_text(self, corpus: Any) -> TokenCorpus:
+        """``corpus`` (a `ByteCorpus`) as this model scores it: each document tokenized by its
+        tokenizer, documents joined by its `separator_id`, every token with the bytes of text
+        it covers (`flaxformer_lite.data.tokens`: bits per UTF-8 byte of the same text for
+        every tokenizer)."""
+        tok = self.tokenizer
+        return TokenCorpus(
+            corpus,
+            tok.encode_with_offsets,
+            separator_id=self.separator_id,
+            tokenizer_sha256=tok.sha256,
+            vocab_size=self.config.vocab_size,
+        )
+
+    def info(self, *, tokenizer: bool = True) -> PretrainedInfo:
+        """What results rows record of the model (its weights hashed now; the tokenizer's
+        hash when ``tokenizer``)."""
+        files = CheckpointFiles(self.folder, strip=self.family.prefixes)
+        return PretrainedInfo(
+            model_id=self.source,
+            family=self.family.name,
+            folder=str(self.folder),
+            revision=self.revision,
+            weights_sha256=content_hash(files.files),
+            tokenizer_sha256=self.tokenizer.sha256 if tokenizer else None,
+            hf_config=self.hf_config,
+        )
+
+
+def open_checkpoint(source: str | os.PathLike, *, revision: str | None = None) -> Checkpoint:
+    """The `Checkpoint` of ``source`` (a folder or a hub id, `resolve`): resolved, read and
+    mapped once per process (a run's config, its pre-flight and its evaluation share it);
+    opened again when its ``config.json`` changed on disk."""
+    key = (str(source), revision)
+    cached = _OPENED.get(key)
+    if cached is not None and cached[0] == _stamp(cached[1].folder / "config.json"):
+        return cached[1]
+    folder, hub_revision = resolve(source, revision=revision)
+    stamp = _stamp(folder / "config.json")
+    hf_config = read_config(folder)
+    where = str(folder / "config.json")
+    checkpoint = Checkpoint(
+        source=str(source),
+        folder=folder,
+        revision=hub_revision,
+        hf_config=hf_config,
+        family=families.family_of(hf_config, where=where),
+        config=families.model_config(hf_config, where=where),
+    )
+    _OPENED[key] = (stamp, checkpoint)
+    return checkpoint
+
+
+# (source, revision) -> (config.json's (mtime_ns, size), its Checkpoint): `open_checkpoint`'s
+_OPENED: dict[tuple[str, str | None], tuple[tuple[int, int] | None, Checkpoint]] = {}
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _check_memory(family: str, cfg: ModelConfig, files: CheckpointFiles | None) -> None:
@@ -183,35 +314,15 @@ def load_pretrained(
       `Pretrained` (model, config, tokenizer, info). Its logits equal transformers'
       (tests/pretrained/ checks every family to 1e-4 in float32).
     """
-    folder, hub_revision = resolve(source, revision=revision)
-    hf_config = read_config(folder)
-    family = families.family_of(hf_config, where=str(folder / "config.json"))
-    cfg = families.model_config(hf_config, where=str(folder / "config.json"))
+    checkpoint = open_checkpoint(source, revision=revision)
     param_dtype = dtype if param_dtype is None else param_dtype
     try:
-        cfg = cfg.replace(dtype=dtype, param_dtype=param_dtype, **overrides)
+        cfg = checkpoint.config.replace(dtype=dtype, param_dtype=param_dtype, **overrides)
     except (TypeError, ValueError) as e:
-        raise PretrainedError(f"{family.name}: {e}") from None
-    _check_memory(family.name, cfg, None)
-    files = CheckpointFiles(folder, strip=family.prefixes)
-    _check_memory(family.name, cfg, files)
-    arrays = _mapped(family, files, cfg)
-    graphdef, abstract, rest = _abstract(cfg)
-    params = _fill(family, abstract, arrays, cfg.params_dtype, shardings)
-    model = nnx.merge(graphdef, params, rest)
-    info = PretrainedInfo(
-        model_id=str(source),
-        family=family.name,
-        folder=str(folder),
-        revision=hub_revision,
-        weights_sha256=content_hash(files.files),
-        tokenizer_sha256=None,
-        hf_config=hf_config,
-    )
-    tok = load_tokenizer(folder) if tokenizer else None
-    if tok is not None:
-        info = dataclasses.replace(info, tokenizer_sha256=tok.sha256)
-    return Pretrained(model, cfg, tok, info)
+        raise PretrainedError(f"{checkpoint.family.name}: {e}") from None
+    model = checkpoint.load(cfg, shardings=shardings)
+    info = checkpoint.info(tokenizer=tokenizer)
+    return Pretrained(model, cfg, checkpoint.tokenizer if tokenizer else None, info)
 
 
 def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -> dict:

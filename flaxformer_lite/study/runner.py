@@ -20,6 +20,7 @@ and the study goes on; the runner then exits non-zero.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -206,7 +207,7 @@ class Study:
                     if cell.run.data not in opened:
                         opened[cell.run.data] = open_dataset(cell.run.data)
                     record = identity.current(cell.run, opened[cell.run.data])
-                    cell = self.add(cell.with_identity(record))
+                    cell = self.add(dataclasses.replace(cell, identity=record))
             except ConfigError as e:
                 changed[name] = [f"its config is not valid now ({e})"]
                 continue
@@ -289,7 +290,7 @@ class Study:
     def run_cell(self, cell: StudyCell) -> None:
         """Train and evaluate ``cell`` (`train_and_evaluate` of its run config) and write its
         blocks and rows (``rows.jsonl`` last: it marks the cell finished)."""
-        summary = train_and_evaluate(cell.run, self.cell_dir(cell.name))
+        summary = train_and_evaluate(cell.run, self.cell_dir(cell.name), ready=cell.ready)
         interrupt.where(phase="writing the rows of")
         blocks = blocks_for_cell(cell.run, cell.name, summary)
         text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
@@ -374,7 +375,7 @@ def run_study(
     cells = [study.cell(c["name"]) for c in specs]  # every config error before any data's
     for i, cell in enumerate(cells):
         ready = preflight(cell.run, study.cell_dir(cell.name))  # data, devices, memory, dir
-        cells[i] = study.add(cell.with_identity(identity.current(cell.run, ready.dataset)))
+        cells[i] = study.add(cell.checked(ready, identity.current(cell.run, ready.dataset)))
     study.check_identities(restart_changed)  # every cell, --only or not
     with workdir_lock(study.workdir):
         return _run_locked(study, cells, report, progress)

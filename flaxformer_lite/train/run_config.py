@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -77,6 +78,10 @@ class PretrainedConfig:
     @property
     def label(self) -> str:
         return self.name or self.source.rstrip("/").rsplit("/", 1)[-1]
+
+    def checkpoint(self) -> hf.Checkpoint:
+        """The model's `pretrained.Checkpoint` (resolved, read and mapped once per process)."""
+        return hf.open_checkpoint(self.source, revision=self.revision or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,12 +180,18 @@ class RunConfig:
         for section, names in NOT_IDENTITY_FIELDS.items():
             for name in names:
                 d[section].pop(name)
+        if not self.pretrained.source:
+            for (section, name), recorded in IDENTITY_RECORDED_NAMES.items():
+                d[section][recorded] = d[section].pop(name)
         return json.loads(json.dumps(d, default=str))
 
     def identity_diff(self, other: RunConfig) -> list[str]:
         """``["section.field: old -> new", ...]`` where ``other``'s identity differs (nested
         fields by their full path, e.g. ``model.positional_options.rope.base``)."""
-        return flat_diff("", other.identity(), self.identity())
+        lines = flat_diff("", other.identity(), self.identity())
+        for (section, name), recorded in IDENTITY_RECORDED_NAMES.items():
+            lines = [re.sub(rf"^{section}\.{recorded}:", f"{section}.{name}:", x) for x in lines]
+        return lines
 
     def hash(self) -> str:
         """Short sha256 of `identity` (results rows carry `train.identity`'s hash, which adds
@@ -207,6 +218,14 @@ NOT_IDENTITY_FIELDS = {
 }
 
 
+# Fields renamed since runs were recorded keep their recorded name in a trained run's
+# identity, so the rename voids no finished workdir. ``eval.max_bytes`` was ``max_tokens``:
+# on a byte corpus (every trained run's) a target is a byte, so the value means the same;
+# a pretrained run's cap now counts bytes of text, not tokens, so its identity takes the new
+# name and an earlier token-capped run is not mistaken for it.
+IDENTITY_RECORDED_NAMES = {("eval", "max_bytes"): "max_tokens"}
+
+
 def _pretrained_model(
     pretrained: PretrainedConfig, values: Mapping[str, Any], data: DataConfig
 ) -> ModelConfig:
@@ -223,9 +242,7 @@ def _pretrained_model(
             f"{list(PRETRAINED_MODEL_FIELDS)} may be set"
         )
     try:
-        folder, _ = hf.resolve(pretrained.source, revision=pretrained.revision or None)
-        model = hf.model_config(hf.read_config(folder), where=f"{folder}/config.json")
-        model = model.replace(**values)
+        model = pretrained.checkpoint().config.replace(**values)
     except ValueError as e:
         raise ConfigError(f"config.pretrained.source={pretrained.source!r}: {e}") from None
     options = model.positional_options

@@ -11,6 +11,7 @@ changed. The tiny preset on a small file corpus, 4 training steps.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -354,3 +355,16 @@ def test_cli_refusals_are_one_line(copy):
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert len(lines) == 1 and lines[0].startswith("error: workdir="), lines
         assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_renamed_cap_keeps_a_trained_runs_recorded_identity_but_not_a_pretrained_ones():
+    """``eval.max_bytes`` (recorded as ``max_tokens``, which on a byte corpus meant the same)
+    leaves a trained run's identity as recorded, so finished workdirs continue; a pretrained
+    run's cap changed meaning (tokens -> bytes of text), so its identity takes the new name."""
+    trained = RunConfig.from_config(rope_tiny()).identity()
+    assert "max_bytes" not in trained["eval"] and trained["eval"]["max_tokens"] == 2048
+    pretrained = RunConfig.from_config(rope_tiny())
+    pretrained = dataclasses.replace(
+        pretrained, pretrained=dataclasses.replace(pretrained.pretrained, source="/some/model")
+    ).identity()
+    assert "max_tokens" not in pretrained["eval"] and pretrained["eval"]["max_bytes"] == 2048
