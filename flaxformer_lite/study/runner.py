@@ -229,7 +229,9 @@ class Study:
             keep = record is not None and identity.evaluation_only(diffs)
             (again if keep else fresh).append(name)
             config = None if cell is None else cell.run.to_dict()
-            identity.reset(self.cell_dir(name), record, config, keep_training=keep)
+            kept = identity.reset(self.cell_dir(name), record, config, keep_training=keep)
+            if kept:  # only what the run wrote was deleted
+                print(identity.kept_line(self.cell_dir(name), kept), file=sys.stderr)
         for names, what in (
             (fresh, "start afresh"),
             (again, "keep their training, evaluated again"),

@@ -42,6 +42,9 @@ afresh in place. Decisions:
 * Only ``eval.*`` differs: the training is the same, so `reset` keeps the checkpoints and
   the run is evaluated again; anything else starts the run from step 0. A checkpoint is
   never resumed into another schedule.
+* `reset` deletes only what a run writes (`RUN_FILES`: fixed names, and inside
+  ``checkpoints/`` and ``tensorboard/`` only this project's steps and event files): a user's
+  notes, job logs or sources in the workdir stay, and it says which it kept.
 * A workdir from before identity records (``config.json`` only) compares its config; its
   corpus and versions are unknown and are not checked (a note says so).
 """
@@ -51,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,7 @@ import jax
 
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import atomic_write_text
-from flaxformer_lite.train import provenance
+from flaxformer_lite.train import checkpoint, provenance
 from flaxformer_lite.train.run_config import RunConfig, flat_diff
 
 IDENTITY_FILE = "identity.json"
@@ -69,6 +71,18 @@ VERSION_PACKAGES = ("flaxformer-lite", "jax", "jaxlib", "flax", "optax", "numpy"
 STATE = ("checkpoints", "eval.json", "rows.jsonl", "metrics.jsonl")
 # The evaluation's outputs (rows first: without them a study cell is not finished).
 EVALUATION_OUTPUTS = ("rows.jsonl", "blocks.jsonl", "eval.json", "provenance.json", "error.txt")
+# Every name a run writes in its workdir (`train.loop`, the study runner): all that `reset`
+# may delete. Folders are emptied of what the run wrote in them (`checkpoint.remove_steps`,
+# TensorBoard event files) and removed only when nothing else is left in them.
+RUN_FILES = (
+    *EVALUATION_OUTPUTS,
+    "checkpoints",
+    "metrics.jsonl",
+    "tensorboard",
+    IDENTITY_FILE,
+    CONFIG_FILE,
+)
+TENSORBOARD_EVENTS = "events.out.tfevents.*"
 
 
 def versions() -> dict[str, str]:
@@ -209,31 +223,63 @@ def reset(
     config: dict[str, Any] | None,
     *,
     keep_training: bool,
-) -> None:
+) -> list[str]:
     """Start the run in ``workdir`` afresh for the identity ``record``, then record it.
 
-    ``keep_training`` (only ``eval.*`` differs: `evaluation_only`): delete the evaluation's
-    outputs and keep the checkpoints and metrics; else delete everything in ``workdir`` but
-    hidden files (a lock). ``rows.jsonl`` goes first and the new record is written last
+    Deletes only what a run writes (`RUN_FILES`): ``keep_training`` (only ``eval.*``
+    differs: `evaluation_only`) deletes the evaluation's outputs and keeps the checkpoints and
+    metrics; else every file of the run goes (of ``checkpoints/`` its own steps
+    (`checkpoint.remove_steps`), of ``tensorboard/`` its event files; each folder itself
+    only once empty). Anything else -- a user's notes, job logs, sources, hidden files such
+    as the lock -- stays. ``rows.jsonl`` goes first and the new record is written last
     (``record`` None: the old one is deleted last), so a kill in between leaves a workdir
-    that is unfinished and still differs (refused, or reset again).
+    that is unfinished and still differs (refused, or reset again). A run folder that is a
+    symbolic link is refused (`checkpoint.refuse_link`) before anything is deleted.
+
+    Returns the names (``name/`` for a folder; ``checkpoints/name`` inside a run folder) it
+    left because the run did not make them, sorted, for the caller's one line.
     """
     workdir = Path(workdir)
-    if keep_training:
-        doomed = [workdir / name for name in EVALUATION_OUTPUTS]
-    else:
-        keep = {IDENTITY_FILE, CONFIG_FILE, "rows.jsonl"}
-        doomed = [workdir / "rows.jsonl"]  # hidden files (the workdir's lock) stay
-        doomed += sorted(p for p in workdir.iterdir() if p.name not in keep and p.name[0] != ".")
+    for name in ("checkpoints", "tensorboard"):
+        checkpoint.refuse_link(workdir / name)
+    recorded_files = (IDENTITY_FILE, CONFIG_FILE)  # rewritten by `write`, or deleted last
+    names = [n for n in RUN_FILES if n not in recorded_files]
+    names = EVALUATION_OUTPUTS if keep_training else names
+    doomed = [workdir / name for name in dict.fromkeys(("rows.jsonl", *names))]
     if record is None:
-        doomed += [workdir / CONFIG_FILE, workdir / IDENTITY_FILE]
+        doomed += [workdir / name for name in recorded_files]
+    kept: list[str] = []
     for path in doomed:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+        if path.name == "checkpoints" and path.is_dir():
+            kept += [f"checkpoints/{name}" for name in checkpoint.remove_steps(path)]
+        elif path.name == "tensorboard" and path.is_dir():
+            for event in path.glob(TENSORBOARD_EVENTS):
+                if event.is_file() or event.is_symlink():
+                    event.unlink()
+            others = sorted(p.name for p in path.iterdir())
+            kept += [f"tensorboard/{name}" for name in others]
+            if not others:
+                path.rmdir()
+        elif path.is_dir() and not path.is_symlink():
+            kept.append(f"{path.name}/")  # a folder where the run writes a file: not its own
         else:
             path.unlink(missing_ok=True)
     if record is not None:
         write(workdir, record, config)
+    if workdir.is_dir():
+        owned = set(RUN_FILES)
+        kept += [
+            p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+            for p in workdir.iterdir()
+            if p.name not in owned and not p.name.startswith(".")
+        ]
+    return sorted(set(kept))
+
+
+def kept_line(workdir: Path, kept: list[str]) -> str:
+    """The one line naming what `reset` left in ``workdir`` (the run did not make it)."""
+    shown = ", ".join(kept[:8]) + (f", ... ({len(kept)} in all)" if len(kept) > 8 else "")
+    return f"workdir={str(workdir)!r}: kept what the run did not make: {shown}"
 
 
 def _short(value: Any) -> str:

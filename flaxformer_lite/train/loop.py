@@ -205,7 +205,9 @@ def prepare_workdir(
             "evaluating again, training kept" if keep else "starting afresh",
             ", ".join(diffs),
         )
-        identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+        kept = identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+        if kept:  # only what the run wrote was deleted
+            log.warning("%s", identity.kept_line(workdir, kept))
     else:
         identity.write(workdir, record, run.to_dict())
     return record
