@@ -81,6 +81,11 @@ COMMON = [
         r"config\.eval\.length_multiples=\(0, 1\): each multiple must be >= 1 \(an eval length "
         r"shorter than the training length",
     ),
+    (  # two evaluations of one length: their rows collide and the study had no results
+        "eval_repeated",
+        ["--config.eval.length_multiples=(1,1)"],
+        r"config\.eval\.length_multiples=\(1, 1\): lists 1 twice; each value at most once",
+    ),
     ("protocol", ["--config.eval.protocols=('bogus',)"], r"config\.eval\.protocols=.*must be one"),
     ("encoding", ["--config.model.positional=bogus"], r"positional='bogus'.*allowed: \["),
     ("heads", ["--config.model.num_heads=3"], r"num_heads=3: d_model=32 must be divisible"),
