@@ -184,6 +184,31 @@ class CheckpointFiles:
         return sorted(set(self.where) - self.used)
 
 
+def non_finite(files: CheckpointFiles, parameter: str, value: np.ndarray) -> str:
+    """Why ``value`` (parameter ``parameter`` as placed, with a NaN or Inf in it) is refused:
+    the first stored tensor read so far that holds a non-finite value, with its file, index
+    and value; or, when every stored value is finite, the cast that overflowed."""
+    for name in sorted(files.used):
+        stored = np.asarray(files.get(name))
+        if stored.dtype.kind != "f" and stored.dtype != _DTYPES["BF16"]:
+            continue
+        bad = ~np.isfinite(stored)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            path, key = files.where[name]
+            return (
+                f"{path}: tensor {key!r} {tuple(stored.shape)} holds {int(bad.sum())} non-finite "
+                f"value(s), the first {stored[index]} at index {index}; a model with NaN or Inf "
+                "weights gives no scores"
+            )
+    index = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
+    return (
+        f"parameter {parameter} holds {value[index]} at index {index} once cast to "
+        f"{value.dtype} (its stored values are out of that dtype's range); load it in a wider "
+        "param_dtype"
+    )
+
+
 def content_hash(paths: list[Path]) -> str:
     """``sha256:<hex>`` over the files' contents in order (the hub cache's blob names are
     the sha256 of each file, so linked blobs are read once more only to be sure)."""

@@ -31,9 +31,10 @@ from flaxformer_lite.pretrained.files import (
     CheckpointFiles,
     PretrainedError,
     content_hash,
+    non_finite,
     read_config,
 )
-from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
+from flaxformer_lite.pretrained.tokenizer import Tokenizer, check_vocabulary, load_tokenizer
 
 HUB_FILES = [
     "config.json",
@@ -197,7 +198,7 @@ def load_pretrained(
     _check_memory(family.name, cfg, files)
     arrays = _mapped(family, files, cfg)
     graphdef, abstract, rest = _abstract(cfg)
-    params = _fill(family, abstract, arrays, cfg.params_dtype, shardings)
+    params = _fill(family, abstract, arrays, cfg.params_dtype, shardings, files)
     model = nnx.merge(graphdef, params, rest)
     info = PretrainedInfo(
         model_id=str(source),
@@ -210,6 +211,7 @@ def load_pretrained(
     )
     tok = load_tokenizer(folder) if tokenizer else None
     if tok is not None:
+        check_vocabulary(tok, cfg.vocab_size, where=f"{family.name} {folder}")
         info = dataclasses.replace(info, tokenizer_sha256=tok.sha256)
     return Pretrained(model, cfg, tok, info)
 
@@ -233,8 +235,9 @@ def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -
     return arrays
 
 
-def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
-    """The parameter state with every abstract leaf replaced by its checkpoint array."""
+def _fill(family, abstract, arrays: dict, dtype, shardings, files: CheckpointFiles) -> Any:
+    """The parameter state with every abstract leaf replaced by its checkpoint array, each
+    checked finite as it is read (`files.non_finite` names the stored tensor otherwise)."""
     flat = nnx.to_flat_state(abstract)
     placed = [] if shardings is None else nnx.to_flat_state(shardings(abstract))
     placements = {p: s.get_value() if isinstance(s, nnx.Variable) else s for p, s in placed}
@@ -255,6 +258,8 @@ def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
                 f"{tuple(array.shape)}"
             )
         host = np.asarray(array).astype(dtype)  # reads the tensor from its file
+        if not np.isfinite(host).all():  # NaN / Inf weights: every score would be NaN
+            raise PretrainedError(f"{family.name}: {non_finite(files, name, host)}")
         sharding = placements.get(path)
         value = jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
         leaves.append((path, var.replace(value)))

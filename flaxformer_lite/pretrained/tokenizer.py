@@ -77,3 +77,19 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     raise PretrainedError(
         f"{folder}: no tokenizer.json (or vocab.json + merges.txt)" + (hint if others else "")
     )
+
+
+def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, *, where: str) -> None:
+    """Refuse a tokenizer whose token ids reach past the model's embedding of
+    ``vocab_size`` rows (``config.json``'s ``vocab_size``): such an id would read past the
+    table (JAX clamps or fills a gather out of range; the scores come out NaN). A smaller
+    tokenizer is fine (many models pad their embedding)."""
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    top = max(vocab.values(), default=-1)
+    if top >= vocab_size:
+        token = min((t for t, i in vocab.items() if i >= vocab_size), key=vocab.get)
+        raise PretrainedError(
+            f"{where}: the tokenizer ({tokenizer.source}) has token ids up to {top} (e.g. "
+            f"{token!r} = {vocab[token]}) but the model's embedding has {vocab_size} rows "
+            "(config.json vocab_size); ids past it give no scores: use the model's own tokenizer"
+        )

@@ -36,7 +36,13 @@ from flaxformer_lite.base.checks import ConfigError, one_line
 from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
 from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.results.comparable import MixedRowsError
-from flaxformer_lite.results.rows import blocks_for_cell, cell_rows_problem, rows_for_cell
+from flaxformer_lite.results.rows import (
+    CellRowsError,
+    blocks_for_cell,
+    cell_rows_problem,
+    made_rows_problem,
+    rows_for_cell,
+)
 from flaxformer_lite.results.store import BLOCKS_FILE, RESULTS_FILE, DuplicateRowsError, error_line
 from flaxformer_lite.study.sweeps import (
     StudyCell,
@@ -293,12 +299,15 @@ class Study:
         blocks and rows (``rows.jsonl`` last: it marks the cell finished)."""
         summary = train_and_evaluate(cell.run, self.cell_dir(cell.name))
         interrupt.where(phase="writing the rows of")
-        blocks = blocks_for_cell(cell.run, cell.name, summary)
-        text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
-        atomic_write_text(self.cell_dir(cell.name) / BLOCKS_FILE, text)
         rows = rows_for_cell(
             cell.run, cell.name, summary, self.command, cell.labels, cell.overrides
         )
+        problem = made_rows_problem(rows, cell.run)
+        if problem is not None:  # never rows the study would drop: the cell failed
+            raise CellRowsError(problem)
+        blocks = blocks_for_cell(cell.run, cell.name, summary)
+        text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
+        atomic_write_text(self.cell_dir(cell.name) / BLOCKS_FILE, text)
         text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
         atomic_write_text(self.cell_dir(cell.name) / "rows.jsonl", text)  # last: done
 
