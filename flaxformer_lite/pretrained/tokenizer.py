@@ -73,10 +73,11 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     except Exception as e:  # the library's parse errors are plain Exceptions
         raise PretrainedError(f"{folder}: cannot read the tokenizer ({e})") from None
     others = sorted(p.name for p in folder.glob("*.model"))
-    hint = f" ({others[0]} is a SentencePiece model: save it as tokenizer.json with transformers)"
-    raise PretrainedError(
-        f"{folder}: no tokenizer.json (or vocab.json + merges.txt)" + (hint if others else "")
-    )
+    if others:
+        hint = f"{others[0]} is a SentencePiece model: save it as tokenizer.json with transformers"
+    else:  # e.g. the folder of a model's save_pretrained alone
+        hint = "save the model's tokenizer into it too, e.g. tokenizer.save_pretrained(DIR)"
+    raise PretrainedError(f"{folder}: no tokenizer.json (or vocab.json + merges.txt); {hint}")
 
 
 def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, *, where: str) -> None:

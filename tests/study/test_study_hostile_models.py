@@ -94,10 +94,18 @@ def overflow(base: Path) -> Path:
     return folder
 
 
+def no_tokenizer(base: Path) -> Path:
+    """Weights and config only, as a model's ``save_pretrained`` alone writes them."""
+    folder = copy_model(base, "no_tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    return folder
+
+
 # study preset -> (its broken models, the exit status, the line each model's cell fails with)
 STUDIES = {
     "no_results": (
-        (inf_weight, big_tokenizer, overflow),
+        (inf_weight, big_tokenizer, overflow, no_tokenizer),
         1,
         {
             "inf_weight": r"inf_weight/model\.safetensors: tensor "
@@ -107,6 +115,8 @@ STUDIES = {
             r"up to 301 \(e\.g\. 'zz' = 300\) but the model's embedding has 300 rows",
             "overflow": r"CellRowsError: bits_per_byte of 'overflow' at length 16 "
             r"\(nonoverlapping\) is nan: the model gave non-finite numbers",
+            "no_tokenizer": r"no_tokenizer: no tokenizer\.json \(or vocab\.json \+ merges\.txt\); "
+            r"save the model's tokenizer into it too",
         },
     ),
 }
