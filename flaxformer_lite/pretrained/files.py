@@ -48,15 +48,56 @@ class PretrainedError(ValueError):
     """A checkpoint folder or config that cannot be loaded; the message is one line."""
 
 
+# The deepest nesting a model folder's JSON may have (a config.json is 3 or 4 levels deep).
+MAX_JSON_DEPTH = 32
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which JSON does not allow (a number must be finite)")
+
+
+def read_json(path: Path, what: str = "JSON file") -> Any:
+    """The JSON value in ``path``, read as untrusted input: one-line `PretrainedError` for an
+    unreadable file, invalid JSON, ``NaN`` / ``Infinity`` (not JSON), or nesting deeper than
+    `MAX_JSON_DEPTH` (checked without recursion)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        value = None
+        problem = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise PretrainedError(f"{path}: not a readable {what} ({e})") from None
+    else:
+        problem = (
+            None
+            if json_depth(value) <= MAX_JSON_DEPTH
+            else (f"nested deeper than {MAX_JSON_DEPTH} levels")
+        )
+    if problem is not None:
+        raise PretrainedError(f"{path}: not a usable {what} ({problem})")
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+    return deepest
+
+
 def read_config(folder: Path) -> dict[str, Any]:
-    """``config.json`` of ``folder`` as a dict (one-line errors for a missing or bad file)."""
+    """``config.json`` of ``folder`` as a dict (one-line errors for a missing or bad file,
+    `read_json`); the families check each field's type as they read it."""
     path = folder / CONFIG
     if not path.is_file():
         raise PretrainedError(f"{folder}: no {CONFIG} (a Hugging Face model folder has one)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PretrainedError(f"{path}: not a readable JSON file ({e})") from None
+    config = read_json(path)
     if not isinstance(config, dict):
         raise PretrainedError(f"{path}: must hold a JSON object, not {type(config).__name__}")
     return config

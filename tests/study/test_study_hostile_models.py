@@ -102,6 +102,58 @@ def no_tokenizer(base: Path) -> Path:
     return folder
 
 
+def edit_config(base: Path, name: str, case: str, edit) -> Path:
+    """A copy of ``case`` whose config.json is ``edit(config text as a dict)`` (a dict), or
+    ``edit``'s text when it returns a string."""
+    folder = copy_model(base, name, case)
+    config = edit(json.loads((folder / "config.json").read_text()))
+    text = config if isinstance(config, str) else json.dumps(config)
+    (folder / "config.json").write_text(text)
+    return folder
+
+
+def rope(**changes):
+    return lambda c: c | {"rope_parameters": c["rope_parameters"] | changes}
+
+
+def low_freq_factor(base: Path) -> Path:
+    return edit_config(base, "low_freq_factor", "llama_rope_llama3", rope(low_freq_factor=[1.0]))
+
+
+def mscale(base: Path) -> Path:
+    return edit_config(base, "mscale", "llama_rope_yarn", rope(mscale=[1], mscale_all_dim=1))
+
+
+def softmax_scale(base: Path) -> Path:
+    def edit(c):
+        return c | {"attn_config": c["attn_config"] | {"softmax_scale": "0.35"}}
+
+    return edit_config(base, "softmax_scale", "mpt", edit)
+
+
+def deep(base: Path) -> Path:
+    """A field nested 100,000 levels deep."""
+    nested = '{"a": ' * 100_000 + "1" + "}" * 100_000
+
+    return edit_config(base, "deep", "gpt2", lambda c: json.dumps(c)[:-1] + f', "x": {nested}}}')
+
+
+def theta_infinity(base: Path) -> Path:
+    """``rope_theta: Infinity`` (Python's json reads it; JSON does not allow it)."""
+    return edit_config(
+        base, "theta_infinity", "llama", lambda c: json.dumps(rope(rope_theta=1e999)(c))
+    )
+
+
+def theta_overflow(base: Path) -> Path:
+    """``rope_theta: 1e999``: valid JSON that reads as inf."""
+
+    def text(c):
+        return json.dumps(rope(rope_theta=12345.0)(c)).replace("12345.0", "1e999")
+
+    return edit_config(base, "theta_overflow", "llama", text)
+
+
 # study preset -> (its broken models, the exit status, the line each model's cell fails with)
 STUDIES = {
     "no_results": (
@@ -118,6 +170,39 @@ STUDIES = {
             "no_tokenizer": r"no_tokenizer: no tokenizer\.json \(or vocab\.json \+ merges\.txt\); "
             r"save the model's tokenizer into it too",
         },
+    ),
+    # config.json values of the wrong JSON type, too deep, not finite: refused before any cell
+    "low_freq_factor": (
+        (low_freq_factor,),
+        2,
+        r"llama .*/low_freq_factor/config\.json: rope_parameters\.low_freq_factor=\[1\.0\]: "
+        r"must be a finite number$",
+    ),
+    "mscale": (
+        (mscale,),
+        2,
+        r"llama .*/mscale/config\.json: rope_parameters\.mscale=\[1\]: must be a finite number$",
+    ),
+    "softmax_scale": (
+        (softmax_scale,),
+        2,
+        r"mpt config\.json: softmax_scale='0\.35' must be a finite number or null$",
+    ),
+    "deep": (
+        (deep,),
+        2,
+        r"deep/config\.json: not a usable JSON file \(nested deeper than 32 levels\)$",
+    ),
+    "theta_infinity": (
+        (theta_infinity,),
+        2,
+        r"theta_infinity/config\.json: not a readable JSON file \(it holds Infinity, which JSON "
+        r"does not allow",
+    ),
+    "theta_overflow": (
+        (theta_overflow,),
+        2,
+        r"llama .*/theta_overflow/config\.json: rope_theta=inf: must be a finite number > 1$",
     ),
 }
 
@@ -151,12 +236,18 @@ def outcomes(tmp_path_factory) -> dict[str, dict]:
 
 @pytest.mark.parametrize("preset", list(STUDIES))
 def test_a_study_never_exits_0_without_its_results(outcomes, preset):
-    """Each broken model is a FAILED cell with one line naming why; the study exits 1 (2
-    when the config is refused before any cell runs) and never says "0 cells done" with 0."""
+    """Each broken model is a FAILED cell with one line naming why and the study exits 1, or,
+    when its config.json is refused before any cell runs, one ``error:`` line and exit 2:
+    never "0 cells done" with status 0, never a traceback."""
     _, status, failures = STUDIES[preset]
     out = outcomes[preset]
     assert out["rc"] == status, out["output"][-3000:]
     assert "Traceback" not in out["output"], out["output"][-3000:]
+    if status == 2:  # refused before any cell ran: one line, nothing written
+        lines = [line for line in out["output"].splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), out["output"][-3000:]
+        assert re.search(failures, lines[0]), lines[0]
+        return
     failed = {
         line.split(":", 1)[0].removeprefix("FAILED ").removesuffix("-seed0"): line
         for line in out["output"].splitlines()
