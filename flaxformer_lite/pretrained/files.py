@@ -105,37 +105,88 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 def _header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file: ``{name: {dtype, shape, data_offsets}}``, each
-    entry checked against the file's size, plus ``start``: where the data begins."""
+    entry checked by shape (an object with a known dtype, a shape of non-negative ints,
+    ``data_offsets`` two ints ``0 <= begin <= end`` whose span is exactly the tensor's bytes,
+    inside the file), no two tensors sharing bytes (the format forbids overlap), plus
+    ``start``: where each tensor's data begins in the file."""
     try:
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
             total = path.stat().st_size
             if not 0 < size <= min(total - 8, 100 * 2**20):
                 raise PretrainedError(f"{path}: not a safetensors file (header size {size})")
-            header = json.loads(f.read(size))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            header = json.loads(f.read(size), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise PretrainedError(
+            f"{path}: not a safetensors file (its header nests too deeply)"
+        ) from None
+    except (OSError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError are ValueErrors
         raise PretrainedError(f"{path}: not a readable safetensors file ({e})") from None
-    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise PretrainedError(
+            f"{path}: not a safetensors file (its header is a JSON {type(header).__name__}, "
+            "not an object)"
+        )
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise PretrainedError(f"{path}: __metadata__ must be an object, not {metadata!r:.80}")
+    data_size = total - 8 - size
+    spans = []
     for name, info in header.items():
-        shape, dtype = info.get("shape"), info.get("dtype")
-        if dtype not in _DTYPES or not isinstance(shape, list):
-            raise PretrainedError(f"{path}: tensor {name!r} has dtype {dtype!r}, shape {shape!r}")
-        begin, end = info.get("data_offsets", (0, -1))
-        nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
-        if end - begin != nbytes or begin < 0 or end + 8 + size > total:
-            raise PretrainedError(f"{path}: tensor {name!r} does not fit its byte range")
+        problem = _entry_problem(info, data_size)
+        if problem:
+            raise PretrainedError(f"{path}: tensor {name!r:.80} {problem}")
+        begin, end = info["data_offsets"]
         info["start"] = 8 + size + begin
+        if end > begin:
+            spans.append((begin, end, name))
+    reach, first = 0, None  # the furthest end so far, and whose it is
+    for begin, end, name in sorted(spans):
+        if begin < reach:
+            raise PretrainedError(
+                f"{path}: tensors {first!r:.80} and {name!r:.80} share bytes (the safetensors "
+                "format forbids overlapping tensors)"
+            )
+        reach, first = end, name
     return header
+
+
+def _entry_problem(info: Any, data_size: int) -> str | None:
+    """Why a safetensors header entry is not ``{dtype, shape, data_offsets}`` describing
+    bytes inside a data section of ``data_size`` bytes (None: it is)."""
+    if not isinstance(info, dict):
+        return f"is described by a JSON {type(info).__name__}, not an object"
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        return f"has dtype {dtype!r:.80}; allowed: {sorted(_DTYPES)}"
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        return f"has shape {shape!r:.80}; a shape is a list of non-negative ints"
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_count(n) for n in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        return f"has data_offsets {offsets!r:.80}; they are two ints [begin, end], begin <= end"
+    begin, end = offsets
+    nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
+    if end - begin != nbytes:
+        return f"of {dtype}{shape} needs {nbytes} bytes, its data_offsets span {end - begin}"
+    if end > data_size:
+        return f"ends at byte {end}, past the file's {data_size} bytes of data"
+    return None
+
+
+def _is_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of ``folder``: ``model.safetensors``, or the shards its index
     names (plain names inside the folder only). Pickled weights alone are refused."""
     if (folder / INDEX).is_file():
-        try:
-            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise PretrainedError(f"{folder / INDEX}: not a safetensors index ({e})") from None
+        index = read_json(folder / INDEX, "safetensors index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, Mapping):
             raise PretrainedError(f"{folder / INDEX}: weight_map must be an object")
         files = []

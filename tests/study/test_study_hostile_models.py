@@ -154,6 +154,50 @@ def theta_overflow(base: Path) -> Path:
     return edit_config(base, "theta_overflow", "llama", text)
 
 
+def edit_header(base: Path, name: str, edit) -> Path:
+    """A gpt2 copy whose safetensors header is ``edit(header)`` (the data bytes kept)."""
+    folder = copy_model(base, name)
+    raw = (folder / "model.safetensors").read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.dumps(edit(json.loads(raw[8 : 8 + size]))).encode()
+    (folder / "model.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header + raw[8 + size :]
+    )
+    return folder
+
+
+def entry(tensor: str, **changes):
+    return lambda h: h | {tensor: h[tensor] | changes}
+
+
+WTE, LN_W, LN_B = (f"transformer.{n}" for n in ("wte.weight", "h.0.ln_1.weight", "h.0.ln_1.bias"))
+
+
+def header_list(base: Path) -> Path:
+    return edit_header(base, "header_list", lambda h: list(h.items()))
+
+
+def header_number(base: Path) -> Path:
+    return edit_header(base, "header_number", lambda h: h | {WTE: 5})
+
+
+def bad_offsets(base: Path) -> Path:
+    return edit_header(base, "bad_offsets", entry(WTE, data_offsets="0-38400"))
+
+
+def negative_dim(base: Path) -> Path:
+    return edit_header(base, "negative_dim", entry(WTE, shape=[-300, 32]))
+
+
+def float_dim(base: Path) -> Path:
+    return edit_header(base, "float_dim", entry(WTE, shape=[300.0, 32]))
+
+
+def shared_bytes(base: Path) -> Path:
+    """Two tensors of one shape pointing at the same bytes."""
+    return edit_header(base, "shared_bytes", lambda h: entry(LN_B, **h[LN_W])(h))
+
+
 # study preset -> (its broken models, the exit status, the line each model's cell fails with)
 STUDIES = {
     "no_results": (
@@ -169,6 +213,25 @@ STUDIES = {
             r"\(nonoverlapping\) is nan: the model gave non-finite numbers",
             "no_tokenizer": r"no_tokenizer: no tokenizer\.json \(or vocab\.json \+ merges\.txt\); "
             r"save the model's tokenizer into it too",
+        },
+    ),
+    # safetensors headers of the wrong shape: each cell fails naming the file
+    "headers": (
+        (header_list, header_number, bad_offsets, negative_dim, float_dim, shared_bytes),
+        1,
+        {
+            "header_list": r"header_list/model\.safetensors: not a safetensors file \(its header "
+            r"is a JSON list, not an object\)$",
+            "header_number": r"header_number/model\.safetensors: tensor 'transformer\.wte\.weight' "
+            r"is described by a JSON int, not an object$",
+            "bad_offsets": r"bad_offsets/model\.safetensors: tensor 'transformer\.wte\.weight' has "
+            r"data_offsets '0-38400'; they are two ints \[begin, end\], begin <= end$",
+            "negative_dim": r"negative_dim/model\.safetensors: tensor 'transformer\.wte\.weight' "
+            r"has shape \[-300, 32\]; a shape is a list of non-negative ints$",
+            "float_dim": r"float_dim/model\.safetensors: tensor 'transformer\.wte\.weight' has "
+            r"shape \[300\.0, 32\]; a shape is a list of non-negative ints$",
+            "shared_bytes": r"shared_bytes/model\.safetensors: tensors "
+            r"'transformer\.h\.0\.ln_1\.bias' and 'transformer\.h\.0\.ln_1\.weight' share bytes",
         },
     ),
     # config.json values of the wrong JSON type, too deep, not finite: refused before any cell
