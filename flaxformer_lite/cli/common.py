@@ -285,6 +285,12 @@ def _import_one(target: str) -> str:
             loaded = getattr(sys.modules.get(name), "__file__", None)
             if loaded and Path(loaded).resolve() == path.resolve():
                 return name  # already imported (by an earlier command in this process)
+            shadowed = _shadowed_module(name, path)
+            if shadowed:
+                fail(
+                    f"{flag}: {shadowed}; importing this file under the name {name!r} would "
+                    f"replace it for the whole program: rename the file (e.g. my_{name}.py)"
+                )
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # dataclasses and pickling look a class's module up
@@ -300,6 +306,28 @@ def _import_one(target: str) -> str:
         fail(f"{flag}: {e} (a module on sys.path or in the current directory, or FILE.py)")
     except Exception as e:
         fail(f"{flag}: importing it raised {type(e).__name__}: {e}")
+
+
+def _shadowed_module(name: str, path: Path) -> str | None:
+    """What a file imported as module ``name`` would replace (a standard-library module, or
+    another module on ``sys.path`` or already imported), or None."""
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        return f"{name!r} is a module of Python's standard library"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return f"{name!r} is the name of a module already imported ({_origin(loaded)})"
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    origin = getattr(spec, "origin", None)
+    if spec is not None and (origin is None or Path(origin).resolve() != path.resolve()):
+        return f"{name!r} is the name of an installed module ({origin or 'a namespace package'})"
+    return None
+
+
+def _origin(module: Any) -> str:
+    return getattr(module, "__file__", None) or "built in"
 
 
 def explain_flag_error(argv: list[str], error: Exception) -> str:

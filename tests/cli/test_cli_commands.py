@@ -167,6 +167,12 @@ COMMON = [
         r"--config=configs/extrapolation_lm\.py:bogus: preset='bogus' is not known; allowed",
     ),
     ("config_file", ["--config=configs/nope.py:tiny"], r"No such file or directory"),
+    (  # a user's file named like a standard-library module would replace it everywhere
+        "import_shadows",
+        ["--import={base}/encodings.py"],
+        r"--import=.*/encodings\.py: 'encodings' is a module of Python's standard library; "
+        r"importing this file under the name 'encodings' would replace it",
+    ),
     (
         "no_preset",
         ["--config=configs/extrapolation_lm.py"],
@@ -237,6 +243,8 @@ def _setup(script: str, case_id: str, base: Path) -> Path:
         return base / "file" / "w"
     if case_id == "backslash":
         return base / "w\\x"
+    if case_id == "import_shadows":
+        (base / "encodings.py").write_text("SHADOW = True\n")
     if case_id == "different_config":
         workdir = base / "w"
         if script == "train":
@@ -271,6 +279,7 @@ def _run_all(script: str, tmp: Path) -> dict[str, tuple[dict, dict, dict]]:
             if script == "run_study" and not any("--only" in a for a in extra)
             else []
         )
+        extra = [a.replace("{base}", str(base)) for a in extra]
         argvs.append([*config, f"--workdir={workdir}", *only, *extra])
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
