@@ -33,7 +33,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.checks import ConfigError, one_line, shown
 from flaxformer_lite.base.io import StateWriteError, write_error
 from flaxformer_lite.train import provenance
 
@@ -51,9 +51,31 @@ flags.DEFINE_multi_string(
 
 
 def fail(message: str) -> typing.NoReturn:
-    """Print ``error: message`` (one line) to stderr and exit with status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    """Print ``error: message`` (one line, cut to 2,000 characters) to stderr and exit with
+    status 2."""
+    print(f"error: {one_line(str(message), 2000)}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def check_utf8_arguments(argv: list[str], *, raw: tuple[str, ...] = ()) -> None:
+    """`fail` on a command-line argument holding bytes that are not UTF-8 (Python carries
+    them as lone surrogates): a path or name that every row, config and REPORT.md must hold
+    could never be written. ``raw``: flags whose value is bytes on purpose (``--prompt``)."""
+    skip = False
+    for arg in argv[1:]:
+        if skip or any(arg.startswith(f"--{name}=") for name in raw):
+            skip = False
+            continue
+        skip = arg in {f"--{name}" for name in raw}  # its value is the next argument
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            name, eq, _ = arg.partition("=")
+            value = arg.encode("utf-8", "surrogateescape")
+            if eq and name.startswith("--"):
+                value = value.split(b"=", 1)[1]
+                fail(f"{name}={shown(value)}: holds bytes that are not UTF-8; use UTF-8 names")
+            fail(f"argument {shown(value)}: holds bytes that are not UTF-8; use UTF-8 names")
 
 
 _running_a_command = False  # set by `run_command`: this process is a command line (it exits)
@@ -103,13 +125,17 @@ def run_command(
     argv: list[str] | None = None,
     prog: str | None = None,
     flags_parser: typing.Callable[[list[str]], list[str]] | None = None,
+    raw_flags: tuple[str, ...] = (),
 ) -> None:
     """Run a command's ``main`` with absl (`absl.app.run`), as `commands` and the thin
     ``scripts/`` do: ``argv[0]`` becomes ``prog`` (what ``--help`` and the recorded command
     show, e.g. ``flaxformer-lite study``), ``doc`` is the usage text, and the flags that
-    ``module`` defines are the ones ``--help`` lists (absl lists the main script's own)."""
+    ``module`` defines are the ones ``--help`` lists (absl lists the main script's own).
+    An argument holding bytes that are not UTF-8 is refused in one line
+    (`check_utf8_arguments`), except the values of ``raw_flags``."""
     argv = list(sys.argv if argv is None else argv)
     argv[0] = prog or argv[0]
+    check_utf8_arguments(argv, raw=raw_flags)
     sys.argv[:] = argv  # absl's --help names sys.argv[0]'s flags and usage
     for flag in flags.FLAGS.get_key_flags_for_module(module):
         flags.FLAGS.register_key_flag_for_module(argv[0], flag)

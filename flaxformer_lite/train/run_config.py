@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flaxformer_lite import pretrained as hf
-from flaxformer_lite.base.checks import ConfigError, check_type, fail
+from flaxformer_lite.base.checks import ConfigError, check_path, check_type, fail, shown
 from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
@@ -222,12 +222,15 @@ def _pretrained_model(
             f"{pretrained.source!r} takes its architecture from its config.json; only "
             f"{list(PRETRAINED_MODEL_FIELDS)} may be set"
         )
+    check_path("config.pretrained.source", pretrained.source)
     try:
         folder, _ = hf.resolve(pretrained.source, revision=pretrained.revision or None)
         model = hf.model_config(hf.read_config(folder), where=f"{folder}/config.json")
         model = model.replace(**values)
     except ValueError as e:
-        raise ConfigError(f"config.pretrained.source={pretrained.source!r}: {e}") from None
+        raise ConfigError(f"config.pretrained.source={shown(pretrained.source)}: {e}") from None
+    except OSError as e:  # a name too long, unreadable, ...
+        fail("config.pretrained.source", pretrained.source, f"cannot be read ({e.strerror or e})")
     options = model.positional_options
     if getattr(options, "original_length", 0) is None and model.encoding.rope_scaling:
         options = dataclasses.replace(options, original_length=data.train_length)
