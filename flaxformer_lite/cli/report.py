@@ -195,7 +195,7 @@ def _rows_of_train_workdir(path: str, scratch: str) -> str:
     try:
         with open(os.path.join(path, "eval.json")) as f:
             summary = json.load(f)
-        run = RunConfig.from_config(summary["config"])
+        run = RunConfig.from_recorded(summary["config"])
         command = f"flaxformer-lite train --workdir={path} (from its eval.json)"
         made = rows_for_cell(run, name, summary, command)
         block_records = blocks_for_cell(run, name, summary)

@@ -148,7 +148,7 @@ def recorded(workdir: Path) -> dict[str, Any] | None:
         if not isinstance(old, dict):
             return {"problem": f"{path} is not a config"}
         try:
-            config = RunConfig.from_config(old).identity()
+            config = RunConfig.from_recorded(old).identity()
         except ConfigError as e:
             return {"problem": f"the recorded config.json is not a valid config here ({e})"}
         return {"config": config, "legacy": True}

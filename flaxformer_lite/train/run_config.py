@@ -119,8 +119,21 @@ class RunConfig:
         return EvalPlan.build(self.model, self.data, self.eval, seed=self.seed, name=name)
 
     @classmethod
+    def from_recorded(cls, config: Mapping[str, Any]) -> RunConfig:
+        """The run a workdir records (its ``config.json``, or ``eval.json``'s ``"config"``:
+        `to_dict`), validated as `from_config` does. A pretrained model's run records the
+        whole mapped `ModelConfig`; it is taken as recorded (the model folder is not read
+        again: it may have moved), where a config given by a user may set only
+        `PRETRAINED_MODEL_FIELDS`."""
+        return cls._from_mapping(config, recorded=True)
+
+    @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
+        return cls._from_mapping(config, recorded=False)
+
+    @classmethod
+    def _from_mapping(cls, config: Mapping[str, Any], *, recorded: bool) -> RunConfig:
         values = _to_dict(config)
         known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
         known |= {"mesh", "sweep", "pretrained", "sizing"}
@@ -134,7 +147,7 @@ class RunConfig:
                 raise ConfigError(f"config.sizing: {e}") from None
         pretrained = _build(PretrainedConfig, values.get("pretrained", {}), "config.pretrained")
         data = _build(DataConfig, values.get("data", {}), "config.data")
-        if pretrained.source:
+        if pretrained.source and not recorded:
             model = _pretrained_model(pretrained, values.get("model", {}), data)
         else:
             try:
