@@ -10,9 +10,15 @@ to evaluate), results, study and cli import it.
 """
 
 from flaxformer_lite.pretrained.families import FAMILIES, family_of, model_config
-from flaxformer_lite.pretrained.files import PretrainedError, read_config
+from flaxformer_lite.pretrained.files import (
+    PretrainedError,
+    content_hash,
+    file_stats,
+    read_config,
+    weight_files,
+)
 from flaxformer_lite.pretrained.load import Pretrained, PretrainedInfo, load_pretrained, resolve
-from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
+from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 
 __all__ = [
     "FAMILIES",
@@ -20,10 +26,14 @@ __all__ = [
     "PretrainedError",
     "PretrainedInfo",
     "Tokenizer",
+    "content_hash",
     "family_of",
+    "file_stats",
     "load_pretrained",
     "load_tokenizer",
     "model_config",
     "read_config",
     "resolve",
+    "tokenizer_files",
+    "weight_files",
 ]

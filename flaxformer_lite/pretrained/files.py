@@ -312,6 +312,17 @@ def content_hash(paths: list[Path]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def file_stats(folder: Path, paths: list[Path]) -> dict[str, list[int]]:
+    """``{name inside folder: [size, mtime_ns]}`` of ``paths`` (links followed, as they are
+    read): what a resume compares before hashing the files again (`content_hash`); the names
+    are relative, so a folder moved as a whole keeps them."""
+    out = {}
+    for path in paths:
+        info = path.stat()
+        out[str(path.relative_to(folder))] = [info.st_size, info.st_mtime_ns]
+    return out
+
+
 def iter_headers(folder: Path) -> Iterator[tuple[str, str, tuple[int, ...]]]:
     """``(name, dtype, shape)`` of every stored tensor (for listings and tests)."""
     for path in weight_files(folder):

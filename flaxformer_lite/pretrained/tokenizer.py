@@ -50,6 +50,16 @@ def _hash(paths: list[Path]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The files `load_tokenizer` reads in ``folder`` (``tokenizer.json``, else ``vocab.json``
+    + ``merges.txt``); [] when it has neither."""
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return [folder / "tokenizer.json"]
+    pair = [folder / "vocab.json", folder / "merges.txt"]
+    return pair if all(p.is_file() for p in pair) else []
+
+
 def load_tokenizer(folder: Path) -> Tokenizer:
     """The tokenizer of a model folder (see the module docstring)."""
     try:

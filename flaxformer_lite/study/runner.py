@@ -211,7 +211,7 @@ class Study:
                 if cell.identity is None:  # not selected: its data is opened here
                     if cell.run.data not in opened:
                         opened[cell.run.data] = open_dataset(cell.run.data)
-                    record = identity.current(cell.run, opened[cell.run.data])
+                    record = identity.current(cell.run, opened[cell.run.data], previous=old)
                     cell = self.add(cell.with_identity(record))
             except ConfigError as e:
                 changed[name] = [f"its config is not valid now ({e})"]
@@ -385,7 +385,9 @@ def run_study(
     cells = [study.cell(c["name"]) for c in specs]  # every config error before any data's
     for i, cell in enumerate(cells):
         ready = preflight(cell.run, study.cell_dir(cell.name))  # data, devices, memory, dir
-        cells[i] = study.add(cell.with_identity(identity.current(cell.run, ready.dataset)))
+        old = identity.recorded(study.cell_dir(cell.name))  # reuses its model's hashes
+        record = identity.current(cell.run, ready.dataset, previous=old)
+        cells[i] = study.add(cell.with_identity(record))
     study.check_identities(restart_changed)  # every cell, --only or not
     with workdir_lock(study.workdir):
         return _run_locked(study, cells, report, progress)

@@ -4,6 +4,7 @@
         "config":        RunConfig.identity(): the resolved config fields that change numbers
         "corpus_sha256": the corpus content hash (its provenance "sha256"; None for a task)
         "versions":      python, flaxformer-lite, jax, jaxlib, flax, optax, numpy
+        "pretrained":    a pretrained model's run only: {"weights_sha256", "tokenizer_sha256"}
     }
 
 `current(run, dataset)` adds ``"hash"`` (short sha256 of exactly that identity: the
@@ -23,6 +24,12 @@ afresh in place. Decisions:
   hash, so identical content at a new path or cache is accepted and changed content at the
   same path is refused. The content hash covers file names (they decide a multi-file
   corpus's split), so a renamed single file counts as another corpus.
+* A pretrained model is its content, likewise: ``pretrained.source`` and ``revision`` are
+  replaced by the sha256 of its weight files and of its tokenizer files (its architecture,
+  the mapped ``config.json``, is in ``config.model``). An identical folder moved to a new
+  path continues its run; weights changed in place are refused. Hashing gigabytes at every
+  resume is avoided: each file's size and modification time are recorded
+  (``recorded.pretrained_files``) and the hashes are recomputed only when those differ.
 * Left out of ``config`` (they do not change a number in ``eval.json``): where and how
   visibly a run is computed (``mesh``, ``train.progress``, ``train.log_every``,
   ``train.steps_per_call``: the same steps, grouped into compiled calls; ``train.cpu_matmul``:
@@ -59,10 +66,11 @@ from typing import Any
 
 import jax
 
-from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite import pretrained as hf
+from flaxformer_lite.base.checks import ConfigError, shown
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.train import checkpoint, provenance
-from flaxformer_lite.train.run_config import RunConfig, flat_diff
+from flaxformer_lite.train.run_config import PRETRAINED_PLACE, RunConfig, flat_diff
 
 IDENTITY_FILE = "identity.json"
 CONFIG_FILE = "config.json"
@@ -97,23 +105,59 @@ def corpus_sha256(dataset: Any) -> str | None:
 
 
 def identity_hash(record: dict[str, Any]) -> str:
-    """Short sha256 of the identity part of ``record`` (config, corpus hash, versions)."""
+    """Short sha256 of the identity part of ``record`` (config, corpus hash, versions, and a
+    pretrained model's content hashes when it has one)."""
     core = {k: record.get(k) for k in ("config", "corpus_sha256", "versions")}
+    if record.get("pretrained") is not None:  # absent for a trained run: its hash is as before
+        core["pretrained"] = record["pretrained"]
     blob = json.dumps(core, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def current(run: RunConfig, dataset: Any) -> dict[str, Any]:
+def current(run: RunConfig, dataset: Any, previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity of ``run`` on ``dataset`` (the opened corpus or task), with its hash and
-    the recorded-only fields. Call after `train.loop.prepare_process` (reads the backend)."""
+    the recorded-only fields. Call after `train.loop.prepare_process` (reads the backend).
+    ``previous``: the workdir's recorded identity (`recorded`), whose pretrained content
+    hashes are reused when the model's files have the sizes and times recorded with them."""
     record = {
         "config": run.identity(),
         "corpus_sha256": corpus_sha256(dataset),
         "versions": versions(),
     }
+    content = pretrained_content(run, previous)
+    if content is not None:
+        record["pretrained"] = content[0]
     record["hash"] = identity_hash(record)
     record["recorded"] = {"git_commit": provenance.git_commit(), "backend": jax.default_backend()}
+    if content is not None:
+        record["recorded"]["pretrained_files"] = content[1]
     return record
+
+
+def pretrained_content(
+    run: RunConfig, previous: dict[str, Any] | None = None
+) -> tuple[dict[str, str | None], dict[str, list[int]]] | None:
+    """``({"weights_sha256", "tokenizer_sha256"}, {file: [size, mtime_ns]})`` of the model
+    ``run.pretrained.source`` names (None for a trained run): the hashes of `previous` when
+    its recorded files have the same names, sizes and times, else computed (`content_hash`).
+    `ConfigError` naming the source when its files cannot be listed or read."""
+    source = run.pretrained.source
+    if not source:
+        return None
+    try:
+        folder, _ = hf.resolve(source, revision=run.pretrained.revision or None)
+        weights, tokens = hf.weight_files(folder), hf.tokenizer_files(folder)
+        stats = hf.file_stats(folder, weights + tokens)
+        old = previous or {}
+        if old.get("pretrained") and (old.get("recorded") or {}).get("pretrained_files") == stats:
+            return old["pretrained"], stats
+        hashes = {
+            "weights_sha256": hf.content_hash(weights),
+            "tokenizer_sha256": hf.content_hash(tokens) if tokens else None,
+        }
+    except (OSError, ValueError) as e:  # PretrainedError is a ValueError
+        raise ConfigError(f"config.pretrained.source={shown(source)}: {e}") from None
+    return hashes, stats
 
 
 def _read_json(path: Path) -> tuple[Any, dict[str, str] | None]:
@@ -168,8 +212,17 @@ def compare(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[list[str],
         return [], []
     if "problem" in old:
         return [old["problem"]], []
-    diffs = flat_diff("", old["config"], new["config"])
-    notes = []
+    old_config, notes = old["config"], []
+    if new.get("pretrained") is not None and "pretrained" not in old and not old.get("legacy"):
+        # recorded when a model's path was its identity: compare the rest, say so
+        where = PRETRAINED_PLACE
+        model = {k: v for k, v in (old_config.get("pretrained") or {}).items() if k not in where}
+        old_config = old_config | {"pretrained": model}
+        notes.append(
+            "recorded before a model's content was part of its identity: its weights and "
+            "tokenizer were not checked"
+        )
+    diffs = flat_diff("", old_config, new["config"])
     if old.get("legacy"):
         notes.append(
             f"recorded before {IDENTITY_FILE} existed: its corpus content and versions are "
@@ -180,6 +233,12 @@ def compare(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[list[str],
         if a != b:
             diffs.append(f"corpus_sha256: {_short(a)} -> {_short(b)}")
         diffs += flat_diff("versions.", old.get("versions") or {}, new.get("versions") or {})
+        if "pretrained" in old:
+            for key in ("weights_sha256", "tokenizer_sha256"):
+                a = (old.get("pretrained") or {}).get(key)
+                b = (new.get("pretrained") or {}).get(key)
+                if a != b:
+                    diffs.append(f"pretrained.{key}: {_short(a, 23)} -> {_short(b, 23)}")
     for key in ("git_commit", "backend"):
         a = (old.get("recorded") or {}).get(key)
         b = (new.get("recorded") or {}).get(key)
@@ -282,5 +341,8 @@ def kept_line(workdir: Path, kept: list[str]) -> str:
     return f"workdir={str(workdir)!r}: kept what the run did not make: {shown}"
 
 
-def _short(value: Any) -> str:
-    return repr(value[:16] + "...") if isinstance(value, str) and len(value) > 16 else repr(value)
+def _short(value: Any, size: int = 16) -> str:
+    """``value``'s repr, a long string cut to ``size`` characters."""
+    if isinstance(value, str) and len(value) > size:
+        return repr(value[:size] + "...")
+    return repr(value)

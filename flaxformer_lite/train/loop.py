@@ -133,7 +133,8 @@ def check_workdir(
     """
     check_writable_dir(workdir, "workdir")
     dataset = batches.open_run_data(run) if dataset is None else dataset
-    diffs, _ = identity.compare(identity.recorded(workdir), identity.current(run, dataset))
+    old = identity.recorded(workdir)
+    diffs, _ = identity.compare(old, identity.current(run, dataset, previous=old))
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
     return diffs
@@ -189,8 +190,9 @@ def prepare_workdir(
     a warning. Returns the identity record (`identity.current`)."""
     check_writable_dir(workdir, "workdir")
     dataset = batches.open_run_data(run) if dataset is None else dataset
-    record = identity.current(run, dataset)
-    diffs, notes = identity.compare(identity.recorded(workdir), record)
+    old = identity.recorded(workdir)
+    record = identity.current(run, dataset, previous=old)
+    diffs, notes = identity.compare(old, record)
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
     try:

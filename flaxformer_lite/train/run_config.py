@@ -178,7 +178,8 @@ class RunConfig:
         A workdir continues only a run of an equal identity, which `train.identity` extends
         with the corpus content hash and the versions. Left out (`NOT_IDENTITY_FIELDS`, the
         reasons in `train.identity`): the names ``study`` and ``preset``, the device
-        ``mesh``, the corpus's paths (its content hash stands for them), logging,
+        ``mesh``, the corpus's paths (its content hash stands for them), where a pretrained
+        model is (its content hashes stand for it, in `train.identity`), logging,
         checkpointing and validation cadences, how many steps one compiled call runs, how
         attention is computed, and the report's comparison settings.
         """
@@ -188,6 +189,9 @@ class RunConfig:
         for section, names in NOT_IDENTITY_FIELDS.items():
             for name in names:
                 d[section].pop(name)
+        if self.pretrained.source:
+            for name in PRETRAINED_PLACE:
+                d["pretrained"].pop(name)
         return json.loads(json.dumps(d, default=str))
 
     def identity_diff(self, other: RunConfig) -> list[str]:
@@ -202,6 +206,10 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+# Where a pretrained model is: left out of its run's identity, which `train.identity` gives
+# the sha256 of its weights and tokenizer instead (a trained run keeps these empty fields, so
+# its identity, and every hash recorded with it, stays as it was).
+PRETRAINED_PLACE = ("source", "revision")
 # Config fields that do not change a run's numbers: left out of its identity (and hash).
 NOT_IDENTITY_FIELDS = {
     "model": ("attention_impl", "chunked_threshold"),  # how attention is computed, not what
@@ -216,7 +224,7 @@ NOT_IDENTITY_FIELDS = {
         "cpu_matmul",  # which library computes the products (equal to float32 tolerance)
     ),
     "eval": ("paired_reference", "paired_all"),  # what the report compares
-    "pretrained": ("name",),  # the model's row name
+    "pretrained": ("name",),  # the model's row name (its place: `PRETRAINED_PLACE`)
 }
 
 
