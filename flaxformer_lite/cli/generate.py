@@ -123,7 +123,14 @@ def _recorded_run(workdir: str) -> RunConfig | None:
 
 def run(argv: list[str] | None = None, prog: str = "flaxformer-lite generate") -> None:
     """Parse ``argv`` (default ``sys.argv``) and generate (`common.run_command`)."""
-    common.run_command(main, doc=__doc__, module=__name__, argv=argv, prog=prog)
+    common.run_command(
+        main,
+        doc=__doc__,
+        module=__name__,
+        argv=argv,
+        prog=prog,
+        raw_flags=("prompt", "prompt_file"),
+    )
 
 
 if __name__ == "__main__":

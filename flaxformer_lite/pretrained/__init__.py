@@ -10,7 +10,13 @@ to evaluate), results, study and cli import it.
 """
 
 from flaxformer_lite.pretrained.families import FAMILIES, family_of, model_config
-from flaxformer_lite.pretrained.files import PretrainedError, read_config
+from flaxformer_lite.pretrained.files import (
+    PretrainedError,
+    content_hash,
+    file_stats,
+    read_config,
+    weight_files,
+)
 from flaxformer_lite.pretrained.load import (
     Checkpoint,
     Pretrained,
@@ -19,7 +25,7 @@ from flaxformer_lite.pretrained.load import (
     open_checkpoint,
     resolve,
 )
-from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
+from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 
 __all__ = [
     "FAMILIES",
@@ -28,11 +34,15 @@ __all__ = [
     "PretrainedError",
     "PretrainedInfo",
     "Tokenizer",
+    "content_hash",
     "family_of",
+    "file_stats",
     "load_pretrained",
     "load_tokenizer",
     "model_config",
     "open_checkpoint",
     "read_config",
     "resolve",
+    "tokenizer_files",
+    "weight_files",
 ]

@@ -30,12 +30,14 @@ that do not change the function (dropout, initialisation, token ids, dtypes) are
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from flaxformer_lite.base.checks import is_number
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.pretrained.files import CheckpointFiles, PretrainedError
 from flaxformer_lite.pretrained.hf_rope import rope_options_from_hf
@@ -105,11 +107,20 @@ class Fields:
 
     def float(self, name: str, default: float | None = None) -> float:
         value = self.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        if not is_number(value) or not 0 < value < math.inf:
             raise PretrainedError(
-                f"{self.family} config.json: {name}={value!r} must be a positive number"
+                f"{self.family} config.json: {name}={value!r} must be a finite positive number"
             )
         return float(value)
+
+    def number(self, name: str) -> float | None:
+        """A finite number, or None when the field is absent or null."""
+        value = self.config.get(name)
+        if value is not None and (not is_number(value) or not math.isfinite(value)):
+            raise PretrainedError(
+                f"{self.family} config.json: {name}={value!r} must be a finite number or null"
+            )
+        return None if value is None else float(value)
 
     def bool(self, name: str, default: bool) -> bool:
         value = self.get(name, default)
@@ -119,7 +130,7 @@ class Fields:
 
     def activation(self, name: str, default: str) -> str:
         value = self.get(name, default)
-        if value not in _ACTIVATIONS:
+        if not isinstance(value, str) or value not in _ACTIVATIONS:
             raise PretrainedError(
                 f"{self.family} config.json: {name}={value!r} is not supported; supported: "
                 f"{sorted(_ACTIVATIONS)}"
@@ -511,9 +522,10 @@ def _mpt_config(f: Fields) -> ModelConfig:
     sub.refuse("prefix_lm", lambda v: not v, False, "causal models only")
     d, h = f.int("d_model"), f.int("n_heads")
     head_dim = f.heads(d, h)
+    scale = sub.number("softmax_scale")
     sub.refuse(
         "softmax_scale",
-        lambda v: v is None or abs(v - head_dim**-0.5) < 1e-12,
+        lambda v: scale is None or abs(scale - head_dim**-0.5) < 1e-12,
         None,
         "attention scaled by 1/sqrt(head_dim)",
     )
@@ -650,9 +662,9 @@ def family_of(config: Mapping[str, Any], *, where: str = "config.json") -> Famil
     ``architectures``); one line naming what is supported otherwise."""
     model_type = config.get("model_type")
     for family in FAMILIES:
-        if model_type in family.model_types:
+        if isinstance(model_type, str) and model_type in family.model_types:
             archs = config.get("architectures") or list(family.architectures)
-            if not isinstance(archs, list) or not set(archs) & set(family.architectures):
+            if not isinstance(archs, list) or not set(map(str, archs)) & set(family.architectures):
                 raise PretrainedError(
                     f"{where}: architectures={archs!r} is not a causal LM of the "
                     f"{family.name} family; supported: {list(family.architectures)}"

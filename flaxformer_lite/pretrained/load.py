@@ -33,9 +33,10 @@ from flaxformer_lite.pretrained.files import (
     CheckpointFiles,
     PretrainedError,
     content_hash,
+    non_finite,
     read_config,
 )
-from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
+from flaxformer_lite.pretrained.tokenizer import Tokenizer, check_vocabulary, load_tokenizer
 
 HUB_FILES = [
     "config.json",
@@ -159,13 +160,16 @@ class Checkpoint:
         _check_memory(name, cfg, files)
         arrays = _mapped(self.family, files, cfg)
         graphdef, abstract, rest = _abstract(cfg)
-        params = _fill(self.family, abstract, arrays, cfg.params_dtype, shardings)
+        params = _fill(self.family, abstract, arrays, cfg.params_dtype, shardings, files)
         return nnx.merge(graphdef, params, rest)
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
-        """The folder's tokenizer (`tokenizer.load_tokenizer`), read once."""
-        return load_tokenizer(self.folder)
+        """The folder's tokenizer (`tokenizer.load_tokenizer`), read once; refused in one line
+        when its ids reach past the model's embedding (`tokenizer.check_vocabulary`)."""
+        tok = load_tokenizer(self.folder)
+        check_vocabulary(tok, self.config.vocab_size, where=f"{self.family.name} {self.folder}")
+        return tok
 
     @property
     def separator_id(self) -> int:
@@ -344,8 +348,9 @@ def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -
     return arrays
 
 
-def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
-    """The parameter state with every abstract leaf replaced by its checkpoint array."""
+def _fill(family, abstract, arrays: dict, dtype, shardings, files: CheckpointFiles) -> Any:
+    """The parameter state with every abstract leaf replaced by its checkpoint array, each
+    checked finite as it is read (`files.non_finite` names the stored tensor otherwise)."""
     flat = nnx.to_flat_state(abstract)
     placed = [] if shardings is None else nnx.to_flat_state(shardings(abstract))
     placements = {p: s.get_value() if isinstance(s, nnx.Variable) else s for p, s in placed}
@@ -366,6 +371,8 @@ def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
                 f"{tuple(array.shape)}"
             )
         host = np.asarray(array).astype(dtype)  # reads the tensor from its file
+        if not np.isfinite(host).all():  # NaN / Inf weights: every score would be NaN
+            raise PretrainedError(f"{family.name}: {non_finite(files, name, host)}")
         sharding = placements.get(path)
         value = jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
         leaves.append((path, var.replace(value)))

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.checks import fail
+from flaxformer_lite.base.checks import check_path, fail, shown
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
 from flaxformer_lite.evaluation import run as run_evaluation
@@ -132,7 +132,8 @@ def check_workdir(
     """
     check_writable_dir(workdir, "workdir")
     dataset = batches.open_run_data(run) if dataset is None else dataset
-    diffs, _ = identity.compare(identity.recorded(workdir), identity.current(run, dataset))
+    old = identity.recorded(workdir)
+    diffs, _ = identity.compare(old, identity.current(run, dataset, previous=old))
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
     return diffs
@@ -159,16 +160,23 @@ def check_writable_dir(path: Path, name: str) -> None:
             "contains a backslash, which checkpoint paths cannot hold (orbax would write the "
             "arrays outside the workdir); use a path without '\\'",
         )
+    check_path(name, str(path))  # bytes that are not UTF-8: no row or report could name it
     existing = Path(os.path.abspath(path))
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        problem = f"{str(existing)!r} is not a directory"
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        is_dir = existing.is_dir()
+    except OSError as e:  # a name too long, a loop of links, ...
+        fail(
+            name, str(path), f"not a usable path ({e.strerror or e}); must be a writable directory"
+        )
+    if not is_dir:
+        problem = f"{shown(str(existing))} is not a directory"
     elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{str(existing)!r} is not writable"
+        problem = f"{shown(str(existing))} is not writable"
     else:
         return
-    raise ConfigError(f"{name}={str(path)!r}: {problem}; must be a writable directory")
+    fail(name, str(path), f"{problem}; must be a writable directory")
 
 
 def prepare_workdir(
@@ -181,8 +189,9 @@ def prepare_workdir(
     a warning. Returns the identity record (`identity.current`)."""
     check_writable_dir(workdir, "workdir")
     dataset = batches.open_run_data(run) if dataset is None else dataset
-    record = identity.current(run, dataset)
-    diffs, notes = identity.compare(identity.recorded(workdir), record)
+    old = identity.recorded(workdir)
+    record = identity.current(run, dataset, previous=old)
+    diffs, notes = identity.compare(old, record)
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
     try:
@@ -204,7 +213,9 @@ def prepare_workdir(
             "evaluating again, training kept" if keep else "starting afresh",
             ", ".join(diffs),
         )
-        identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+        kept = identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+        if kept:  # only what the run wrote was deleted
+            log.warning("%s", identity.kept_line(workdir, kept))
     else:
         identity.write(workdir, record, run.to_dict())
     return record
