@@ -26,7 +26,7 @@ from flaxformer_lite.base.memory import format_bytes, host_available
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.nn.param_count import count_parameters
-from flaxformer_lite.pretrained import families
+from flaxformer_lite.pretrained import families, gguf, gguf_tokenizer
 from flaxformer_lite.pretrained.files import (
     CheckpointFiles,
     PretrainedError,
@@ -57,7 +57,9 @@ class PretrainedInfo:
     revision: str | None  # the hub commit, when loaded from the hub
     weights_sha256: str  # "sha256:..." of the safetensors files, in order
     tokenizer_sha256: str | None  # "sha256:..." of the tokenizer files, None without one
-    hf_config: dict[str, Any]  # config.json as read
+    hf_config: dict[str, Any]  # config.json as read (for a GGUF file: mapped from its metadata)
+    # "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"
+    weights_format: str = "safetensors"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +170,9 @@ def load_pretrained(
     Args:
       source: a folder with ``config.json``, safetensors weights and tokenizer files, or a
         hub id (``"gpt2"``, ``"EleutherAI/pythia-160m"``) when ``huggingface_hub`` can fetch
-        it or has it cached.
+        it or has it cached; or a llama.cpp GGUF file (a ``.gguf`` path, or a folder holding
+        one ``.gguf`` and no ``config.json``), read by `flaxformer_lite.pretrained.gguf` and
+        dequantized to float32.
       dtype: compute dtype (``"float32"``, ``"bfloat16"``); param_dtype: storage dtype of
         the parameters (default ``dtype``): ``"bfloat16"`` halves their memory.
       shardings: ``shardings(abstract params) -> a tree of jax.sharding.Sharding`` (e.g.
@@ -183,17 +187,30 @@ def load_pretrained(
       `Pretrained` (model, config, tokenizer, info). Its logits equal transformers'
       (tests/pretrained/ checks every family to 1e-4 in float32).
     """
-    folder, hub_revision = resolve(source, revision=revision)
-    hf_config = read_config(folder)
-    family = families.family_of(hf_config, where=str(folder / "config.json"))
-    cfg = families.model_config(hf_config, where=str(folder / "config.json"))
+    gguf_path = gguf.gguf_source(source)
+    opened = None if gguf_path is None else gguf.open_gguf(gguf_path)
+    if opened is None:
+        folder, hub_revision = resolve(source, revision=revision)
+        hf_config, where = read_config(folder), str(folder / "config.json")
+    else:
+        folder, hub_revision, hf_config, where = (
+            gguf_path.parent,
+            None,
+            opened.hf_config,
+            str(gguf_path),
+        )
+    family = families.family_of(hf_config, where=where)
+    cfg = families.model_config(hf_config, where=where)
     param_dtype = dtype if param_dtype is None else param_dtype
     try:
         cfg = cfg.replace(dtype=dtype, param_dtype=param_dtype, **overrides)
     except (TypeError, ValueError) as e:
         raise PretrainedError(f"{family.name}: {e}") from None
     _check_memory(family.name, cfg, None)
-    files = CheckpointFiles(folder, strip=family.prefixes)
+    if opened is None:
+        files = CheckpointFiles(folder, strip=family.prefixes)
+    else:
+        files = opened.checkpoint(strip=family.prefixes)
     _check_memory(family.name, cfg, files)
     arrays = _mapped(family, files, cfg)
     graphdef, abstract, rest = _abstract(cfg)
@@ -207,8 +224,14 @@ def load_pretrained(
         weights_sha256=content_hash(files.files),
         tokenizer_sha256=None,
         hf_config=hf_config,
+        weights_format="safetensors"
+        if opened is None
+        else f"gguf {files.quantization()} dequantized to float32",
     )
-    tok = load_tokenizer(folder) if tokenizer else None
+    if not tokenizer:
+        tok = None
+    else:
+        tok = load_tokenizer(folder) if opened is None else gguf_tokenizer.load_tokenizer(opened)
     if tok is not None:
         info = dataclasses.replace(info, tokenizer_sha256=tok.sha256)
     return Pretrained(model, cfg, tok, info)
