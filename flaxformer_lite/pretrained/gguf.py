@@ -415,9 +415,10 @@ def _gemma3_config(meta: Metadata, arch: str) -> dict[str, Any]:
         "max_position_embeddings": meta.int("gemma3.context_length"),
         "rms_norm_eps": meta.float("gemma3.attention.layer_norm_rms_epsilon"),
         "hidden_activation": "gelu_pytorch_tanh",
-        # llama.cpp scales queries by 1/sqrt(head_dim) except for the 27B model (62 layers),
-        # which uses 1/sqrt(hidden / heads); both are the models' query_pre_attn_scalar
-        "query_pre_attn_scalar": d // h if layers == 62 else head_dim,
+        # the file does not state it: transformers' GGUF loader keeps Gemma3TextConfig's
+        # 256 (every released size's value but the 27B model's, which is 168; llama.cpp
+        # uses head_dim, or hidden / heads for the 27B model)
+        "query_pre_attn_scalar": 256,
         "sliding_window": window,
         "layer_types": layer_types,
         # local layers: base 10000, no scaling (llama.cpp's and transformers' fixed value);
