@@ -1,9 +1,10 @@
 """Hugging Face causal LMs as `DecoderOnlyLM`: config mapping, safetensors weights, tokenizers.
 
-``load_pretrained("gpt2")`` or ``load_pretrained("path/to/folder")`` returns the model, its
-`ModelConfig`, its tokenizer and its provenance. Supported families and what each maps:
-`flaxformer_lite.pretrained.families`; the reading rules for untrusted folders:
-`flaxformer_lite.pretrained.files`.
+``load_pretrained("gpt2")``, ``load_pretrained("path/to/folder")`` or
+``load_pretrained("model.gguf")`` (llama.cpp's format: `flaxformer_lite.pretrained.gguf`)
+returns the model, its `ModelConfig`, its tokenizer and its provenance. Supported families
+and what each maps: `flaxformer_lite.pretrained.families`; the reading rules for untrusted
+folders: `flaxformer_lite.pretrained.files`.
 
 Layer: may import base, core, nn and data; train (a run config may name a pretrained model
 to evaluate), evaluation and experiments import it.
@@ -11,6 +12,7 @@ to evaluate), evaluation and experiments import it.
 
 from flaxformer_lite.pretrained.families import FAMILIES, family_of, model_config
 from flaxformer_lite.pretrained.files import PretrainedError, read_config
+from flaxformer_lite.pretrained.generation import generate_ids
 from flaxformer_lite.pretrained.load import Pretrained, PretrainedInfo, load_pretrained, resolve
 from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
 
@@ -21,6 +23,7 @@ __all__ = [
     "PretrainedInfo",
     "Tokenizer",
     "family_of",
+    "generate_ids",
     "load_pretrained",
     "load_tokenizer",
     "model_config",
