@@ -100,11 +100,20 @@ LIVE_TEXT = (
 )
 LIVE_POSITIONS = [0, 1, 7, 15, 31, 47, 63, 79]
 LIVE_TOP = 20
-LIVE_PROMPTS = [
-    "The capital of France is",
-    "def add(a, b):\n",
-    "Once upon a time, in a small village,",
-]
+LIVE_PROMPTS = {
+    "smollm2": [
+        "The capital of France is",
+        "def add(a, b):\n",
+        # the instruct model's chat format: it answers and ends with <|im_end|>, its EOS
+        "<|im_start|>user\nWhat is 2 + 2? Answer with one number.<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ],
+    "gemma3_270m": [
+        "The capital of France is",
+        "def add(a, b):\n",
+        "Once upon a time, in a small village,",
+    ],
+}
 LIVE_NEW_TOKENS = 24
 
 
@@ -379,7 +388,7 @@ def live(name: str) -> None:
         lse = np.log(np.exp(rows - rows.max(-1, keepdims=True)).sum(-1)) + rows.max(-1)
         eos = hf.config.eos_token_id
         generations = []
-        for prompt in LIVE_PROMPTS:
+        for prompt in LIVE_PROMPTS[name]:
             prompt_ids = np.asarray([tok(prompt)["input_ids"]], np.int32)
             new, _ = greedy(hf, prompt_ids, LIVE_NEW_TOKENS, eos=eos, min_new=False)
             generations.append({"prompt_ids": prompt_ids[0].tolist(), "new_ids": new[0].tolist()})
