@@ -24,8 +24,8 @@ from flaxformer_lite.pretrained import generate_ids, gguf, gguf_tokenizer, load_
 
 HERE = Path(__file__).parent / "gguf_models"
 # max |logit - transformers| allowed: float32 through 30 (SmolLM2) or 18 (Gemma) layers of
-# different kernels (the folder loader agrees with transformers to the same order)
-TOL = {"smollm2": 2e-3, "gemma3_270m": 2e-3}
+# other kernels; SmolLM2 measures about 5e-5 (docs/pretrained.md, "GGUF files")
+TOL = {"smollm2": 5e-4, "gemma3_270m": 5e-4}
 
 
 def _path(name: str) -> Path:
