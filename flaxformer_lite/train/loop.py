@@ -426,6 +426,8 @@ def _evaluate_pretrained(run, plan, dataset, placement, workdir: Path, restart_c
             "family": info.family,
             "revision": info.revision,
             "weights_sha256": info.weights_sha256,
+            # "safetensors", or "gguf <stored types> dequantized to float32"
+            "weights_format": info.weights_format,
             "tokenizer_sha256": info.tokenizer_sha256,
         },
     }
