@@ -1,9 +1,10 @@
 """Hugging Face causal LMs as `DecoderOnlyLM`: config mapping, safetensors weights, tokenizers.
 
-``load_pretrained("gpt2")`` or ``load_pretrained("path/to/folder")`` returns the model, its
-`ModelConfig`, its tokenizer and its provenance. Supported families and what each maps:
-`flaxformer_lite.pretrained.families`; the reading rules for untrusted folders:
-`flaxformer_lite.pretrained.files`.
+``load_pretrained("gpt2")``, ``load_pretrained("path/to/folder")`` or
+``load_pretrained("model.gguf")`` (llama.cpp's format: `flaxformer_lite.pretrained.gguf`)
+returns the model, its `ModelConfig`, its tokenizer and its provenance. Supported families
+and what each maps: `flaxformer_lite.pretrained.families`; the reading rules for untrusted
+folders: `flaxformer_lite.pretrained.files`.
 
 Layer: may import base, core, nn and data; train (a run config may name a pretrained model
 to evaluate), results, study and cli import it.
@@ -17,6 +18,7 @@ from flaxformer_lite.pretrained.files import (
     read_config,
     weight_files,
 )
+from flaxformer_lite.pretrained.generation import generate_ids
 from flaxformer_lite.pretrained.load import (
     Checkpoint,
     Pretrained,
@@ -37,6 +39,7 @@ __all__ = [
     "content_hash",
     "family_of",
     "file_stats",
+    "generate_ids",
     "load_pretrained",
     "load_tokenizer",
     "model_config",

@@ -28,15 +28,21 @@ from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.nn.param_count import count_parameters
-from flaxformer_lite.pretrained import families
+from flaxformer_lite.pretrained import families, gguf, gguf_tokenizer
 from flaxformer_lite.pretrained.files import (
     CheckpointFiles,
     PretrainedError,
     content_hash,
     non_finite,
     read_config,
+    weight_files,
 )
-from flaxformer_lite.pretrained.tokenizer import Tokenizer, check_vocabulary, load_tokenizer
+from flaxformer_lite.pretrained.tokenizer import (
+    Tokenizer,
+    check_vocabulary,
+    load_tokenizer,
+    tokenizer_files,
+)
 
 HUB_FILES = [
     "config.json",
@@ -60,17 +66,20 @@ class PretrainedInfo:
     revision: str | None  # the hub commit, when loaded from the hub
     weights_sha256: str  # "sha256:..." of the safetensors files, in order
     tokenizer_sha256: str | None  # "sha256:..." of the tokenizer files, None without one
-    hf_config: dict[str, Any]  # config.json as read
+    hf_config: dict[str, Any]  # config.json as read (for a GGUF file: mapped from its metadata)
+    # "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"
+    weights_format: str = "safetensors"
 
     def record(self) -> dict[str, Any]:
         """What a results row says of the model: id, family, revision, weights and tokenizer
-        sha256."""
+        sha256, and the weights' stored format."""
         return {
             "model_id": self.model_id,
             "family": self.family,
             "revision": self.revision,
             "weights_sha256": self.weights_sha256,
             "tokenizer_sha256": self.tokenizer_sha256,
+            "weights_format": self.weights_format,
         }
 
 
@@ -137,6 +146,8 @@ class Checkpoint:
       hf_config: ``config.json`` as read.
       family: its `families.Family`.
       config: the mapped `ModelConfig` (float32, the family's defaults).
+      gguf: for a llama.cpp GGUF file, the opened file (`gguf.GGUFFile`: its metadata is
+        ``hf_config``, its tensors and tokenizer are read from it); None for a folder.
     """
 
     source: str
@@ -145,6 +156,27 @@ class Checkpoint:
     hf_config: dict[str, Any]
     family: families.Family
     config: ModelConfig
+    gguf: gguf.GGUFFile | None = None
+
+    def files(self) -> CheckpointFiles:
+        """The stored tensors under their Hugging Face names (a GGUF file's dequantized)."""
+        if self.gguf is not None:
+            return self.gguf.checkpoint(strip=self.family.prefixes)
+        return CheckpointFiles(self.folder, strip=self.family.prefixes)
+
+    def content_files(self) -> tuple[list[Path], list[Path]]:
+        """``(weight files, tokenizer files)``: what a run's identity hashes (a GGUF file holds
+        both)."""
+        if self.gguf is not None:
+            return [self.gguf.path], []
+        return weight_files(self.folder), tokenizer_files(self.folder)
+
+    @property
+    def weights_format(self) -> str:
+        """ "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"."""
+        if self.gguf is None:
+            return "safetensors"
+        return f"gguf {self.files().quantization()} dequantized to float32"
 
     def load(self, cfg: ModelConfig | None = None, *, shardings=None) -> DecoderOnlyLM:
         """The model of ``cfg`` (default `config`) with the checkpoint's weights: memory
@@ -156,7 +188,7 @@ class Checkpoint:
         cfg = self.config if cfg is None else cfg
         name = self.family.name
         _check_memory(name, cfg, None)
-        files = CheckpointFiles(self.folder, strip=self.family.prefixes)
+        files = self.files()
         _check_memory(name, cfg, files)
         arrays = _mapped(self.family, files, cfg)
         graphdef, abstract, rest = _abstract(cfg)
@@ -167,7 +199,10 @@ class Checkpoint:
     def tokenizer(self) -> Tokenizer:
         """The folder's tokenizer (`tokenizer.load_tokenizer`), read once; refused in one line
         when its ids reach past the model's embedding (`tokenizer.check_vocabulary`)."""
-        tok = load_tokenizer(self.folder)
+        if self.gguf is not None:
+            tok = gguf_tokenizer.load_tokenizer(self.gguf)
+        else:
+            tok = load_tokenizer(self.folder)
         check_vocabulary(tok, self.config.vocab_size, where=f"{self.family.name} {self.folder}")
         return tok
 
@@ -196,7 +231,7 @@ class Checkpoint:
     def info(self, *, tokenizer: bool = True) -> PretrainedInfo:
         """What results rows record of the model (its weights hashed now; the tokenizer's
         hash when ``tokenizer``)."""
-        files = CheckpointFiles(self.folder, strip=self.family.prefixes)
+        files = self.files()
         return PretrainedInfo(
             model_id=self.source,
             family=self.family.name,
@@ -205,21 +240,28 @@ class Checkpoint:
             weights_sha256=content_hash(files.files),
             tokenizer_sha256=self.tokenizer.sha256 if tokenizer else None,
             hf_config=self.hf_config,
+            weights_format=self.weights_format,
         )
 
 
 def open_checkpoint(source: str | os.PathLike, *, revision: str | None = None) -> Checkpoint:
-    """The `Checkpoint` of ``source`` (a folder or a hub id, `resolve`): resolved, read and
-    mapped once per process (a run's config, its pre-flight and its evaluation share it);
-    opened again when its ``config.json`` changed on disk."""
+    """The `Checkpoint` of ``source`` (a folder, a hub id (`resolve`) or a GGUF file
+    (`gguf.gguf_source`)): resolved, read and mapped once per process (a run's config, its
+    pre-flight and its evaluation share it); opened again when its ``config.json`` (or GGUF
+    file) changed on disk."""
     key = (str(source), revision)
     cached = _OPENED.get(key)
-    if cached is not None and cached[0] == _stamp(cached[1].folder / "config.json"):
+    if cached is not None and cached[0] == _stamp(_config_file(cached[1])):
         return cached[1]
-    folder, hub_revision = resolve(source, revision=revision)
-    stamp = _stamp(folder / "config.json")
-    hf_config = read_config(folder)
-    where = str(folder / "config.json")
+    gguf_path = gguf.gguf_source(source)
+    if gguf_path is None:
+        folder, hub_revision = resolve(source, revision=revision)
+        opened, hf_config = None, read_config(folder)
+        where = str(folder / "config.json")
+    else:
+        folder, hub_revision = gguf_path.parent, None
+        opened = gguf.open_gguf(gguf_path)
+        hf_config, where = opened.hf_config, str(gguf_path)
     checkpoint = Checkpoint(
         source=str(source),
         folder=folder,
@@ -227,9 +269,15 @@ def open_checkpoint(source: str | os.PathLike, *, revision: str | None = None) -
         hf_config=hf_config,
         family=families.family_of(hf_config, where=where),
         config=families.model_config(hf_config, where=where),
+        gguf=opened,
     )
-    _OPENED[key] = (stamp, checkpoint)
+    _OPENED[key] = (_stamp(_config_file(checkpoint)), checkpoint)
     return checkpoint
+
+
+def _config_file(checkpoint: Checkpoint) -> Path:
+    """The file a checkpoint's config was read from (config.json, or the GGUF file)."""
+    return checkpoint.folder / "config.json" if checkpoint.gguf is None else checkpoint.gguf.path
 
 
 # (source, revision) -> (config.json's (mtime_ns, size), its Checkpoint): `open_checkpoint`'s
@@ -303,7 +351,9 @@ def load_pretrained(
     Args:
       source: a folder with ``config.json``, safetensors weights and tokenizer files, or a
         hub id (``"gpt2"``, ``"EleutherAI/pythia-160m"``) when ``huggingface_hub`` can fetch
-        it or has it cached.
+        it or has it cached; or a llama.cpp GGUF file (a ``.gguf`` path, or a folder holding
+        one ``.gguf`` and no ``config.json``), read by `flaxformer_lite.pretrained.gguf` and
+        dequantized to float32.
       dtype: compute dtype (``"float32"``, ``"bfloat16"``); param_dtype: storage dtype of
         the parameters (default ``dtype``): ``"bfloat16"`` halves their memory.
       shardings: ``shardings(abstract params) -> a tree of jax.sharding.Sharding`` (e.g.

@@ -145,9 +145,9 @@ def pretrained_content(
     if not source:
         return None
     try:
-        folder, _ = hf.resolve(source, revision=run.pretrained.revision or None)
-        weights, tokens = hf.weight_files(folder), hf.tokenizer_files(folder)
-        stats = hf.file_stats(folder, weights + tokens)
+        checkpoint = hf.open_checkpoint(source, revision=run.pretrained.revision or None)
+        weights, tokens = checkpoint.content_files()
+        stats = hf.file_stats(checkpoint.folder, weights + tokens)
         old = previous or {}
         if old.get("pretrained") and (old.get("recorded") or {}).get("pretrained_files") == stats:
             return old["pretrained"], stats
