@@ -104,7 +104,8 @@ class OffsetRMSNorm(nnx.Module):
         x_f32 = x.astype(jnp.float32)
         mean_square = jnp.mean(jnp.square(x_f32), axis=-1, keepdims=True)
         y_f32 = x_f32 * jax.lax.rsqrt(mean_square + jnp.float32(self.epsilon))
-        y_f32 = y_f32 * (1.0 + self.scale[...].astype(jnp.float32))
+        scale_f32 = 1.0 + self.scale[...].astype(jnp.float32)
+        y_f32 = y_f32 * scale_f32.reshape((1,) * (x.ndim - 1) + scale_f32.shape)
         return y_f32.astype(self.dtype)
 
 

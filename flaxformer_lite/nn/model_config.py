@@ -224,16 +224,44 @@ class ModelConfig:
                 f"scaling ({scaling!r} applies to global layers only)"
             )
         kinds = []
-        for kind, layer in zip(self.layer_pattern, self._pattern_layers(), strict=True):
+        layers = self._pattern_layers()
+        for i, (kind, layer) in enumerate(zip(self.layer_pattern, layers, strict=True)):
             if layer in scaled:
-                options = layer.encoding.variant_options(
-                    layer.positional_options, scaling, eval_length
-                )
+                try:
+                    options = layer.encoding.variant_options(
+                        layer.positional_options, scaling, eval_length
+                    )
+                except ValueError as e:  # name the kind's options, not the model's
+                    path = f"{schedules.PATTERN_PATH}[{i}].positional_options"
+                    raise ConfigError(str(e).replace(OPTIONS_PATH, path)) from None
                 kind = dataclasses.replace(
                     kind, positional=layer.positional, positional_options=options
                 )
             kinds.append(kind)
         return self.replace(layer_pattern=tuple(kinds))
+
+    def with_original_length(self, length: int) -> ModelConfig:
+        """A copy whose RoPE-scalable options (`EncodingSpec.rope_scaling`: the model-wide
+        ones and each pattern kind's) that have ``original_length`` None get ``length``:
+        the training length evaluation-time scalings extend from. Changes no number of the
+        model as it is."""
+
+        def fill(spec: registry.EncodingSpec, options: Any) -> Any:
+            if spec.rope_scaling and getattr(options, "original_length", 0) is None:
+                return dataclasses.replace(options, original_length=length)
+            return options
+
+        kinds = []
+        for kind in self.layer_pattern:  # validated: options are set where a kind names any
+            if kind.positional_options is not None:
+                spec = registry.get_positional_encoding(kind.positional or self.positional)
+                options = fill(spec, kind.positional_options)
+                kind = dataclasses.replace(kind, positional_options=options)
+            kinds.append(kind)
+        return self.replace(
+            positional_options=fill(self.encoding, self.positional_options),
+            layer_pattern=tuple(kinds),
+        )
 
     def current_rope_scaling(self) -> str:
         """The RoPE scaling the model has (``"none"`` when none; with a pattern, that of its
