@@ -91,7 +91,7 @@ class EvalCell:
     def encoding_options(self) -> dict[str, Any]:
         """The exact encoding settings of this cell, recorded in every results row."""
         m = self.model
-        out = m.encoding.settings(m.positional_options)
+        out = m.encoding_settings()
         out["randomized_positions"] = m.randomized_positions
         if m.randomized_positions:
             out["max_position"] = m.max_position
@@ -176,7 +176,7 @@ class EvalPlan:
                     raise ConfigError(str(e)) from None
         # Randomized positions already span [0, max_position): nothing to interpolate.
         variants = (
-            () if model.randomized_positions else spec.evaluation_variants(eval.rope_scalings)
+            () if model.randomized_positions else model.evaluation_variants(eval.rope_scalings)
         )
         if eval.local_window:
             variants = (*variants, WINDOW)
@@ -203,16 +203,13 @@ class EvalPlan:
             if variant == WINDOW:
                 cfg = cfg.replace(attention_window=eval.local_window)
             elif variant != BASE:
-                options = spec.variant_options(cfg.positional_options, variant, length)
-                cfg = cfg.replace(positional_options=options)
+                cfg = cfg.with_rope_scaling(variant, length)
             suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
             if capacity is not None and capacity > train_seq and name is None:
                 suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
             if variant == WINDOW:
                 suffix += "+window"
-            encoding = spec.label(cfg.positional_options)
-            if name is not None:
-                encoding = name + encoding[len(spec.name) :]
+            encoding = cfg.encoding_label(name)
             label = EvalLabel(
                 encoding=encoding + suffix,
                 positional=model.positional,
@@ -222,7 +219,7 @@ class EvalPlan:
             stride = None
             if protocol == "sliding":
                 stride = eval.sliding_stride or sliding_stride(length, eval.stride_fraction)
-            incremental = spec.scores_incrementally(cfg.positional_options)
+            incremental = cfg.scores_incrementally()
             na = None
             if capacity is not None and seq > capacity:
                 na = f"no position embedding past {capacity} (the table has {capacity} rows)"

@@ -177,14 +177,26 @@ class ModelConfig:
         kinds = tuple(schedules.resolve(k, **model) for k in pattern)
         return schedules.cycle(kinds, self.num_decoder_layers)
 
-    def _pattern_layers(self) -> tuple[ResolvedLayer, ...]:
-        """The resolved kinds of one cycle of the pattern (the model-wide layer without one)."""
+    def pattern_kinds(self) -> tuple[ResolvedLayer, ...]:
+        """One `schedules.ResolvedLayer` per kind of ``layer_pattern`` (one cycle of it; the
+        model-wide layer alone without a pattern)."""
         model = {
             "window": self.attention_window,
             "positional": self.positional,
             "positional_options": self.positional_options,
         }
         return tuple(schedules.resolve(k, **model) for k in (self.layer_pattern or (LayerKind(),)))
+
+    def kv_cache_slots(self, capacity: int) -> int:
+        """Key/value slots the decoder's cache holds for ``capacity`` tokens, summed over its
+        layers: ``capacity`` per global layer, ``min(W or C, capacity)`` per layer with a
+        sliding window or chunk (a ring buffer, `core.kv_cache.ring_capacity`)."""
+        kinds, n = self.pattern_kinds(), self.num_decoder_layers
+        return sum(
+            (n // len(kinds) + (j < n % len(kinds)))  # the layers cycling to kind j
+            * (capacity if kind.span is None else min(kind.span, capacity))
+            for j, kind in enumerate(kinds)
+        )
 
     def evaluation_variants(self, requested: Sequence[str]) -> tuple[str, ...]:
         """The requested evaluation-time RoPE scalings (``EvalConfig.rope_scalings``) that
@@ -200,8 +212,8 @@ class ModelConfig:
         pattern whose encoding takes one (a window or chunk never sees a distance past W or
         C: Gemma 3 scales its global layers only); the model-wide layer without a pattern."""
         if not self.layer_pattern:
-            return self._pattern_layers()
-        return tuple(k for k in self._pattern_layers() if k.is_global and k.encoding.rope_scaling)
+            return self.pattern_kinds()
+        return tuple(k for k in self.pattern_kinds() if k.is_global and k.encoding.rope_scaling)
 
     def with_rope_scaling(self, scaling: str, eval_length: int) -> ModelConfig:
         """The config that evaluates trained parameters at ``eval_length`` under the RoPE
@@ -224,7 +236,7 @@ class ModelConfig:
                 f"scaling ({scaling!r} applies to global layers only)"
             )
         kinds = []
-        layers = self._pattern_layers()
+        layers = self.pattern_kinds()
         for i, (kind, layer) in enumerate(zip(self.layer_pattern, layers, strict=True)):
             if layer in scaled:
                 try:
@@ -280,7 +292,7 @@ class ModelConfig:
         (``"gemma3+yarn"``). ``name`` replaces everything before the suffixes (a pretrained
         model's row name: ``"gemma-3-270m+yarn"``).
         """
-        layers = self._pattern_layers()
+        layers = self.pattern_kinds()
         suffixes = []
         for layer in layers:
             suffix = layer.encoding.label(layer.positional_options)[len(layer.positional) :]
@@ -298,7 +310,7 @@ class ModelConfig:
         """Whether some layer's encoding must be scored token by token
         (`EncodingSpec.scores_incrementally`: dynamic NTK, LongRoPE)."""
         return any(
-            k.encoding.scores_incrementally(k.positional_options) for k in self._pattern_layers()
+            k.encoding.scores_incrementally(k.positional_options) for k in self.pattern_kinds()
         )
 
     def encoding_settings(self) -> dict[str, Any]:

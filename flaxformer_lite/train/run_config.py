@@ -212,8 +212,9 @@ def _pretrained_model(
 ) -> ModelConfig:
     """The `ModelConfig` of ``config.pretrained.source`` (its ``config.json``), with the
     `PRETRAINED_MODEL_FIELDS` of ``config.model`` applied. A RoPE model's ``original_length``
-    (the length evaluation-time scalings extend from) defaults to ``config.data.train_length``,
-    the model's training context."""
+    (the length evaluation-time scalings extend from; a layer pattern's RoPE kinds' too,
+    `ModelConfig.with_original_length`) defaults to ``config.data.train_length``, the
+    model's training context."""
     values = dict(values) if isinstance(values, Mapping) else {}
     extra = sorted(set(values) - set(PRETRAINED_MODEL_FIELDS))
     if extra:
@@ -228,11 +229,7 @@ def _pretrained_model(
         model = model.replace(**values)
     except ValueError as e:
         raise ConfigError(f"config.pretrained.source={pretrained.source!r}: {e}") from None
-    options = model.positional_options
-    if getattr(options, "original_length", 0) is None and model.encoding.rope_scaling:
-        options = dataclasses.replace(options, original_length=data.train_length)
-        model = model.replace(positional_options=options)
-    return model
+    return model.with_original_length(data.train_length)
 
 
 def flat_diff(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from flaxformer_lite.base.checks import ConfigError
-from flaxformer_lite.nn import schedules
+from flaxformer_lite.nn import param_count, schedules
 from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.encodings.base import ModelDims, PositionalEncoding
 from flaxformer_lite.nn.encodings.registry import EncodingSpec
@@ -236,6 +236,7 @@ def test_cached_decoding_equals_the_full_pass_token_by_token(arch, prefill):
     cache = model.init_cache(2, L)
     slots = [c.key.shape[1] for c in cache.self_attention]
     assert slots == [3, 4, L, 5, 3, 4]  # window 3, chunk 4, global, window 5, ...
+    assert model.cfg.kv_cache_slots(L) == sum(slots)
     logits, cache = step(state, tokens[:, :prefill], jnp.arange(prefill), cache)
     out = [np.asarray(logits)]
     for t in range(prefill, L):
@@ -314,6 +315,12 @@ def test_a_per_layer_encoding_is_built_per_block(monkeypatch):
         "decoder.blocks.2.pe.w",
     }
     assert model.decoder.layer_pe_index == (None, 0, None, 0)
+    traced = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert param_count.count_parameters(model.cfg) == traced
+    everywhere = model.cfg.replace(positional="gate_test", layer_pattern=(LayerKind(window=3),))
+    other = DecoderOnlyLM(everywhere, rngs=nnx.Rngs(0))
+    traced = sum(x.size for x in jax.tree.leaves(nnx.state(other, nnx.Param)))
+    assert param_count.count_parameters(everywhere) == traced  # no stack-wide instance
     tokens = _tokens(7)
     before = np.asarray(model(tokens))
     model.decoder.blocks[2].pe.w[...] = model.decoder.blocks[2].pe.w[...] * 5
