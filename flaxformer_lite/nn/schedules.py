@@ -240,8 +240,9 @@ def gemma3(
     adds RoPE options to it, e.g. a scaling, which Gemma 3 applies to its global layers
     only).
 
-    Source: Gemma Team 2025, "Gemma 3 Technical Report" (arXiv 2503.19786) §2.2 (5:1
-    interleaving, window 1024, bases 10k / 1M); transformers ``Gemma3TextConfig``
+    Source: Gemma Team 2025, "Gemma 3 Technical Report" (arXiv 2503.19786), "Model
+    Architecture" (5:1 interleaving, window 1024, bases 10k / 1M); transformers
+    ``Gemma3TextConfig``
     (``layer_types``: layer i slides unless ``(i + 1) % sliding_window_pattern == 0``,
     ``rope_local_base_freq``, ``rope_theta``; Gemma 3 270M: window 512).
     """
