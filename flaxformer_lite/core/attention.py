@@ -25,7 +25,11 @@ Every function that takes ``causal`` also takes ``window``: a positive int W (on
 included (`window_mask`). This is sliding-window ("local") causal attention as in Longformer
 (Beltagy et al. 2020) and Mistral 7B (Jiang et al. 2023), and the blockwise-causal attention
 xPos is evaluated with (Sun et al. 2022, "A Length-Extrapolatable Transformer"); the chunked
-implementation then does ``O(length * W)`` work instead of ``O(length^2)``.
+implementation then does ``O(length * W)`` work instead of ``O(length^2)``. They also take
+``chunk``: a positive int C (only with ``causal=True``, not with a window) restricting query
+``i`` to keys ``j <= i`` of its own block of C positions, ``floor(j / C) == floor(i / C)``
+(`chunk_mask`): the block-local ("chunked") attention of Llama 4's RoPE layers (HF
+transformers ``attention_chunk_size``); the chunked implementation skips the other blocks.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core import chunked_attention as _chunked
 from flaxformer_lite.core import mixed_precision
 from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
-from flaxformer_lite.core.chunked_attention import check_window
+from flaxformer_lite.core.chunked_attention import check_chunk, check_window
 from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
@@ -117,6 +121,31 @@ def window_mask(q_len: int, kv_len: int, window: int) -> Array:
     return causal & (jnp.arange(kv_len)[None, :] > jnp.arange(q_len)[:, None] - window)
 
 
+def chunk_mask(q_len: int, kv_len: int, chunk: int) -> Array:
+    """Boolean ``[q_len, kv_len]`` block-local causal mask: True where ``j <= i`` and
+    ``floor(j / C) == floor(i / C)``.
+
+    Query ``i`` sees the keys of its own block of ``chunk`` positions up to itself (Llama 4's
+    chunked attention, HF transformers ``attention_chunk_size``; ``chunk >= kv_len``:
+    `causal_mask`). Top-left aligned like `causal_mask`.
+    """
+    chunk = check_positive_int("chunk", chunk)
+    causal = causal_mask(q_len, kv_len)
+    return causal & (jnp.arange(kv_len)[None, :] // chunk == jnp.arange(q_len)[:, None] // chunk)
+
+
+def causal_span_mask(
+    q_len: int, kv_len: int, *, window: int | None = None, chunk: int | None = None
+) -> Array:
+    """`causal_mask`, `window_mask` (``window``) or `chunk_mask` (``chunk``): what causal
+    self-attention with that span sees, ``[q_len, kv_len]`` bool."""
+    if window is not None:
+        return window_mask(q_len, kv_len, window)
+    if chunk is not None:
+        return chunk_mask(q_len, kv_len, chunk)
+    return causal_mask(q_len, kv_len)
+
+
 def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
     """Boolean ``[batch, 1, q_len, kv_len]`` mask from per-token validity flags.
 
@@ -156,16 +185,19 @@ def attention_logits(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    chunk: int | None = None,
 ) -> tuple[Array, Array | None]:
     """Masked float32 logits ``[batch, heads, q_len, kv_len]`` and the combined boolean mask.
 
     Masked entries hold a large negative finite number. The mask returned is the
-    broadcastable combination of ``mask`` and ``causal`` (`window_mask` instead of
-    `causal_mask` when a ``window`` is given; None if neither is given).
+    broadcastable combination of ``mask`` and ``causal`` (`window_mask` or `chunk_mask`
+    instead of `causal_mask` when a ``window`` or ``chunk`` is given; None if neither
+    ``mask`` nor ``causal`` is given).
     """
     _check_qk(q, k)
     k_BSNH = repeat_kv(k, q.shape[2])
     window = check_window(window, causal)
+    chunk = check_chunk(chunk, causal, window)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
     logits_BNTS = jnp.einsum("bqhd,bkhd->bhqk", q, k_BSNH, preferred_element_type=jnp.float32)
@@ -175,7 +207,7 @@ def attention_logits(
         check_broadcastable("bias", bias_BNTS.shape, logits_BNTS.shape)
         logits_BNTS = logits_BNTS + bias_BNTS
     combined_BNTS = _combine_masks(
-        mask, causal, window, q.shape[1], k_BSNH.shape[1], logits_BNTS.shape
+        mask, causal, window, q.shape[1], k_BSNH.shape[1], logits_BNTS.shape, chunk=chunk
     )
     if combined_BNTS is not None:
         logits_BNTS = jnp.where(combined_BNTS, logits_BNTS, jnp.float32(MASKED_LOGIT))
@@ -192,6 +224,7 @@ def attention_weights(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    chunk: int | None = None,
 ) -> Array:
     """Attention probabilities ``[batch, heads, q_len, kv_len]`` in float32.
 
@@ -200,9 +233,10 @@ def attention_weights(
     """
     del v
     logits_BNTS, combined_BNTS = attention_logits(
-        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale, chunk=chunk
     )
-    return _softmax(logits_BNTS, combined_BNTS, zero_masked=mask is not None or window is not None)
+    zero_masked = mask is not None or window is not None or chunk is not None
+    return _softmax(logits_BNTS, combined_BNTS, zero_masked=zero_masked)
 
 
 def _softmax(logits_BNTS: Array, combined_BNTS: Array | None, *, zero_masked: bool) -> Array:
@@ -212,7 +246,7 @@ def _softmax(logits_BNTS: Array, combined_BNTS: Array | None, *, zero_masked: bo
         # identical sentinel logits, so this also turns that row into zeros. A causal mask
         # alone needs no pass: it never hides a whole row (every query sees key 0) and its
         # entries are already exactly 0 (exp(-1e30 - max) underflows). A window can hide
-        # whole rows (query i >= kv_len + W - 1 sees no key).
+        # whole rows (query i >= kv_len + W - 1 sees no key), and so can a chunk.
         weights_BNTS = jnp.where(combined_BNTS, weights_BNTS, jnp.float32(0.0))
     return weights_BNTS
 
@@ -238,6 +272,7 @@ def dot_product_attention(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    chunk: int | None = None,
 ) -> Array:
     """``softmax(q k^T * scale + bias) v`` for ``[batch, length, heads, head_dim]`` inputs.
 
@@ -255,13 +290,16 @@ def dot_product_attention(
         `causal_mask`). Longformer / Mistral-style local attention; the blockwise-causal
         attention xPos is evaluated with (Sun et al. 2022).
       scale: logit scale; defaults to ``1/sqrt(head_dim)`` (Vaswani et al. 2017, §3.2.1).
+      chunk: optional positive int C, only with ``causal=True`` and no window: block-local
+        causal attention, query i sees keys ``j <= i`` with ``j // C == i // C``
+        (`chunk_mask`; Llama 4's chunked attention).
 
     Returns:
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``. Rows with no visible key are zeros.
     """
     _check_v(v, k)
     weights_BNTS = attention_weights(
-        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale
+        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale, chunk=chunk
     )
     return _weighted_values(weights_BNTS, repeat_kv(v, q.shape[2]))
 
@@ -333,6 +371,7 @@ def attend(
     scale: float | None = None,
     implementation: str = "xla",
     chunked_threshold: int = DEFAULT_CHUNKED_THRESHOLD,
+    chunk: int | None = None,
 ) -> Array:
     """The one attention entry point the layers call; positions make the bias a function.
 
@@ -352,6 +391,9 @@ def attend(
       mask, causal, window, scale: as in `dot_product_attention`. Every implementation
         applies the ``window``; "chunked" then skips the key blocks outside it
         (``O(length * W)`` work), the fused kernel gets ``local_window_size=(W - 1, 0)``.
+      chunk: as in `dot_product_attention` (block-local causal attention); "chunked" skips
+        the key blocks of other chunks (``O(length * C)`` work), the fused kernel gets it as
+        a boolean mask.
       implementation: one of `IMPLEMENTATIONS`: "xla" materialises the scores (causal
         self-attention without a window as `causal_query_blocks` query blocks); "chunked"
         is `chunked_attention.chunked_attention` (O(length) memory, bias per block);
@@ -374,6 +416,7 @@ def attend(
             f"implementation={implementation!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
         )
     window = check_window(window, causal)
+    chunk = check_chunk(chunk, causal, window)
     _check_qk(q, k)
     batch = q.shape[0]
     q_positions = as_batched_positions(
@@ -384,6 +427,7 @@ def attend(
     )
     if implementation in ("auto", "cudnn"):
         masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
+        masking["chunk"] = chunk
         out_BTNH, reason = _try_fused(
             implementation, q, k, v, has_bias=bias_fn is not None, **masking
         )
@@ -412,10 +456,11 @@ def attend(
             causal=causal,
             window=window,
             scale=scale,
+            chunk=chunk,
         )
 
     def materialised(q: Array, k: Array, v: Array) -> Array:
-        if causal and window is None and q.shape[1] == k.shape[1]:
+        if causal and window is None and chunk is None and q.shape[1] == k.shape[1]:
             blocks = causal_query_blocks(q.shape[1])
             if blocks > 1:
                 _check_v(v, k)
@@ -432,7 +477,15 @@ def attend(
                 )
         bias_BNTS = None if bias_fn is None else bias_fn(q_positions, k_positions)
         return dot_product_attention(
-            q, k, v, mask=mask, bias=bias_BNTS, causal=causal, window=window, scale=scale
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias_BNTS,
+            causal=causal,
+            window=window,
+            scale=scale,
+            chunk=chunk,
         )
 
     if not any(mixed_precision.is_low_precision(x.dtype) for x in (q, k, v)):
@@ -493,7 +546,7 @@ def _try_fused(
 
     "cudnn" raises where "auto" returns the reason (to fall back): the kernel cannot run
     here (`_fused_unavailable_reason`), or it rejected the call. ``kwargs`` are `attend`'s
-    ``mask, causal, window, scale``.
+    ``mask, causal, window, scale, chunk``.
     """
     reason = _fused_unavailable_reason(
         jax.default_backend(),
@@ -526,6 +579,7 @@ def _fused_attention(
     scale: float | None,
     window: int | None = None,
     kernel: str = "cudnn",
+    chunk: int | None = None,
 ) -> Array:
     """`jax.nn.dot_product_attention` with this module's conventions for masked rows.
 
@@ -533,10 +587,12 @@ def _fused_attention(
     visible key would average all values; such rows are set to zero here, as in
     `dot_product_attention`. A ``window`` W becomes ``local_window_size=(W - 1, 0)`` with
     ``is_causal=True``: key ``j`` is visible from query ``i`` iff ``i - (W - 1) <= j <= i``.
-    ``kernel="xla"`` runs the same code path on any backend (tests).
+    A ``chunk`` C becomes part of the boolean mask (`chunk_mask`; the kernel has no
+    block-local mode). ``kernel="xla"`` runs the same code path on any backend (tests).
     """
     _check_qk(q, k)
     window = check_window(window, causal)
+    chunk = check_chunk(chunk, causal, window)
     if window is not None and not _FUSED_HAS_WINDOW:
         raise NotImplementedError(_WINDOW_REASON)
     mask_BNTS = None
@@ -546,6 +602,9 @@ def _fused_attention(
             raise ValueError(f"mask must be boolean (True = attend); got dtype {mask_BNTS.dtype}")
         q_len, kv_len = q.shape[1], k.shape[1]
         check_broadcastable("mask", mask_BNTS.shape, (q.shape[0], q.shape[2], q_len, kv_len))
+    if chunk is not None:
+        chunk_BNTS = chunk_mask(q.shape[1], k.shape[1], chunk)[None, None]
+        mask_BNTS = chunk_BNTS if mask_BNTS is None else mask_BNTS & chunk_BNTS
     kwargs = {} if window is None else {"local_window_size": (window - 1, 0)}
     out_BTNH = jax.nn.dot_product_attention(
         q, k, v, mask=mask_BNTS, scale=scale, is_causal=causal, implementation=kernel, **kwargs
@@ -598,13 +657,14 @@ def _combine_masks(
     q_len: int,
     kv_len: int,
     shape: tuple[int, ...],
+    *,
+    chunk: int | None = None,
 ) -> Array | None:
     combined = None
     if mask is not None:
         combined = _check_mask(mask, shape)
     if causal:
-        tri = causal_mask(q_len, kv_len) if window is None else window_mask(q_len, kv_len, window)
-        tri = tri[None, None, :, :]
+        tri = causal_span_mask(q_len, kv_len, window=window, chunk=chunk)[None, None, :, :]
         combined = tri if combined is None else jnp.logical_and(combined, tri)
     return combined
 

@@ -252,8 +252,9 @@ def _pretrained_model(
 ) -> ModelConfig:
     """The `ModelConfig` of ``config.pretrained.source`` (its ``config.json``), with the
     `PRETRAINED_MODEL_FIELDS` of ``config.model`` applied. A RoPE model's ``original_length``
-    (the length evaluation-time scalings extend from) defaults to ``config.data.train_length``,
-    the model's training context."""
+    (the length evaluation-time scalings extend from; a layer pattern's RoPE kinds' too,
+    `ModelConfig.with_original_length`) defaults to ``config.data.train_length``, the
+    model's training context."""
     values = dict(values) if isinstance(values, Mapping) else {}
     extra = sorted(set(values) - set(PRETRAINED_MODEL_FIELDS))
     if extra:
@@ -269,11 +270,7 @@ def _pretrained_model(
         raise ConfigError(f"config.pretrained.source={shown(pretrained.source)}: {e}") from None
     except OSError as e:  # a name too long, unreadable, ...
         fail("config.pretrained.source", pretrained.source, f"cannot be read ({e.strerror or e})")
-    options = model.positional_options
-    if getattr(options, "original_length", 0) is None and model.encoding.rope_scaling:
-        options = dataclasses.replace(options, original_length=data.train_length)
-        model = model.replace(positional_options=options)
-    return model
+    return model.with_original_length(data.train_length)
 
 
 def flat_diff(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
