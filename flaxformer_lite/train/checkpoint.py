@@ -74,6 +74,24 @@ def refuse_link(path: str | Path) -> None:
         raise LinkedFolderError(path, f"a symbolic link (to {os.readlink(path)})")
 
 
+def check_folder(directory: str | Path) -> None:
+    """Refuse, in one line, a checkpoint folder orbax must not read or clean up: a symbolic
+    link (`refuse_link`), or one holding step-named folders it did not write
+    (`foreign_steps`). An absent folder passes."""
+    directory = Path(directory).absolute()
+    refuse_link(directory)
+    foreign = foreign_steps(directory)
+    if foreign:
+        shown = ", ".join(f"{name}/" for name in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise ForeignStepsError(
+            f"{directory} holds {shown}{more}, named like checkpoint steps but not "
+            "written by a run (no orbax checkpoint files in them); orbax would take them "
+            f"for unreadable steps and delete them: move them out of {directory} "
+            "and rerun"
+        )
+
+
 def is_step(path: Path) -> bool:
     """Whether ``path`` is a step folder orbax wrote: an integer name and at least one of
     `STEP_MARKERS` inside (a corrupted step keeps most of them)."""
@@ -145,17 +163,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, *, keep: int):
         self.directory = Path(directory).absolute()
-        refuse_link(self.directory)
-        foreign = foreign_steps(self.directory)
-        if foreign:
-            shown = ", ".join(f"{name}/" for name in foreign[:5])
-            more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-            raise ForeignStepsError(
-                f"{self.directory} holds {shown}{more}, named like checkpoint steps but not "
-                "written by a run (no orbax checkpoint files in them); orbax would take them "
-                f"for unreadable steps and delete them: move them out of {self.directory} "
-                "and rerun"
-            )
+        check_folder(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,

@@ -65,6 +65,7 @@ from flaxformer_lite.train import (
     sharding,
 )
 from flaxformer_lite.train.checkpoint import Checkpointer
+from flaxformer_lite.train.checkpoint import check_folder as check_checkpoints
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.run_config import ConfigError, RunConfig, TrainConfig
 from flaxformer_lite.train.step import init_train_state, make_multi_step, make_train_step
@@ -124,9 +125,11 @@ def check_workdir(
 ) -> list[str]:
     """Raise `ConfigError` if ``workdir`` cannot hold ``run``; writes nothing.
 
-    Refused: a path that is not (or cannot become) a writable directory, and a workdir that
-    holds a run of another identity (`train.identity`: the config fields that change numbers,
-    the corpus content hash, the versions; the message lists the fields that differ) unless
+    Refused: a path that is not (or cannot become) a writable directory, a ``checkpoints/``
+    that is a symbolic link or holds folders orbax did not write (`checkpoint.check_folder`),
+    and a workdir that holds a run of another identity (`train.identity`: the config fields
+    that change numbers, the corpus content hash, the versions; the message lists the fields
+    that differ) unless
     ``restart_changed``. Returns those differences (empty: the workdir may continue its run).
     ``dataset``: the run's opened corpus or task (default: opened here).
     """
@@ -136,6 +139,8 @@ def check_workdir(
     diffs, _ = identity.compare(old, identity.current(run, dataset, previous=old))
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
+    if not diffs:  # a run continued here reads its checkpoints (a restart removes its own)
+        check_checkpoints(workdir / "checkpoints")
     return diffs
 
 

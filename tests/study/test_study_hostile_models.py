@@ -201,19 +201,29 @@ def shared_bytes(base: Path) -> Path:
 # study preset -> (its broken models, the exit status, the line each model's cell fails with)
 STUDIES = {
     "no_results": (
-        (inf_weight, big_tokenizer, overflow, no_tokenizer),
+        (inf_weight, overflow),
         1,
         {
             "inf_weight": r"inf_weight/model\.safetensors: tensor "
             r"'transformer\.h\.0\.mlp\.c_fc\.weight' \(32, 64\) holds 1 non-finite value\(s\), "
             r"the first inf at index \(1, 2\)",
-            "big_tokenizer": r"the tokenizer \(.*big_tokenizer/tokenizer\.json\) has token ids "
-            r"up to 301 \(e\.g\. 'zz' = 300\) but the model's embedding has 300 rows",
             "overflow": r"CellRowsError: bits_per_byte of 'overflow' at length 16 "
             r"\(nonoverlapping\) is nan: the model gave non-finite numbers",
-            "no_tokenizer": r"no_tokenizer: no tokenizer\.json \(or vocab\.json \+ merges\.txt\); "
-            r"save the model's tokenizer into it too",
         },
+    ),
+    # the tokenizer is read by the pre-flight (it tokenizes the text to score): refused before
+    # any cell runs
+    "big_tokenizer": (
+        (big_tokenizer,),
+        2,
+        r"the tokenizer \(.*big_tokenizer/tokenizer\.json\) has token ids "
+        r"up to 301 \(e\.g\. 'zz' = 300\) but the model's embedding has 300 rows",
+    ),
+    "no_tokenizer": (
+        (no_tokenizer,),
+        2,
+        r"no_tokenizer: no tokenizer\.json \(or vocab\.json \+ merges\.txt\); "
+        r"save the model's tokenizer into it too",
     ),
     # safetensors headers of the wrong shape: each cell fails naming the file
     "headers": (
