@@ -194,6 +194,11 @@ class RunConfig:
         for section, names in NOT_IDENTITY_FIELDS.items():
             for name in names:
                 d[section].pop(name)
+        for section, names in IDENTITY_ADDED_FIELDS.items():
+            defaults = {f.name: f.default for f in dataclasses.fields(type(getattr(self, section)))}
+            for name in names:
+                if d[section][name] == defaults[name]:
+                    d[section].pop(name)
         if self.pretrained.source:
             for name in PRETRAINED_PLACE:
                 d["pretrained"].pop(name)
@@ -245,6 +250,13 @@ NOT_IDENTITY_FIELDS = {
 # a pretrained run's cap now counts bytes of text, not tokens, so its identity takes the new
 # name and an earlier token-capped run is not mistaken for it.
 IDENTITY_RECORDED_NAMES = {("eval", "max_bytes"): "max_tokens"}
+
+# Fields added since runs were recorded: left out of the identity while at their default (the
+# behaviour every earlier run had), so adding an option voids no finished workdir; any other
+# value is part of it.
+IDENTITY_ADDED_FIELDS = {
+    "model": ("head_size", "qk_norm", "sandwich_norm", "query_pre_attn_scalar", "layer_pattern"),
+}
 
 
 def _pretrained_model(
