@@ -378,7 +378,7 @@ def _split(start, lo, hi, end):
 
 def _logits(cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask):
     """Float32 block logits ``[b, h, bq, bk]`` and the bool validity mask (or None)."""
-    logits_BNts = jnp.einsum("bhqd,bhkd->bhqk", q_BNtH, k_BNsH, preferred_element_type=_F32)
+    logits_BNts = jnp.einsum("BNtH,BNsH->BNts", q_BNtH, k_BNsH, preferred_element_type=_F32)
     logits_BNts = logits_BNts * _F32(cfg.scale)
     if bias_fn is not None:
         logits_BNts = logits_BNts + bias_fn(qpos_Bt, kpos_Bs, *consts).astype(_F32)
@@ -442,7 +442,7 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
             p_BNts = jnp.where(valid_BNts, p_BNts, _F32(0.0))
         denom_BNt = denom_BNt * correction_BNt + jnp.sum(p_BNts, axis=-1)
         pv_BNtH = jnp.einsum(
-            "bhqk,bhkd->bhqd", p_BNts.astype(v_BNSH.dtype), v_BNsH, preferred_element_type=_F32
+            "BNts,BNsH->BNtH", p_BNts.astype(v_BNSH.dtype), v_BNsH, preferred_element_type=_F32
         )
         acc_BNtH = acc_BNtH * correction_BNt[..., None] + pv_BNtH
         return m_new_BNt, denom_BNt, acc_BNtH
@@ -515,15 +515,15 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
         if valid_BNts is not None:
             p_BNts = jnp.where(valid_BNts, p_BNts, _F32(0.0))
         dv_BNsH = dv_BNsH + jnp.einsum(
-            "bhqk,bhqd->bhkd", p_BNts.astype(g_BNTH.dtype), g_BNtH, preferred_element_type=_F32
+            "BNts,BNtH->BNsH", p_BNts.astype(g_BNTH.dtype), g_BNtH, preferred_element_type=_F32
         )
-        dp_BNts = jnp.einsum("bhqd,bhkd->bhqk", g_BNtH, v_BNsH, preferred_element_type=_F32)
+        dp_BNts = jnp.einsum("BNtH,BNsH->BNts", g_BNtH, v_BNsH, preferred_element_type=_F32)
         ds_BNts = p_BNts * (dp_BNts - delta_BNt[..., None])  # d loss / d logits (incl. the bias)
         dk_BNsH = dk_BNsH + jnp.einsum(
-            "bhqk,bhqd->bhkd", ds_BNts.astype(q_BNTH.dtype), q_BNtH, preferred_element_type=_F32
+            "BNts,BNtH->BNsH", ds_BNts.astype(q_BNTH.dtype), q_BNtH, preferred_element_type=_F32
         )
         dq_BNtH = jnp.einsum(
-            "bhqk,bhkd->bhqd", ds_BNts.astype(k_BNsH.dtype), k_BNsH, preferred_element_type=_F32
+            "BNts,BNsH->BNtH", ds_BNts.astype(k_BNsH.dtype), k_BNsH, preferred_element_type=_F32
         )
         dq_BNTH = lax.dynamic_update_slice_in_dim(
             dq_BNTH,
