@@ -169,16 +169,6 @@ def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache
     )
 
 
-def self_attention_mask(
-    q_positions: Array, cache: KVCache, *, window: int | None = None, chunk: int | None = None
-) -> Array:
-    """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's (and,
-    with a ``window`` W, > the query's position - W: the last W positions, as windowed
-    causal attention over ``0..n-1`` sees them; with a ``chunk`` C, in the query's chunk).
-    `visible_mask` of the cache's slots."""
-    return visible_mask(q_positions, cache.positions, cache.valid, window=window, chunk=chunk)
-
-
 def visible_mask(
     q_positions: Array,
     k_positions: Array,
