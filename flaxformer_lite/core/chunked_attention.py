@@ -117,31 +117,13 @@ def chunked_attention(
         scale = head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise ValueError(f"scale must be a Python number (static); got {scale!r}")
-    q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
-    nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
-
-    mask_BNTS = None
-    if mask is not None:
-        mask_BNTS = as_rank4(jnp.asarray(mask))
+    mask_BNTS = None if mask is None else as_rank4(jnp.asarray(mask))
+    if mask_BNTS is not None:
         check_broadcastable("mask", mask_BNTS.shape, (batch, heads, q_len, kv_len))
-        mask_BNTS = (
-            _pad_axis(mask_BNTS, 2, nq * q_block_len, False)
-            if mask_BNTS.shape[2] > 1
-            else mask_BNTS
-        )
-        mask_BNTS = (
-            _pad_axis(mask_BNTS, 3, nk * k_block_len, False)
-            if mask_BNTS.shape[3] > 1
-            else mask_BNTS
-        )
-
     cfg = _Config(
-        q_len=q_len,
-        kv_len=kv_len,
-        q_block_len=q_block_len,
-        k_block_len=k_block_len,
-        nq=nq,
-        nk=nk,
+        q_len,
+        kv_len,
+        *_blocking(q_len, kv_len, block_q, block_k),
         causal=bool(causal),
         scale=float(scale),
         mask_q=mask_BNTS is not None and mask_BNTS.shape[2] > 1,
@@ -149,15 +131,19 @@ def chunked_attention(
         window=window or 0,
         chunk=chunk or 0,
     )
+    q_pad, k_pad = cfg.nq * cfg.q_block_len, cfg.nk * cfg.k_block_len  # padded lengths
+    if cfg.mask_q:  # the padding is masked
+        mask_BNTS = _pad_axis(mask_BNTS, 2, q_pad, False)
+    if cfg.mask_k:
+        mask_BNTS = _pad_axis(mask_BNTS, 3, k_pad, False)
     # [b, L, h, d] -> [b, h, L_padded, d]: blocks are slices along axis 2.
-    q_BNTH = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * q_block_len, 0)
-    k_BNSH = _pad_axis(jnp.swapaxes(k, 1, 2), 2, nk * k_block_len, 0)
-    v_BNSH = _pad_axis(jnp.swapaxes(v, 1, 2), 2, nk * k_block_len, 0)
-    qpos_BT = _pad_axis(jnp.asarray(q_positions), 1, nq * q_block_len, "edge")
-    kpos_BS = _pad_axis(jnp.asarray(k_positions), 1, nk * k_block_len, "edge")
-
+    q_BNTH = _pad_axis(jnp.swapaxes(q, 1, 2), 2, q_pad, 0)
+    k_BNSH = _pad_axis(jnp.swapaxes(k, 1, 2), 2, k_pad, 0)
+    v_BNSH = _pad_axis(jnp.swapaxes(v, 1, 2), 2, k_pad, 0)
+    qpos_BT = _pad_axis(jnp.asarray(q_positions), 1, q_pad, "edge")
+    kpos_BS = _pad_axis(jnp.asarray(k_positions), 1, k_pad, "edge")
     converted, consts = _convert_bias_fn(
-        bias_fn, qpos_BT[:, :q_block_len], kpos_BS[:, :k_block_len], batch, heads
+        bias_fn, qpos_BT[:, : cfg.q_block_len], kpos_BS[:, : cfg.k_block_len], batch, heads
     )
     out_BNTH = _attention(
         cfg, converted, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask_BNTS, consts
@@ -188,21 +174,16 @@ def kv_blocks_visited(
     """
     window = check_window(window, causal)
     chunk = check_chunk(chunk, causal, window)
+    blocking = _blocking(q_len, kv_len, block_q, block_k)
+    cfg = _Config(q_len, kv_len, *blocking, causal, 1.0, window=window or 0, chunk=chunk or 0)
+    return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(cfg.nq)]
+
+
+def _blocking(q_len: int, kv_len: int, block_q: int, block_k: int) -> tuple[int, int, int, int]:
+    """``(q_block_len, k_block_len, nq, nk)``: block sizes clipped to the lengths, and block
+    counts (the last block padded)."""
     q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
-    nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
-    cfg = _Config(
-        q_len,
-        kv_len,
-        q_block_len,
-        k_block_len,
-        nq,
-        nk,
-        causal,
-        1.0,
-        window=window or 0,
-        chunk=chunk or 0,
-    )
-    return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(nq)]
+    return q_block_len, k_block_len, -(-q_len // q_block_len), -(-kv_len // k_block_len)
 
 
 def check_window(window, causal: bool) -> int | None:
