@@ -14,8 +14,6 @@ from pathlib import Path
 
 from flaxformer_lite.pretrained.files import PretrainedError
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
-
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
