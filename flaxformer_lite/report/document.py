@@ -100,10 +100,6 @@ def _join(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def _code(x: Any) -> str:
-    return md_code(x)
-
-
 def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
     """``- label: a; b`` with row counts when the rows disagree (``fmt`` returns Markdown:
     `md_escape` d or `md_code`)."""
@@ -125,7 +121,7 @@ def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if commands:
         lines += ["Command(s) that produced the rows:", "", *md_fence(commands), ""]
     lines += [
-        _listing("Git commit(s)", _counted(rows, "git_commit"), _code),
+        _listing("Git commit(s)", _counted(rows, "git_commit"), md_code),
         _listing("Packages", _counted(rows, "packages"), _describe_packages),
         _listing("Python", _counted(rows, "python"), md_escape),
         _listing(
@@ -150,13 +146,13 @@ def _describe_data(data: Any) -> str:
         return md_escape(data)
     parts = [md_escape(data["name"])] if "name" in data else []
     if "sha256" in data:
-        parts.append(f"sha256 {_code(data['sha256'])}")
+        parts.append(f"sha256 {md_code(data['sha256'])}")
     size = data.get("num_bytes", data.get("bytes"))
     if size is not None:
         parts.append(md_escape(f"{size} bytes"))
     if data.get("num_files") is not None:
         parts.append(md_escape(f"{data['num_files']} files"))
-    return ", ".join(parts) or _code(json.dumps(data, sort_keys=True))
+    return ", ".join(parts) or md_code(json.dumps(data, sort_keys=True))
 
 
 def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
