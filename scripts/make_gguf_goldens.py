@@ -187,62 +187,46 @@ def sentencepiece_vocab(workdir: Path):
     }
 
 
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+# case -> (transformers config and model classes, the config's arguments besides the shared ones)
+MODELS = {
+    "llama_q8_0": ("LlamaConfig", "LlamaForCausalLM", dict(
+        intermediate_size=64, num_hidden_layers=2, num_key_value_heads=2,
+        tie_word_embeddings=False, rope_parameters=_ROPE)),
+    "llama_mixed": ("LlamaConfig", "LlamaForCausalLM", dict(
+        intermediate_size=256, num_hidden_layers=2, num_key_value_heads=2,
+        tie_word_embeddings=True, rope_parameters={**_ROPE, "rope_theta": 100000.0})),
+    "gemma3_mixed": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        intermediate_size=64,
+        num_hidden_layers=6,  # layers 0-4 local (window 4), layer 5 global
+        num_key_value_heads=1, head_dim=16, sliding_window=4,
+        query_pre_attn_scalar=256,  # what transformers' GGUF loader assumes
+        tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"full_attention": {**_ROPE, "rope_theta": 1_000_000.0},
+                         "sliding_attention": _ROPE},
+        bos_token_id=2, eos_token_id=1)),
+}  # fmt: skip
+
+
+def make_config(case, vocab_size):
+    import transformers as tf
+
+    config_cls, _, kwargs = MODELS[case]
+    common = dict(vocab_size=vocab_size, hidden_size=32, num_attention_heads=4)
+    common |= dict(max_position_embeddings=64, rms_norm_eps=1e-6)
+    common |= dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return getattr(tf, config_cls)(**(common | kwargs))
+
+
 def make_model(case, vocab_size):
     import torch
     import transformers as tf
 
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    if case == "llama_q8_0":
-        cfg = tf.LlamaConfig(
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            **common,
-        )
-        cls = tf.LlamaForCausalLM
-    elif case == "llama_mixed":
-        cfg = tf.LlamaConfig(
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-            **common,
-        )
-        cls = tf.LlamaForCausalLM
-    elif case == "gemma3_mixed":
-        common.update(bos_token_id=2, eos_token_id=1, pad_token_id=0)
-        cfg = tf.Gemma3TextConfig(
-            intermediate_size=64,
-            num_hidden_layers=6,  # layers 0-4 local (window 4), layer 5 global
-            num_key_value_heads=1,
-            head_dim=16,
-            sliding_window=4,
-            query_pre_attn_scalar=256,  # what transformers' GGUF loader assumes
-            tie_word_embeddings=True,
-            hidden_activation="gelu_pytorch_tanh",
-            rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            },
-            **common,
-        )
-        cls = tf.Gemma3ForCausalLM
-    else:
-        raise ValueError(case)
+    cfg = make_config(case, vocab_size)
     torch.manual_seed(hfg.SEED)
-    model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    model = getattr(tf, MODELS[case][1])._from_config(
+        cfg, attn_implementation="eager", dtype=torch.float32
+    )
     hfg.init_weights(model, hfg.SEED + CASES.index(case))
     return model.eval()
 

@@ -227,263 +227,159 @@ def common_ids():
     return dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
+LLAMA = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=HIDDEN,
+    intermediate_size=INTERMEDIATE,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+LLAMA_NOTE = (
+    "4 heads / 2 kv heads (GQA), head_dim 8, RMSNorm eps 1e-6, SwiGLU, untied head, "
+    "max_position_embeddings 16"
+)
+
+
+def _neox(parallel):
+    return (
+        "GPTNeoXConfig",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=2,
+            intermediate_size=INTERMEDIATE,
+            hidden_act="gelu",
+            max_position_embeddings=64,
+            rope_parameters={**DEFAULT_ROPE, "partial_rotary_factor": 0.25},
+            use_parallel_residual=parallel,
+            tie_word_embeddings=False,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+        ),
+        "GPTNeoXForCausalLM",
+        "2 heads (head_dim 16), rotary on 25% of head_dim (4 dims), fused qkv per head, "
+        f"gelu (erf), untied head, use_parallel_residual {parallel}",
+    )
+
+
+def _llama(kind=None):
+    """llama, or llama's weights under the RoPE scaling ``ROPE_VARIANTS[kind]``."""
+    rope = DEFAULT_ROPE if kind is None else dict(ROPE_VARIANTS[kind], rope_theta=10000.0)
+    # HF warns unless original_max_position_embeddings < max_position_embeddings
+    max_pos = {"longrope": 64, "llama3": 128}.get(kind, 16)
+    note = LLAMA_NOTE if kind is None else f"llama's weights; rope {json.dumps(rope)}"
+    if kind in ("longrope", "llama3"):
+        note += f"; max_position_embeddings {max_pos}"
+    kwargs = dict(LLAMA, hidden_act="silu", max_position_embeddings=max_pos, rms_norm_eps=1e-6)
+    return (
+        "LlamaConfig",
+        dict(kwargs, tie_word_embeddings=False, rope_parameters=rope),
+        "LlamaForCausalLM",
+        note,
+    )
+
+
+# case -> (transformers config class, its arguments besides common_ids(), architecture, what the
+# case exercises); the order of the cases fixes their seeds
+CONFIGS = {
+    "gpt2": (
+        "GPT2Config",
+        dict(vocab_size=VOCAB_SIZE, n_positions=64, n_embd=HIDDEN, n_layer=LAYERS, n_head=4,
+             n_inner=INTERMEDIATE, activation_function="gelu_new", resid_pdrop=0.0,
+             embd_pdrop=0.0, attn_pdrop=0.0),
+        "GPT2LMHeadModel",
+        "learned positions (64), pre-LN, gelu_new, tied head, Conv1D [in,out] weights",
+    ),
+    "llama": _llama(),
+    **{f"llama_rope_{kind}": _llama(kind) for kind in ROPE_VARIANTS},
+    "opt": (
+        "OPTConfig",
+        dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+             ffn_dim=INTERMEDIATE, max_position_embeddings=64, do_layer_norm_before=True,
+             word_embed_proj_dim=HIDDEN, num_attention_heads=4, activation_function="relu",
+             **NO_DROPOUT),
+        "OPTForCausalLM",
+        "learned positions with offset 2 (66 rows), pre-LN, relu, tied head",
+    ),
+    "xglm": (
+        "XGLMConfig",
+        dict(vocab_size=VOCAB_SIZE, max_position_embeddings=64, d_model=HIDDEN,
+             ffn_dim=INTERMEDIATE, num_layers=LAYERS, attention_heads=4,
+             activation_function="gelu", **NO_DROPOUT, activation_dropout=0.0,
+             scale_embedding=True, decoder_start_token_id=0),
+        "XGLMForCausalLM",
+        "fairseq sinusoidal positions (offset 2, not saved), scale_embedding sqrt(d), "
+        "gelu (erf), tied head",
+    ),
+    "gpt_neox": _neox(True),
+    "gpt_neox_sequential": _neox(False),
+    "mistral": (
+        "MistralConfig",
+        dict(LLAMA, max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=None,
+             tie_word_embeddings=False, rope_parameters=DEFAULT_ROPE),
+        "MistralForCausalLM",
+        "4 heads / 2 kv heads, head_dim 8, sliding_window None, untied head",
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        dict(LLAMA, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+             use_sliding_window=False, rope_parameters=DEFAULT_ROPE),
+        "Qwen2ForCausalLM",
+        "4 heads / 2 kv heads, head_dim 8, q/k/v biases (no o_proj/MLP bias), tied head",
+    ),
+    "bloom": (
+        "BloomConfig",
+        dict(vocab_size=VOCAB_SIZE, hidden_size=48, n_layer=LAYERS, n_head=6,
+             hidden_dropout=0.0, attention_dropout=0.0),
+        "BloomForCausalLM",
+        "hidden 48, 6 heads (head_dim 8): ALiBi slopes take the non-power-of-two path; "
+        "word_embeddings_layernorm; fused qkv interleaved per head; "
+        "MLP 4*48=192 (fixed by HF), gelu tanh form; tied head",
+    ),
+    "mpt": (
+        "MptConfig",
+        dict(d_model=48, n_heads=6, n_layers=LAYERS, expansion_ratio=4, max_seq_len=64,
+             vocab_size=VOCAB_SIZE, attn_config={"alibi": True, "alibi_bias_max": 8},
+             no_bias=True, resid_pdrop=0.0, emb_pdrop=0.0, use_cache=True),
+        "MptForCausalLM",
+        "d_model 48, 6 heads (MPT's own ALiBi slopes, non-power-of-two), "
+        "no_bias (no Linear or LayerNorm biases), fused Wqkv, MLP 4*48=192 "
+        "(HF hard-codes 4*d_model), gelu (erf), tied head",
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(LLAMA, num_hidden_layers=GEMMA3_LAYERS, head_dim=GEMMA3_HEAD_DIM,
+             hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64,
+             rms_norm_eps=1e-6, query_pre_attn_scalar=GEMMA3_QUERY_SCALAR,
+             sliding_window=GEMMA3_WINDOW,
+             rope_parameters={
+                 "sliding_attention": DEFAULT_ROPE,
+                 "full_attention": dict(GEMMA3_GLOBAL_ROPE, rope_theta=1000000.0),
+             },
+             final_logit_softcapping=None, attn_logit_softcapping=None,
+             tie_word_embeddings=True, attention_dropout=0.0),
+        "Gemma3ForCausalLM",
+        f"{GEMMA3_LAYERS} layers: 5 sliding (window {GEMMA3_WINDOW}, RoPE base 1e4) then "
+        f"1 global (base 1e6, linear x2 scaling); 4 heads / 2 kv heads of head_dim "
+        f"{GEMMA3_HEAD_DIM} (hidden {HIDDEN}); query_pre_attn_scalar "
+        f"{GEMMA3_QUERY_SCALAR}; q/k norms, sandwich norms, GeGLU (tanh), tied head",
+    ),
+}  # fmt: skip
+CASES = list(CONFIGS)
+
+
 def make_config(case):
+    """``(transformers config, architecture, note)`` of a case (`CONFIGS`)."""
     import transformers as tf
 
-    V = VOCAB_SIZE
-    if case == "gpt2":
-        return (
-            tf.GPT2Config(
-                vocab_size=V,
-                n_positions=64,
-                n_embd=HIDDEN,
-                n_layer=LAYERS,
-                n_head=4,
-                n_inner=INTERMEDIATE,
-                activation_function="gelu_new",
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-                **common_ids(),
-            ),
-            "GPT2LMHeadModel",
-            "learned positions (64), pre-LN, gelu_new, tied head, Conv1D [in,out] weights",
-        )
-    if case == "opt":
-        return (
-            tf.OPTConfig(
-                vocab_size=V,
-                hidden_size=HIDDEN,
-                num_hidden_layers=LAYERS,
-                ffn_dim=INTERMEDIATE,
-                max_position_embeddings=64,
-                do_layer_norm_before=True,
-                word_embed_proj_dim=HIDDEN,
-                num_attention_heads=4,
-                activation_function="relu",
-                dropout=0.0,
-                attention_dropout=0.0,
-                **common_ids(),
-            ),
-            "OPTForCausalLM",
-            "learned positions with offset 2 (66 rows), pre-LN, relu, tied head",
-        )
-    if case == "xglm":
-        return (
-            tf.XGLMConfig(
-                vocab_size=V,
-                max_position_embeddings=64,
-                d_model=HIDDEN,
-                ffn_dim=INTERMEDIATE,
-                num_layers=LAYERS,
-                attention_heads=4,
-                activation_function="gelu",
-                dropout=0.0,
-                attention_dropout=0.0,
-                activation_dropout=0.0,
-                scale_embedding=True,
-                decoder_start_token_id=0,
-                **common_ids(),
-            ),
-            "XGLMForCausalLM",
-            (
-                "fairseq sinusoidal positions (offset 2, not saved), scale_embedding sqrt(d), "
-                "gelu (erf), tied head"
-            ),
-        )
-    if case in ("gpt_neox", "gpt_neox_sequential"):
-        parallel = case == "gpt_neox"
-        return (
-            tf.GPTNeoXConfig(
-                vocab_size=V,
-                hidden_size=HIDDEN,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=2,
-                intermediate_size=INTERMEDIATE,
-                hidden_act="gelu",
-                max_position_embeddings=64,
-                rope_parameters={
-                    "rope_type": "default",
-                    "rope_theta": 10000.0,
-                    "partial_rotary_factor": 0.25,
-                },
-                use_parallel_residual=parallel,
-                tie_word_embeddings=False,
-                attention_dropout=0.0,
-                hidden_dropout=0.0,
-                **common_ids(),
-            ),
-            "GPTNeoXForCausalLM",
-            (
-                "2 heads (head_dim 16), rotary on 25% of head_dim (4 dims), fused qkv per head, "
-                f"gelu (erf), untied head, use_parallel_residual {parallel}"
-            ),
-        )
-    if case == "llama" or case.startswith("llama_rope_"):
-        cfg = dict(
-            vocab_size=V,
-            hidden_size=HIDDEN,
-            intermediate_size=INTERMEDIATE,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            hidden_act="silu",
-            max_position_embeddings=16,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            **common_ids(),
-        )
-        rope = {"rope_type": "default", "rope_theta": 10000.0}
-        note = (
-            "4 heads / 2 kv heads (GQA), head_dim 8, RMSNorm eps 1e-6, SwiGLU, untied head, "
-            "max_position_embeddings 16"
-        )
-        if case != "llama":
-            kind = case[len("llama_rope_") :]
-            rope = dict(ROPE_VARIANTS[kind], rope_theta=10000.0)
-            if kind == "longrope":
-                cfg["max_position_embeddings"] = 64
-            if (
-                kind == "llama3"
-            ):  # HF warns unless original_max_position_embeddings < max_position_embeddings
-                cfg["max_position_embeddings"] = 128
-            note = f"llama's weights; rope {json.dumps({k: v for k, v in rope.items()})}"
-            if kind in ("longrope", "llama3"):
-                note += f"; max_position_embeddings {cfg['max_position_embeddings']}"
-        return tf.LlamaConfig(rope_parameters=rope, **cfg), "LlamaForCausalLM", note
-    if case == "mistral":
-        return (
-            tf.MistralConfig(
-                vocab_size=V,
-                hidden_size=HIDDEN,
-                intermediate_size=INTERMEDIATE,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=64,
-                rms_norm_eps=1e-6,
-                sliding_window=None,
-                tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                **common_ids(),
-            ),
-            "MistralForCausalLM",
-            "4 heads / 2 kv heads, head_dim 8, sliding_window None, untied head",
-        )
-    if case == "qwen2":
-        return (
-            tf.Qwen2Config(
-                vocab_size=V,
-                hidden_size=HIDDEN,
-                intermediate_size=INTERMEDIATE,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=64,
-                rms_norm_eps=1e-6,
-                tie_word_embeddings=True,
-                use_sliding_window=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                **common_ids(),
-            ),
-            "Qwen2ForCausalLM",
-            "4 heads / 2 kv heads, head_dim 8, q/k/v biases (no o_proj/MLP bias), tied head",
-        )
-    if case == "bloom":
-        return (
-            tf.BloomConfig(
-                vocab_size=V,
-                hidden_size=48,
-                n_layer=LAYERS,
-                n_head=6,
-                hidden_dropout=0.0,
-                attention_dropout=0.0,
-                **common_ids(),
-            ),
-            "BloomForCausalLM",
-            (
-                "hidden 48, 6 heads (head_dim 8): ALiBi slopes take the non-power-of-two path; "
-                "word_embeddings_layernorm; fused qkv interleaved per head; "
-                "MLP 4*48=192 (fixed by HF), gelu tanh form; tied head"
-            ),
-        )
-    if case == "mpt":
-        return (
-            tf.MptConfig(
-                d_model=48,
-                n_heads=6,
-                n_layers=LAYERS,
-                expansion_ratio=4,
-                max_seq_len=64,
-                vocab_size=V,
-                attn_config={"alibi": True, "alibi_bias_max": 8},
-                no_bias=True,
-                resid_pdrop=0.0,
-                emb_pdrop=0.0,
-                use_cache=True,
-                **common_ids(),
-            ),
-            "MptForCausalLM",
-            (
-                "d_model 48, 6 heads (MPT's own ALiBi slopes, non-power-of-two), "
-                "no_bias (no Linear or LayerNorm biases), fused Wqkv, MLP 4*48=192 "
-                "(HF hard-codes 4*d_model), gelu (erf), tied head"
-            ),
-        )
-    if case == "gemma3_text":
-        return (
-            tf.Gemma3TextConfig(
-                vocab_size=V,
-                hidden_size=HIDDEN,
-                intermediate_size=INTERMEDIATE,
-                num_hidden_layers=GEMMA3_LAYERS,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=GEMMA3_HEAD_DIM,
-                hidden_activation="gelu_pytorch_tanh",
-                max_position_embeddings=64,
-                rms_norm_eps=1e-6,
-                query_pre_attn_scalar=GEMMA3_QUERY_SCALAR,
-                sliding_window=GEMMA3_WINDOW,
-                rope_parameters={
-                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                    "full_attention": dict(GEMMA3_GLOBAL_ROPE, rope_theta=1000000.0),
-                },
-                final_logit_softcapping=None,
-                attn_logit_softcapping=None,
-                tie_word_embeddings=True,
-                attention_dropout=0.0,
-                **common_ids(),
-            ),
-            "Gemma3ForCausalLM",
-            (
-                f"{GEMMA3_LAYERS} layers: 5 sliding (window {GEMMA3_WINDOW}, RoPE base 1e4) then "
-                f"1 global (base 1e6, linear x2 scaling); 4 heads / 2 kv heads of head_dim "
-                f"{GEMMA3_HEAD_DIM} (hidden {HIDDEN}); query_pre_attn_scalar "
-                f"{GEMMA3_QUERY_SCALAR}; q/k norms, sandwich norms, GeGLU (tanh), tied head"
-            ),
-        )
-    raise ValueError(case)
+    cls, kwargs, arch, note = CONFIGS[case]
+    return getattr(tf, cls)(**kwargs, **common_ids()), arch, note
 
 
-CASES = [
-    "gpt2",
-    "llama",
-    "llama_rope_linear",
-    "llama_rope_dynamic",
-    "llama_rope_yarn",
-    "llama_rope_longrope",
-    "llama_rope_llama3",
-    "opt",
-    "xglm",
-    "gpt_neox",
-    "gpt_neox_sequential",
-    "mistral",
-    "qwen2",
-    "bloom",
-    "mpt",
-    "gemma3_text",
-]
 SEEDS = {c: SEED + i for i, c in enumerate(CASES)}
 
 

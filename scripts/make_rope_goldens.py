@@ -43,10 +43,9 @@ def _factors(pairs: int, seed: int, top: float) -> list[float]:
 
 def _case(
     name: str,
-    *,
     head_dim: int,
-    rope: dict[str, Any],
     max_pos: int,
+    rope: dict[str, Any],
     model_type: str = "llama",
     top: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -71,373 +70,86 @@ def _case(
     return {"name": name, "config": new, "legacy_config": legacy}
 
 
-def cases() -> list[dict[str, Any]]:
-    """The grid (every rope_type and parameter; names say what each one exercises)."""
-    c = []
+_Y = {"rope_type": "yarn", "rope_theta": 1e4}
+_L3 = {"rope_type": "llama3", "rope_theta": 5e5, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+_LR = {"rope_type": "longrope", "rope_theta": 1e4}
+_OMPE = "original_max_position_embeddings"
+# The grid (every rope_type and parameter; names say what each one exercises):
+# (name, head_dim, max_position_embeddings, rope dict[, model_type, top-level fields])
+CASES: list[tuple[Any, ...]] = [
     # default
-    c.append(
-        _case(
-            "default_hd64",
-            head_dim=64,
-            rope={"rope_type": "default", "rope_theta": 1e4},
-            max_pos=2048,
-        )
-    )
-    c.append(
-        _case(
-            "default_hd128_base5e5",
-            head_dim=128,
-            rope={"rope_type": "default", "rope_theta": 5e5},
-            max_pos=8192,
-        )
-    )
-    c.append(
-        _case(
-            "default_hd80_partial0.4",
-            head_dim=80,
-            rope={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.4},
-            max_pos=2048,
-        )
-    )
-    c.append(
-        _case(
-            "default_hd96_partial0.75_base1e6",
-            head_dim=96,
-            rope={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.75},
-            max_pos=4096,
-        )
-    )
+    ("default_hd64", 64, 2048, {"rope_type": "default", "rope_theta": 1e4}),
+    ("default_hd128_base5e5", 128, 8192, {"rope_type": "default", "rope_theta": 5e5}),
+    ("default_hd80_partial0.4", 80, 2048,
+     {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.4}),
+    ("default_hd96_partial0.75_base1e6", 96, 4096,
+     {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.75}),
     # linear (library "pi")
-    c.append(
-        _case(
-            "linear_hd64_f2",
-            head_dim=64,
-            rope={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
-            max_pos=4096,
-        )
-    )
-    c.append(
-        _case(
-            "linear_hd128_f4_base5e5",
-            head_dim=128,
-            rope={"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0},
-            max_pos=16384,
-        )
-    )
-    c.append(
-        _case(
-            "linear_hd64_f8_partial0.5",
-            head_dim=64,
-            rope={
-                "rope_type": "linear",
-                "rope_theta": 1e4,
-                "factor": 8.0,
-                "partial_rotary_factor": 0.5,
-            },
-            max_pos=2048,
-        )
-    )
-    c.append(
-        _case(
-            "linear_hd32_f1.5",
-            head_dim=32,
-            rope={"rope_type": "linear", "rope_theta": 1e4, "factor": 1.5},
-            max_pos=512,
-        )
-    )
+    ("linear_hd64_f2", 64, 4096, {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
+    ("linear_hd128_f4_base5e5", 128, 16384,
+     {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0}),
+    ("linear_hd64_f8_partial0.5", 64, 2048,
+     {"rope_type": "linear", "rope_theta": 1e4, "factor": 8.0, "partial_rotary_factor": 0.5}),
+    ("linear_hd32_f1.5", 32, 512, {"rope_type": "linear", "rope_theta": 1e4, "factor": 1.5}),
     # dynamic (library "dynamic_ntk"; original length = max_position_embeddings)
-    c.append(
-        _case(
-            "dynamic_hd64_f2",
-            head_dim=64,
-            rope={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
-            max_pos=2048,
-        )
-    )
-    c.append(
-        _case(
-            "dynamic_hd128_f4_base1e6",
-            head_dim=128,
-            rope={"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0},
-            max_pos=4096,
-        )
-    )
-    c.append(
-        _case(
-            "dynamic_hd128_f1_partial0.25",
-            head_dim=128,
-            rope={
-                "rope_type": "dynamic",
-                "rope_theta": 1e4,
-                "factor": 1.0,
-                "partial_rotary_factor": 0.25,
-            },
-            max_pos=1024,
-        )
-    )
-    c.append(
-        _case(
-            "dynamic_hd16_f3",
-            head_dim=16,
-            rope={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 3.0},
-            max_pos=256,
-        )
-    )
+    ("dynamic_hd64_f2", 64, 2048, {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
+    ("dynamic_hd128_f4_base1e6", 128, 4096,
+     {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0}),
+    ("dynamic_hd128_f1_partial0.25", 128, 1024,
+     {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 1.0, "partial_rotary_factor": 0.25}),
+    ("dynamic_hd16_f3", 16, 256, {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 3.0}),
     # yarn
-    y = {"rope_type": "yarn", "rope_theta": 1e4}
-    c.append(
-        _case(
-            "yarn_hd64_f4",
-            head_dim=64,
-            rope={**y, "factor": 4.0, "original_max_position_embeddings": 2048},
-            max_pos=8192,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd128_f4_base1e6_qwen",
-            head_dim=128,
-            rope={**y, "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768},
-            max_pos=131072,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_betas16_2",
-            head_dim=64,
-            rope={
-                **y,
-                "factor": 8.0,
-                "original_max_position_embeddings": 4096,
-                "beta_fast": 16.0,
-                "beta_slow": 2.0,
-            },
-            max_pos=32768,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_mscale_deepseek",
-            head_dim=64,
-            rope={
-                **y,
-                "factor": 40.0,
-                "original_max_position_embeddings": 4096,
-                "beta_fast": 32,
-                "beta_slow": 1,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-            },
-            max_pos=163840,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_mscale0.707_all1",
-            head_dim=64,
-            rope={
-                **y,
-                "factor": 16.0,
-                "original_max_position_embeddings": 4096,
-                "mscale": 0.707,
-                "mscale_all_dim": 1.0,
-            },
-            max_pos=65536,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_mscale_only",
-            head_dim=64,
-            rope={**y, "factor": 16.0, "original_max_position_embeddings": 4096, "mscale": 0.707},
-            max_pos=65536,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_attention_factor1.25",
-            head_dim=64,
-            rope={
-                **y,
-                "factor": 4.0,
-                "original_max_position_embeddings": 2048,
-                "attention_factor": 1.25,
-            },
-            max_pos=8192,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_no_truncate_gptoss",
-            head_dim=64,
-            rope={
-                **y,
-                "rope_theta": 150000.0,
-                "factor": 32.0,
-                "original_max_position_embeddings": 4096,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-            },
-            max_pos=131072,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_factor_none",
-            head_dim=64,
-            rope={**y, "factor": None, "original_max_position_embeddings": 2048},
-            max_pos=16384,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd128_partial0.5",
-            head_dim=128,
-            rope={
-                **y,
-                "factor": 2.0,
-                "original_max_position_embeddings": 4096,
-                "partial_rotary_factor": 0.5,
-            },
-            max_pos=8192,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd64_f1",
-            head_dim=64,
-            rope={**y, "factor": 1.0, "original_max_position_embeddings": 2048},
-            max_pos=2048,
-        )
-    )
-    c.append(
-        _case(
-            "yarn_hd32_f2_small",
-            head_dim=32,
-            rope={**y, "factor": 2.0, "original_max_position_embeddings": 512},
-            max_pos=1024,
-        )
-    )
+    ("yarn_hd64_f4", 64, 8192, {**_Y, "factor": 4.0, _OMPE: 2048}),
+    ("yarn_hd128_f4_base1e6_qwen", 128, 131072,
+     {**_Y, "rope_theta": 1e6, "factor": 4.0, _OMPE: 32768}),
+    ("yarn_hd64_betas16_2", 64, 32768,
+     {**_Y, "factor": 8.0, _OMPE: 4096, "beta_fast": 16.0, "beta_slow": 2.0}),
+    ("yarn_hd64_mscale_deepseek", 64, 163840,
+     {**_Y, "factor": 40.0, _OMPE: 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+      "mscale_all_dim": 1.0}),
+    ("yarn_hd64_mscale0.707_all1", 64, 65536,
+     {**_Y, "factor": 16.0, _OMPE: 4096, "mscale": 0.707, "mscale_all_dim": 1.0}),
+    ("yarn_hd64_mscale_only", 64, 65536, {**_Y, "factor": 16.0, _OMPE: 4096, "mscale": 0.707}),
+    ("yarn_hd64_attention_factor1.25", 64, 8192,
+     {**_Y, "factor": 4.0, _OMPE: 2048, "attention_factor": 1.25}),
+    ("yarn_hd64_no_truncate_gptoss", 64, 131072,
+     {**_Y, "rope_theta": 150000.0, "factor": 32.0, _OMPE: 4096, "beta_fast": 32.0,
+      "beta_slow": 1.0, "truncate": False}),
+    ("yarn_hd64_factor_none", 64, 16384, {**_Y, "factor": None, _OMPE: 2048}),
+    ("yarn_hd128_partial0.5", 128, 8192,
+     {**_Y, "factor": 2.0, _OMPE: 4096, "partial_rotary_factor": 0.5}),
+    ("yarn_hd64_f1", 64, 2048, {**_Y, "factor": 1.0, _OMPE: 2048}),
+    ("yarn_hd32_f2_small", 32, 1024, {**_Y, "factor": 2.0, _OMPE: 512}),
     # llama3
-    l3 = {"rope_type": "llama3", "rope_theta": 5e5, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    c.append(
-        _case(
-            "llama3_hd128_llama3.1",
-            head_dim=128,
-            rope={**l3, "factor": 8.0, "original_max_position_embeddings": 8192},
-            max_pos=131072,
-        )
-    )
-    c.append(
-        _case(
-            "llama3_hd64_llama3.2",
-            head_dim=64,
-            rope={**l3, "factor": 32.0, "original_max_position_embeddings": 8192},
-            max_pos=131072,
-        )
-    )
-    c.append(
-        _case(
-            "llama3_hd64_low2_high8_base1e4",
-            head_dim=64,
-            rope={
-                **l3,
-                "rope_theta": 1e4,
-                "factor": 4.0,
-                "low_freq_factor": 2.0,
-                "high_freq_factor": 8.0,
-                "original_max_position_embeddings": 2048,
-            },
-            max_pos=8192,
-        )
-    )
-    c.append(
-        _case(
-            "llama3_hd128_partial0.5",
-            head_dim=128,
-            rope={
-                **l3,
-                "factor": 8.0,
-                "original_max_position_embeddings": 8192,
-                "partial_rotary_factor": 0.5,
-            },
-            max_pos=65536,
-        )
-    )
+    ("llama3_hd128_llama3.1", 128, 131072, {**_L3, "factor": 8.0, _OMPE: 8192}),
+    ("llama3_hd64_llama3.2", 64, 131072, {**_L3, "factor": 32.0, _OMPE: 8192}),
+    ("llama3_hd64_low2_high8_base1e4", 64, 8192,
+     {**_L3, "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+      _OMPE: 2048}),
+    ("llama3_hd128_partial0.5", 128, 65536,
+     {**_L3, "factor": 8.0, _OMPE: 8192, "partial_rotary_factor": 0.5}),
     # longrope (lengths straddle original_max_position_embeddings)
-    lr = {"rope_type": "longrope", "rope_theta": 1e4}
-    c.append(
-        _case(
-            "longrope_hd96_phi3_mini_128k",
-            head_dim=96,
-            rope={
-                **lr,
-                "short_factor": _factors(48, 0, 1.2),
-                "long_factor": _factors(48, 1, 60.0),
-                "original_max_position_embeddings": 4096,
-            },
-            max_pos=131072,
-        )
-    )
-    c.append(
-        _case(
-            "longrope_hd128_partial0.75_phi4_mini",
-            head_dim=128,
-            rope={
-                **lr,
-                "short_factor": _factors(48, 2, 3.0),
-                "long_factor": _factors(48, 3, 40.0),
-                "original_max_position_embeddings": 4096,
-                "partial_rotary_factor": 0.75,
-            },
-            max_pos=131072,
-        )
-    )
-    c.append(
-        _case(
-            "longrope_hd64_factor4",
-            head_dim=64,
-            rope={
-                **lr,
-                "short_factor": [1.0] * 32,
-                "long_factor": _factors(32, 4, 8.0),
-                "original_max_position_embeddings": 2048,
-                "factor": 4.0,
-            },
-            max_pos=16384,
-        )
-    )
-    c.append(
-        _case(
-            "longrope_hd64_attention_factor1.1",
-            head_dim=64,
-            rope={
-                **lr,
-                "rope_theta": 5e5,
-                "short_factor": _factors(32, 5, 2.0),
-                "long_factor": _factors(32, 6, 16.0),
-                "original_max_position_embeddings": 8192,
-                "attention_factor": 1.1,
-            },
-            max_pos=65536,
-        )
-    )
-    c.append(
-        _case(
-            "longrope_hd96_phi3_toplevel_original_su",
-            head_dim=96,
-            model_type="phi3",
-            rope={
-                **lr,
-                "short_factor": _factors(48, 7, 1.1),
-                "long_factor": _factors(48, 8, 30.0),
-                "original_max_position_embeddings": 2048,
-            },
-            top={"original_max_position_embeddings": 4096},
-            max_pos=131072,
-        )
-    )
+    ("longrope_hd96_phi3_mini_128k", 96, 131072,
+     {**_LR, "short_factor": _factors(48, 0, 1.2), "long_factor": _factors(48, 1, 60.0),
+      _OMPE: 4096}),
+    ("longrope_hd128_partial0.75_phi4_mini", 128, 131072,
+     {**_LR, "short_factor": _factors(48, 2, 3.0), "long_factor": _factors(48, 3, 40.0),
+      _OMPE: 4096, "partial_rotary_factor": 0.75}),
+    ("longrope_hd64_factor4", 64, 16384,
+     {**_LR, "short_factor": [1.0] * 32, "long_factor": _factors(32, 4, 8.0), _OMPE: 2048,
+      "factor": 4.0}),
+    ("longrope_hd64_attention_factor1.1", 64, 65536,
+     {**_LR, "rope_theta": 5e5, "short_factor": _factors(32, 5, 2.0),
+      "long_factor": _factors(32, 6, 16.0), _OMPE: 8192, "attention_factor": 1.1}),
+    ("longrope_hd96_phi3_toplevel_original_su", 96, 131072,
+     {**_LR, "short_factor": _factors(48, 7, 1.1), "long_factor": _factors(48, 8, 30.0),
+      _OMPE: 2048}, "phi3", {_OMPE: 4096}),
+]  # fmt: skip
+
+
+def cases() -> list[dict[str, Any]]:
+    """`CASES` in both config formats."""
+    c = [_case(*row) for row in CASES]
     su = c[-1]["legacy_config"]["rope_scaling"]
     su["type"] = "su"  # the old name of longrope (Phi3Config renames it); the top-level
     # original_max_position_embeddings (4096) wins over the dict's (2048), as in transformers

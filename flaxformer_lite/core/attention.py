@@ -200,7 +200,7 @@ def attention_logits(
     chunk = check_chunk(chunk, causal, window)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
-    logits_BNTS = jnp.einsum("bqhd,bkhd->bhqk", q, k_BSNH, preferred_element_type=jnp.float32)
+    logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q, k_BSNH, preferred_element_type=jnp.float32)
     logits_BNTS = logits_BNTS * jnp.float32(scale)
     if bias is not None:
         bias_BNTS = as_rank4(jnp.asarray(bias, dtype=jnp.float32))
@@ -254,7 +254,7 @@ def _softmax(logits_BNTS: Array, combined_BNTS: Array | None, *, zero_masked: bo
 def _weighted_values(weights_BNTS: Array, v_BSNH: Array) -> Array:
     """Weights ``[b, heads, q, k]`` times ``v`` ``[b, k, heads, d]``: ``[b, q, heads, d]``."""
     out_BTNH = jnp.einsum(
-        "bhqk,bkhd->bqhd",
+        "BNTS,BSNH->BTNH",
         weights_BNTS.astype(v_BSNH.dtype),
         v_BSNH,
         preferred_element_type=jnp.float32,

@@ -117,31 +117,13 @@ def chunked_attention(
         scale = head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise ValueError(f"scale must be a Python number (static); got {scale!r}")
-    q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
-    nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
-
-    mask_BNTS = None
-    if mask is not None:
-        mask_BNTS = as_rank4(jnp.asarray(mask))
+    mask_BNTS = None if mask is None else as_rank4(jnp.asarray(mask))
+    if mask_BNTS is not None:
         check_broadcastable("mask", mask_BNTS.shape, (batch, heads, q_len, kv_len))
-        mask_BNTS = (
-            _pad_axis(mask_BNTS, 2, nq * q_block_len, False)
-            if mask_BNTS.shape[2] > 1
-            else mask_BNTS
-        )
-        mask_BNTS = (
-            _pad_axis(mask_BNTS, 3, nk * k_block_len, False)
-            if mask_BNTS.shape[3] > 1
-            else mask_BNTS
-        )
-
     cfg = _Config(
-        q_len=q_len,
-        kv_len=kv_len,
-        q_block_len=q_block_len,
-        k_block_len=k_block_len,
-        nq=nq,
-        nk=nk,
+        q_len,
+        kv_len,
+        *_blocking(q_len, kv_len, block_q, block_k),
         causal=bool(causal),
         scale=float(scale),
         mask_q=mask_BNTS is not None and mask_BNTS.shape[2] > 1,
@@ -149,15 +131,19 @@ def chunked_attention(
         window=window or 0,
         chunk=chunk or 0,
     )
+    q_pad, k_pad = cfg.nq * cfg.q_block_len, cfg.nk * cfg.k_block_len  # padded lengths
+    if cfg.mask_q:  # the padding is masked
+        mask_BNTS = _pad_axis(mask_BNTS, 2, q_pad, False)
+    if cfg.mask_k:
+        mask_BNTS = _pad_axis(mask_BNTS, 3, k_pad, False)
     # [b, L, h, d] -> [b, h, L_padded, d]: blocks are slices along axis 2.
-    q_BNTH = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * q_block_len, 0)
-    k_BNSH = _pad_axis(jnp.swapaxes(k, 1, 2), 2, nk * k_block_len, 0)
-    v_BNSH = _pad_axis(jnp.swapaxes(v, 1, 2), 2, nk * k_block_len, 0)
-    qpos_BT = _pad_axis(jnp.asarray(q_positions), 1, nq * q_block_len, "edge")
-    kpos_BS = _pad_axis(jnp.asarray(k_positions), 1, nk * k_block_len, "edge")
-
+    q_BNTH = _pad_axis(jnp.swapaxes(q, 1, 2), 2, q_pad, 0)
+    k_BNSH = _pad_axis(jnp.swapaxes(k, 1, 2), 2, k_pad, 0)
+    v_BNSH = _pad_axis(jnp.swapaxes(v, 1, 2), 2, k_pad, 0)
+    qpos_BT = _pad_axis(jnp.asarray(q_positions), 1, q_pad, "edge")
+    kpos_BS = _pad_axis(jnp.asarray(k_positions), 1, k_pad, "edge")
     converted, consts = _convert_bias_fn(
-        bias_fn, qpos_BT[:, :q_block_len], kpos_BS[:, :k_block_len], batch, heads
+        bias_fn, qpos_BT[:, : cfg.q_block_len], kpos_BS[:, : cfg.k_block_len], batch, heads
     )
     out_BNTH = _attention(
         cfg, converted, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask_BNTS, consts
@@ -188,21 +174,16 @@ def kv_blocks_visited(
     """
     window = check_window(window, causal)
     chunk = check_chunk(chunk, causal, window)
+    blocking = _blocking(q_len, kv_len, block_q, block_k)
+    cfg = _Config(q_len, kv_len, *blocking, causal, 1.0, window=window or 0, chunk=chunk or 0)
+    return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(cfg.nq)]
+
+
+def _blocking(q_len: int, kv_len: int, block_q: int, block_k: int) -> tuple[int, int, int, int]:
+    """``(q_block_len, k_block_len, nq, nk)``: block sizes clipped to the lengths, and block
+    counts (the last block padded)."""
     q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
-    nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
-    cfg = _Config(
-        q_len,
-        kv_len,
-        q_block_len,
-        k_block_len,
-        nq,
-        nk,
-        causal,
-        1.0,
-        window=window or 0,
-        chunk=chunk or 0,
-    )
-    return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(nq)]
+    return q_block_len, k_block_len, -(-q_len // q_block_len), -(-kv_len // k_block_len)
 
 
 def check_window(window, causal: bool) -> int | None:
@@ -378,7 +359,7 @@ def _split(start, lo, hi, end):
 
 def _logits(cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask):
     """Float32 block logits ``[b, h, bq, bk]`` and the bool validity mask (or None)."""
-    logits_BNts = jnp.einsum("bhqd,bhkd->bhqk", q_BNtH, k_BNsH, preferred_element_type=_F32)
+    logits_BNts = jnp.einsum("BNtH,BNsH->BNts", q_BNtH, k_BNsH, preferred_element_type=_F32)
     logits_BNts = logits_BNts * _F32(cfg.scale)
     if bias_fn is not None:
         logits_BNts = logits_BNts + bias_fn(qpos_Bt, kpos_Bs, *consts).astype(_F32)
@@ -442,7 +423,7 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
             p_BNts = jnp.where(valid_BNts, p_BNts, _F32(0.0))
         denom_BNt = denom_BNt * correction_BNt + jnp.sum(p_BNts, axis=-1)
         pv_BNtH = jnp.einsum(
-            "bhqk,bhkd->bhqd", p_BNts.astype(v_BNSH.dtype), v_BNsH, preferred_element_type=_F32
+            "BNts,BNsH->BNtH", p_BNts.astype(v_BNSH.dtype), v_BNsH, preferred_element_type=_F32
         )
         acc_BNtH = acc_BNtH * correction_BNt[..., None] + pv_BNtH
         return m_new_BNt, denom_BNt, acc_BNtH
@@ -515,15 +496,15 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
         if valid_BNts is not None:
             p_BNts = jnp.where(valid_BNts, p_BNts, _F32(0.0))
         dv_BNsH = dv_BNsH + jnp.einsum(
-            "bhqk,bhqd->bhkd", p_BNts.astype(g_BNTH.dtype), g_BNtH, preferred_element_type=_F32
+            "BNts,BNtH->BNsH", p_BNts.astype(g_BNTH.dtype), g_BNtH, preferred_element_type=_F32
         )
-        dp_BNts = jnp.einsum("bhqd,bhkd->bhqk", g_BNtH, v_BNsH, preferred_element_type=_F32)
+        dp_BNts = jnp.einsum("BNtH,BNsH->BNts", g_BNtH, v_BNsH, preferred_element_type=_F32)
         ds_BNts = p_BNts * (dp_BNts - delta_BNt[..., None])  # d loss / d logits (incl. the bias)
         dk_BNsH = dk_BNsH + jnp.einsum(
-            "bhqk,bhqd->bhkd", ds_BNts.astype(q_BNTH.dtype), q_BNtH, preferred_element_type=_F32
+            "BNts,BNtH->BNsH", ds_BNts.astype(q_BNTH.dtype), q_BNtH, preferred_element_type=_F32
         )
         dq_BNtH = jnp.einsum(
-            "bhqk,bhkd->bhqd", ds_BNts.astype(k_BNsH.dtype), k_BNsH, preferred_element_type=_F32
+            "BNts,BNsH->BNtH", ds_BNts.astype(k_BNsH.dtype), k_BNsH, preferred_element_type=_F32
         )
         dq_BNTH = lax.dynamic_update_slice_in_dim(
             dq_BNTH,

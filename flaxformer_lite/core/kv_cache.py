@@ -132,16 +132,7 @@ def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache
     Writing past ``capacity`` is a ``ValueError`` when it can be seen (eagerly); under
     ``jit`` the index is traced, and the caller (e.g. `generate`) sizes the cache.
     """
-    batch, length = key.shape[:2]
-    if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
-        raise ValueError(
-            f"key {key.shape} and value {value.shape} must both be "
-            f"[batch={cache.key.shape[0]}, l, heads, head_dim]"
-        )
-    if positions.shape != (batch, length):
-        raise ValueError(
-            f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
-        )
+    batch, length = _check_write(cache, key, value, positions)
     if length > cache.capacity:
         raise ValueError(f"{length} new tokens do not fit a cache of capacity {cache.capacity}")
     try:
@@ -169,14 +160,20 @@ def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache
     )
 
 
-def self_attention_mask(
-    q_positions: Array, cache: KVCache, *, window: int | None = None, chunk: int | None = None
-) -> Array:
-    """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's (and,
-    with a ``window`` W, > the query's position - W: the last W positions, as windowed
-    causal attention over ``0..n-1`` sees them; with a ``chunk`` C, in the query's chunk).
-    `visible_mask` of the cache's slots."""
-    return visible_mask(q_positions, cache.positions, cache.valid, window=window, chunk=chunk)
+def _check_write(cache: KVCache, key: Array, value: Array, positions: Array) -> tuple[int, int]:
+    """``(batch, l)`` of ``l`` new keys/values ``[batch, l, kv_heads, head_dim]`` at positions
+    ``[batch, l]`` to write into ``cache``; a ValueError if their shapes do not fit."""
+    batch, length = key.shape[:2]
+    if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
+        raise ValueError(
+            f"key {key.shape} and value {value.shape} must both be "
+            f"[batch={cache.key.shape[0]}, l, heads, head_dim]"
+        )
+    if positions.shape != (batch, length):
+        raise ValueError(
+            f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
+        )
+    return batch, length
 
 
 def visible_mask(
@@ -217,16 +214,7 @@ def write_ring(cache: KVCache, key: Array, value: Array, positions: Array) -> KV
     ``[batch, l]`` in a ring buffer of ``S = cache.capacity`` slots: the ``t``-th new token
     goes to slot ``(index + t) mod S``, overwriting the oldest; when ``l > S`` only the last
     ``S`` are kept. ``index`` counts every token written. Never overflows."""
-    batch, length = key.shape[:2]
-    if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
-        raise ValueError(
-            f"key {key.shape} and value {value.shape} must both be "
-            f"[batch={cache.key.shape[0]}, l, heads, head_dim]"
-        )
-    if positions.shape != (batch, length):
-        raise ValueError(
-            f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
-        )
+    _, length = _check_write(cache, key, value, positions)
     slots = cache.capacity
     kept = min(length, slots)  # static: the last `kept` new tokens survive the write
     first = cache.index + (length - kept)

@@ -23,16 +23,20 @@ Array = jax.Array
 ROPE_LAYOUTS = ("half", "interleaved")
 
 
+def _theta(rotary_dim: int, base: float) -> np.ndarray:
+    """Validated float64 host ``theta_i = base^(-2i/rotary_dim)``, ``[rotary_dim // 2]``: the
+    one place the scalings' frequencies start from (they rescale it in float64, then round)."""
+    _check_rotary_dim(rotary_dim)
+    check_positive_number("base", base)
+    return float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+
+
 def rope_inv_frequencies(rotary_dim: int, *, base: float = 10000.0) -> Array:
     """RoPE frequencies ``theta_i = base^(-2i/rotary_dim)``, float32 ``[rotary_dim // 2]``.
 
     Su et al. 2021, "RoFormer" (arXiv 2104.09864), Eq. 15.
     """
-    check_positive_int("rotary_dim", rotary_dim)
-    if rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be even (dimensions rotate in pairs); got {rotary_dim}")
-    check_positive_number("base", base)
-    return jnp.asarray(base ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim), jnp.float32)
+    return jnp.asarray(_theta(rotary_dim, base), jnp.float32)
 
 
 def rope_angles(positions: Array, inv_freq: Array) -> Array:
@@ -125,9 +129,7 @@ def xpos_zeta(rotary_dim: int) -> Array:
     Sun et al. 2022, "A Length-Extrapolatable Transformer" (arXiv 2212.10554), Eq. 9;
     ``d = rotary_dim``. All ``zeta_i < 1``; high-frequency pairs (small i) decay fastest.
     """
-    check_positive_int("rotary_dim", rotary_dim)
-    if rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be even (dimensions rotate in pairs); got {rotary_dim}")
+    _check_rotary_dim(rotary_dim)
     i = np.arange(rotary_dim // 2, dtype=np.float64)
     return jnp.asarray((2 * i + 0.4 * rotary_dim) / (1.4 * rotary_dim), jnp.float32)
 
@@ -301,8 +303,7 @@ def yarn_inv_frequencies(
     check_positive_int("original_length", original_length)
     if variant not in YARN_VARIANTS:
         raise ValueError(f"variant={variant!r} is not known; allowed: {list(YARN_VARIANTS)}")
-    rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
-    theta = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+    theta = _theta(rotary_dim, base)
     if scale == 1:
         return jnp.asarray(theta, jnp.float32)
     if variant == "hf":
@@ -411,8 +412,7 @@ def llama3_inv_frequencies(
             f"high_freq_factor must be a number > low_freq_factor={low_freq_factor!r}; "
             f"got {high_freq_factor!r}"
         )
-    rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
-    theta = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+    theta = _theta(rotary_dim, base)
     wavelen = 2 * math.pi / theta
     low_wavelen = original_length / low_freq_factor
     high_wavelen = original_length / high_freq_factor
@@ -445,9 +445,8 @@ def longrope_inv_frequencies(
     length). The attention factor is `longrope_attention_factor`, the same at every length.
     """
     check_positive_int("original_length", original_length)
-    rope_inv_frequencies(rotary_dim, base=base)  # validates rotary_dim and base
+    theta = _theta(rotary_dim, base)
     pairs = rotary_dim // 2
-    theta = float(base) ** (-2.0 * np.arange(pairs) / rotary_dim)
     tables = []
     for name, factors in (("short_factor", short_factor), ("long_factor", long_factor)):
         f = np.asarray(factors, np.float64)
@@ -522,9 +521,7 @@ def rope_scaled_inv_frequencies(
     if scaling == "none":
         return rope_inv_frequencies(rotary_dim, base=base)
     if scaling == "pi":
-        theta = rope_inv_frequencies(rotary_dim, base=base)  # validates
-        exact = float(base) ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim) / scale
-        return theta if scale == 1 else jnp.asarray(exact, jnp.float32)
+        return jnp.asarray(_theta(rotary_dim, base) / scale, jnp.float32)  # exact at s = 1
     if scaling == "ntk":
         return rope_inv_frequencies(rotary_dim, base=ntk_scaled_base(base, scale, rotary_dim))
     if original_length is None:
@@ -565,6 +562,12 @@ def rope_scaled_inv_frequencies(
     return dynamic_ntk_inv_frequencies(
         positions, rotary_dim, original_length=original_length, base=base, factor=scale
     )
+
+
+def _check_rotary_dim(rotary_dim: int) -> None:
+    check_positive_int("rotary_dim", rotary_dim)
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even (dimensions rotate in pairs); got {rotary_dim}")
 
 
 def _check_scale(scale: float) -> None:

@@ -31,7 +31,6 @@ from flaxformer_lite.data.windows import check_generator
 
 PAD = 0
 LOWERCASE = b"abcdefghijklmnopqrstuvwxyz"
-LETTERS = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DIGITS = b"0123456789"
 # Associative recall's keys: the 83 printable ASCII characters that are not a digit (the
 # values), "?" (the query marker) or a space. (Letters alone allowed at most 52 pairs, less

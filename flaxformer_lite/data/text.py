@@ -1,13 +1,8 @@
-"""Text <-> byte tokens (the vocabulary of every corpus here is the 256 byte values)."""
+"""Byte tokens -> text (the vocabulary of every corpus here is the 256 byte values)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def encode_text(text: str) -> np.ndarray:
-    """``text`` as UTF-8 byte ids, int32 ``[n]``."""
-    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
 
 
 def decode_bytes(tokens: np.ndarray) -> str:

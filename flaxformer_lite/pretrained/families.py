@@ -171,7 +171,11 @@ class Fields:
 
 def _base(fields: Fields, **kwargs: Any) -> ModelConfig:
     """A decoder-only config with the settings every family shares: no dropout, no
-    encoder, float32 (the loader changes dtypes)."""
+    encoder, float32 (the loader changes dtypes), ``vocab_size``; unless the family says
+    otherwise, pre-LN, unscaled embeddings and a head tied as ``tie_word_embeddings`` says."""
+    kwargs.setdefault("vocab_size", fields.int("vocab_size"))
+    kwargs.setdefault("norm", "pre")
+    kwargs.setdefault("scale_embeddings", False)
     kwargs.setdefault("tie_embeddings", fields.bool("tie_word_embeddings", True))
     return ModelConfig(num_encoder_layers=0, dropout_rate=0.0, **kwargs)
 
@@ -226,16 +230,13 @@ def _gpt2_config(f: Fields) -> ModelConfig:
     f.heads(d, h)
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         d_ff=f.int("n_inner", 4 * d),
         num_decoder_layers=f.int("n_layer"),
-        norm="pre",
         norm_epsilon=f.float("layer_norm_epsilon", 1e-5),
         activation=f.activation("activation_function", "gelu_new"),
         head_bias=False,
-        scale_embeddings=False,
         positional="learned",
         positional_options={"max_length": f.int("n_positions")},
     )
@@ -282,7 +283,6 @@ def _opt_config(f: Fields) -> ModelConfig:
     bias = f.bool("enable_bias", True)
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         d_ff=f.int("ffn_dim"),
@@ -292,7 +292,6 @@ def _opt_config(f: Fields) -> ModelConfig:
         activation=f.activation("activation_function", "relu"),
         use_bias=bias,
         head_bias=False,
-        scale_embeddings=False,
         positional="learned",
         # OPTLearnedPositionalEmbedding: 2 extra rows, position p reads row p + 2
         positional_options={"max_length": f.int("max_position_embeddings") + 2, "offset": 2},
@@ -303,8 +302,19 @@ def _opt_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
     bias = cfg.use_bias
     yield "decoder.embed.embed.embedding", files.get("decoder.embed_tokens.weight")
     yield "decoder.pe.table", files.get("decoder.embed_positions.weight")
+    yield from _fairseq_layers(files, cfg, "decoder.layers", bias=bias)
+    if cfg.norm == "pre":
+        yield from _norm(files, "decoder.final_layer_norm", "decoder.final_norm")
+    yield from _head(files, cfg)
+
+
+def _fairseq_layers(
+    files: CheckpointFiles, cfg: ModelConfig, prefix: str, *, bias: bool
+) -> Weights:
+    """The decoder layers of fairseq's layout (OPT, XGLM): ``{prefix}.{i}.self_attn.
+    {q,k,v,out}_proj``, ``self_attn_layer_norm``, ``fc1``, ``fc2``, ``final_layer_norm``."""
     for i in range(cfg.num_decoder_layers):
-        src, dst = f"decoder.layers.{i}", f"decoder.blocks.{i}"
+        src, dst = f"{prefix}.{i}", f"decoder.blocks.{i}"
         att = f"{dst}.self_attention"
         for hf, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
             yield from _linear(files, f"{src}.self_attn.{hf}", f"{att}.{ours}", bias=bias)
@@ -313,9 +323,6 @@ def _opt_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
         yield from _linear(files, f"{src}.fc1", f"{dst}.ffn.wi", bias=bias)
         yield from _linear(files, f"{src}.fc2", f"{dst}.ffn.wo", bias=bias)
         yield from _norm(files, f"{src}.final_layer_norm", f"{dst}.ffn_norm.norm")
-    if cfg.norm == "pre":
-        yield from _norm(files, "decoder.final_layer_norm", "decoder.final_norm")
-    yield from _head(files, cfg)
 
 
 # --------------------------------------------------------------------------------- XGLM
@@ -326,12 +333,10 @@ def _xglm_config(f: Fields) -> ModelConfig:
     f.heads(d, h)
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         d_ff=f.int("ffn_dim"),
         num_decoder_layers=f.int("num_layers"),
-        norm="pre",
         norm_epsilon=1e-5,
         activation=f.activation("activation_function", "gelu"),
         head_bias=False,
@@ -344,16 +349,7 @@ def _xglm_config(f: Fields) -> ModelConfig:
 
 def _xglm_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
     yield "decoder.embed.embed.embedding", files.get("embed_tokens.weight")
-    for i in range(cfg.num_decoder_layers):
-        src, dst = f"layers.{i}", f"decoder.blocks.{i}"
-        att = f"{dst}.self_attention"
-        for hf, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-            yield from _linear(files, f"{src}.self_attn.{hf}", f"{att}.{ours}", bias=True)
-        yield from _linear(files, f"{src}.self_attn.out_proj", f"{att}.out", bias=True)
-        yield from _norm(files, f"{src}.self_attn_layer_norm", f"{dst}.self_attention_norm.norm")
-        yield from _linear(files, f"{src}.fc1", f"{dst}.ffn.wi", bias=True)
-        yield from _linear(files, f"{src}.fc2", f"{dst}.ffn.wo", bias=True)
-        yield from _norm(files, f"{src}.final_layer_norm", f"{dst}.ffn_norm.norm")
+    yield from _fairseq_layers(files, cfg, "layers", bias=True)
     yield from _norm(files, "layer_norm", "decoder.final_norm")
     yield from _head(files, cfg)
 
@@ -367,18 +363,15 @@ def _neox_config(f: Fields) -> ModelConfig:
     f.refuse("attention_bias", lambda v: v is not False, True, "q/k/v biases are required")
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         d_ff=f.int("intermediate_size"),
         num_decoder_layers=f.int("num_hidden_layers"),
-        norm="pre",
         norm_epsilon=f.float("layer_norm_eps", 1e-5),
         activation=f.activation("hidden_act", "gelu"),
         head_bias=False,
         tie_embeddings=f.bool("tie_word_embeddings", False),
         residual="parallel" if f.bool("use_parallel_residual", True) else "sequential",
-        scale_embeddings=False,
         positional="rope",
         positional_options=rope_options_from_hf(f.config, head_dim=head_dim),
     )
@@ -386,18 +379,24 @@ def _neox_config(f: Fields) -> ModelConfig:
 
 def _neox_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
     yield "decoder.embed.embed.embedding", files.get("embed_in.weight")
+    yield from _neox_layers(files, cfg, "layers", "attention")
+    yield from _norm(files, "final_layer_norm", "decoder.final_norm")
+    yield from _head(files, cfg, "embed_out.weight")
+
+
+def _neox_layers(files: CheckpointFiles, cfg: ModelConfig, prefix: str, attention: str) -> Weights:
+    """The decoder layers of GPT-NeoX's layout (also BLOOM's): ``{prefix}.{i}.
+    input_layernorm``, ``{attention}.query_key_value`` (fused per head) and ``.dense``,
+    ``post_attention_layernorm``, ``mlp.dense_h_to_4h``, ``mlp.dense_4h_to_h``."""
     for i in range(cfg.num_decoder_layers):
-        src, dst = f"layers.{i}", f"decoder.blocks.{i}"
+        src, dst = f"{prefix}.{i}", f"decoder.blocks.{i}"
+        att = f"{dst}.self_attention"
         yield from _norm(files, f"{src}.input_layernorm", f"{dst}.self_attention_norm.norm")
-        yield from _split_heads_qkv(
-            files, f"{src}.attention.query_key_value", f"{dst}.self_attention", cfg
-        )
-        yield from _linear(files, f"{src}.attention.dense", f"{dst}.self_attention.out", bias=True)
+        yield from _split_heads_qkv(files, f"{src}.{attention}.query_key_value", att, cfg)
+        yield from _linear(files, f"{src}.{attention}.dense", f"{att}.out", bias=True)
         yield from _norm(files, f"{src}.post_attention_layernorm", f"{dst}.ffn_norm.norm")
         yield from _linear(files, f"{src}.mlp.dense_h_to_4h", f"{dst}.ffn.wi", bias=True)
         yield from _linear(files, f"{src}.mlp.dense_4h_to_h", f"{dst}.ffn.wo", bias=True)
-    yield from _norm(files, "final_layer_norm", "decoder.final_norm")
-    yield from _head(files, cfg, "embed_out.weight")
 
 
 # ---------------------------------------------------------------- Llama, Mistral, Qwen2
@@ -418,13 +417,11 @@ def _llama_config(f: Fields, *, qwen2: bool = False) -> ModelConfig:
             window = f.int("sliding_window")
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         num_kv_heads=kv,
         d_ff=f.int("intermediate_size"),
         num_decoder_layers=f.int("num_hidden_layers"),
-        norm="pre",
         norm_type="rms",
         norm_epsilon=f.float("rms_norm_eps", 1e-6),
         activation=f.activation("hidden_act", "silu"),
@@ -435,7 +432,6 @@ def _llama_config(f: Fields, *, qwen2: bool = False) -> ModelConfig:
         ffn_bias=ffn_bias,
         head_bias=False,
         tie_embeddings=f.bool("tie_word_embeddings", False),
-        scale_embeddings=False,
         attention_window=window,
         positional="rope",
         positional_options=rope_options_from_hf(f.config, head_dim=head_dim),
@@ -480,17 +476,14 @@ def _bloom_config(f: Fields) -> ModelConfig:
     f.heads(d, h)
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         d_ff=4 * d,
         num_decoder_layers=f.int("n_layer"),
-        norm="pre",
         norm_epsilon=f.float("layer_norm_epsilon", 1e-5),
         activation="gelu",  # bloom_gelu_forward: the tanh form
         head_bias=False,
         embedding_norm=True,  # word_embeddings_layernorm
-        scale_embeddings=False,
         positional="alibi",
         positional_options={"slopes": "official"},  # build_alibi_tensor = Press et al.'s
     )
@@ -499,18 +492,7 @@ def _bloom_config(f: Fields) -> ModelConfig:
 def _bloom_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
     yield "decoder.embed.embed.embedding", files.get("word_embeddings.weight")
     yield from _norm(files, "word_embeddings_layernorm", "decoder.embed_norm")
-    for i in range(cfg.num_decoder_layers):
-        src, dst = f"h.{i}", f"decoder.blocks.{i}"
-        yield from _norm(files, f"{src}.input_layernorm", f"{dst}.self_attention_norm.norm")
-        yield from _split_heads_qkv(
-            files, f"{src}.self_attention.query_key_value", f"{dst}.self_attention", cfg
-        )
-        yield from _linear(
-            files, f"{src}.self_attention.dense", f"{dst}.self_attention.out", bias=True
-        )
-        yield from _norm(files, f"{src}.post_attention_layernorm", f"{dst}.ffn_norm.norm")
-        yield from _linear(files, f"{src}.mlp.dense_h_to_4h", f"{dst}.ffn.wi", bias=True)
-        yield from _linear(files, f"{src}.mlp.dense_4h_to_h", f"{dst}.ffn.wo", bias=True)
+    yield from _neox_layers(files, cfg, "h", "self_attention")
     yield from _norm(files, "ln_f", "decoder.final_norm")
     yield from _head(files, cfg)
 
@@ -542,18 +524,15 @@ def _mpt_config(f: Fields) -> ModelConfig:
     f.refuse("expansion_ratio", lambda v: v == 4, 4, "transformers' MptMLP is 4 x d_model")
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         d_ff=4 * d,
         num_decoder_layers=f.int("n_layers"),
-        norm="pre",
         norm_epsilon=f.float("layer_norm_epsilon", 1e-5),
         norm_bias=bias,
         activation="gelu_exact",  # MptMLP: nn.GELU(approximate="none")
         use_bias=bias,
         head_bias=False,
-        scale_embeddings=False,
         positional="alibi",
         positional_options={"slopes": "mpt", "max_bias": sub.float("alibi_bias_max", 8.0)},
     )
@@ -665,14 +644,12 @@ def _gemma3_config(f: Fields) -> ModelConfig:
     }
     return _base(
         f,
-        vocab_size=f.int("vocab_size"),
         d_model=d,
         num_heads=h,
         num_kv_heads=f.int("num_key_value_heads", h),
         head_size=head_dim,
         d_ff=f.int("intermediate_size"),
         num_decoder_layers=layers,
-        norm="pre",
         norm_type="gemma_rms",
         norm_epsilon=f.float("rms_norm_eps", 1e-6),
         activation=f.activation("hidden_activation", "gelu_pytorch_tanh"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -321,10 +321,3 @@ def file_stats(folder: Path, paths: list[Path]) -> dict[str, list[int]]:
         info = path.stat()
         out[str(path.relative_to(folder))] = [info.st_size, info.st_mtime_ns]
     return out
-
-
-def iter_headers(folder: Path) -> Iterator[tuple[str, str, tuple[int, ...]]]:
-    """``(name, dtype, shape)`` of every stored tensor (for listings and tests)."""
-    for path in weight_files(folder):
-        for name, meta in _header(path).items():
-            yield name, meta["dtype"], tuple(meta["shape"])

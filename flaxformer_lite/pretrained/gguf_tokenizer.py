@@ -36,7 +36,7 @@ import hashlib
 from typing import Any
 
 from flaxformer_lite.pretrained.files import PretrainedError
-from flaxformer_lite.pretrained.tokenizer import Tokenizer
+from flaxformer_lite.pretrained.tokenizer import Tokenizer, tokenizers_package
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 # The architectures whose SentencePiece vocabulary is Gemma's (transformers' GemmaTokenizer)
@@ -149,6 +149,17 @@ def _added_tokens(tokens: list[str], types: list[int], vocab: dict[str, int], *,
     return special, plain
 
 
+def _merge_pairs(meta: Any, model: str, tokens: list[str], vocab, merges) -> list:
+    """The BPE merges as pairs: the file's ``tokenizer.ggml.merges``, else rebuilt from the
+    tokens' scores (`merges_from_vocab`)."""
+    if merges is not None:
+        return [tuple(m.split(" ")) for m in merges]
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise PretrainedError(f"{meta.path}: a {model} tokenizer without merges or scores")
+    return merges_from_vocab(vocab, dict(zip(tokens, scores, strict=False)))
+
+
 def _byte_level(meta: Any, tokens: list[str], merges: list[str] | None):
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
@@ -159,13 +170,7 @@ def _byte_level(meta: Any, tokens: list[str], merges: list[str] | None):
         t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
         for i, t in enumerate(tokens)
     }
-    if merges is not None:
-        pairs = [tuple(m.split(" ")) for m in merges]
-    else:
-        scores = meta.get("tokenizer.ggml.scores")
-        if scores is None:
-            raise PretrainedError(f"{meta.path}: a gpt2 tokenizer without merges or scores")
-        pairs = merges_from_vocab(vocab, dict(zip(tokens, scores, strict=False)))
+    pairs = _merge_pairs(meta, "gpt2", tokens, vocab, merges)
     backend = tokenizers.Tokenizer(
         models.BPE(
             vocab=vocab,
@@ -197,15 +202,10 @@ def _sentencepiece(meta: Any, tokens: list[str], merges: list[str] | None, *, ge
     if gemma:  # whitespace-only tokens are stored with real spaces; Gemma looks up "▁"
         tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(tokens)}
-    if merges is not None:
-        pairs = [tuple(m.split(" ")) for m in merges]
-    elif gemma:
+    if gemma and merges is None:
         pairs = merges_from_vocab(vocab, {t: -i for i, t in enumerate(tokens)})
     else:
-        scores = meta.get("tokenizer.ggml.scores")
-        if scores is None:
-            raise PretrainedError(f"{meta.path}: a llama tokenizer without merges or scores")
-        pairs = merges_from_vocab(vocab, dict(zip(tokens, scores, strict=False)))
+        pairs = _merge_pairs(meta, "llama", tokens, vocab, merges)
     if gemma:
         backend = tokenizers.Tokenizer(
             models.BPE(
@@ -254,14 +254,7 @@ def _metadata_hash(reader: Any) -> str:
 
 def load_tokenizer(opened: Any) -> Tokenizer:
     """The tokenizer of an opened GGUF file (`gguf.GGUFFile`); see the module docstring."""
-    try:
-        import tokenizers
-        from tokenizers import processors
-    except ImportError:
-        raise PretrainedError(
-            "loading a tokenizer needs the `tokenizers` package: pip install "
-            "'flaxformer-lite[pretrained]'"
-        ) from None
+    tokenizers = tokenizers_package()
     meta = opened.meta
     kind = meta.str("tokenizer.ggml.model")
     if kind is None:
@@ -306,7 +299,7 @@ def load_tokenizer(opened: Any) -> Tokenizer:
         )
         wanted = (("bos", add_bos), ("eos", add_eos))
         ids = [(named[k], backend.token_to_id(named[k])) for k, on in wanted if on]
-        backend.post_processor = processors.TemplateProcessing(
+        backend.post_processor = tokenizers.processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=ids
         )
     except PretrainedError:

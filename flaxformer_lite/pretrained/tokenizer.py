@@ -14,8 +14,6 @@ from pathlib import Path
 
 from flaxformer_lite.pretrained.files import PretrainedError
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
-
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
@@ -60,8 +58,8 @@ def tokenizer_files(folder: Path) -> list[Path]:
     return pair if all(p.is_file() for p in pair) else []
 
 
-def load_tokenizer(folder: Path) -> Tokenizer:
-    """The tokenizer of a model folder (see the module docstring)."""
+def tokenizers_package():
+    """The ``tokenizers`` package, or one line saying how to get it."""
     try:
         import tokenizers
     except ImportError:
@@ -69,6 +67,12 @@ def load_tokenizer(folder: Path) -> Tokenizer:
             "loading a tokenizer needs the `tokenizers` package: pip install "
             "'flaxformer-lite[pretrained]'"
         ) from None
+    return tokenizers
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    """The tokenizer of a model folder (see the module docstring)."""
+    tokenizers = tokenizers_package()
     folder = Path(folder)
     path = folder / "tokenizer.json"
     try:

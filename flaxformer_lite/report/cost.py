@@ -113,19 +113,6 @@ def _summary(values: Sequence[float], digits: int, thousands: bool = False) -> s
     def fmt(x: float) -> str:
         return f"{x:,.0f}" if thousands else f"{x:.{digits}f}"
 
-    mean = math.fsum(values) / len(values)
-    if len(values) == 1 or min(values) == max(values):
-        return fmt(mean)
-    return f"{fmt(mean)} ({fmt(min(values))}–{fmt(max(values))})"
-
-
-def _summary(values: Sequence[float], digits: int, thousands: bool = False) -> str:
-    if not values:
-        return MISSING_MD
-
-    def fmt(x: float) -> str:
-        return f"{x:,.0f}" if thousands else f"{x:.{digits}f}"
-
     mean = _mean(values)
     if len(values) == 1 or min(values) == max(values):
         return fmt(mean)

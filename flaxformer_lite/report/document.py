@@ -18,8 +18,10 @@ from flaxformer_lite.report.study_tables import (
     encoding_order,
 )
 from flaxformer_lite.report.table import (
-    MISSING_MD,
+    Cell,
+    Column,
     Table,
+    markdown_rows,
     md_code,
     md_escape,
     md_fence,
@@ -98,10 +100,6 @@ def _join(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def _code(x: Any) -> str:
-    return md_code(x)
-
-
 def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
     """``- label: a; b`` with row counts when the rows disagree (``fmt`` returns Markdown:
     `md_escape` d or `md_code`)."""
@@ -123,7 +121,7 @@ def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if commands:
         lines += ["Command(s) that produced the rows:", "", *md_fence(commands), ""]
     lines += [
-        _listing("Git commit(s)", _counted(rows, "git_commit"), _code),
+        _listing("Git commit(s)", _counted(rows, "git_commit"), md_code),
         _listing("Packages", _counted(rows, "packages"), _describe_packages),
         _listing("Python", _counted(rows, "python"), md_escape),
         _listing(
@@ -148,13 +146,13 @@ def _describe_data(data: Any) -> str:
         return md_escape(data)
     parts = [md_escape(data["name"])] if "name" in data else []
     if "sha256" in data:
-        parts.append(f"sha256 {_code(data['sha256'])}")
+        parts.append(f"sha256 {md_code(data['sha256'])}")
     size = data.get("num_bytes", data.get("bytes"))
     if size is not None:
         parts.append(md_escape(f"{size} bytes"))
     if data.get("num_files") is not None:
         parts.append(md_escape(f"{data['num_files']} files"))
-    return ", ".join(parts) or _code(json.dumps(data, sort_keys=True))
+    return ", ".join(parts) or md_code(json.dumps(data, sort_keys=True))
 
 
 def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -172,23 +170,20 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     train_lengths = sorted(n for n in _distinct(rows, "train_length") if n)
     eval_lengths = sorted(n for n in _distinct(rows, "eval_length") if n)
     stamps = sorted(t for t in _distinct(rows, "timestamp") if isinstance(t, str))
-    cell = md_escape  # every value comes from the rows
-    lines = [
-        "| | |",
-        "|:--|:--|",
-        f"| Study (preset) | {cell(_join(studies))} |",
-        f"| Encodings ({len(encodings)}) | {cell(_join(encodings))} |",
-        f"| Seeds | {cell(_join(seeds)) or MISSING_MD} |",
-        f"| Train length L | {cell(_join(train_lengths)) or MISSING_MD} |",
-        f"| Evaluation lengths | {cell(_join(eval_lengths))} |",
-        f"| Protocols | {cell(_join(protocols)) or MISSING_MD} |",
+    setup = [
+        ("Study (preset)", _join(studies)),
+        (f"Encodings ({len(encodings)})", _join(encodings)),
+        ("Seeds", _join(seeds) or None),
+        ("Train length L", _join(train_lengths) or None),
+        ("Evaluation lengths", _join(eval_lengths)),
+        ("Protocols", _join(protocols) or None),
     ]
     if tasks:
-        lines.append(f"| Tasks | {cell(_join(tasks))} |")
+        setup.append(("Tasks", _join(tasks)))
     rates = sorted({r["learning_rate"] for r in rows if _is_number(r.get("learning_rate"))})
     if rates:
         tags = _join(learning_rate_tag(x) for x in rates)
-        lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
+        setup.append((f"Peak learning rate{'s' if len(rates) > 1 else ''}", tags))
     params: dict[Any, list[float]] = {}
     for r in rows:
         if _is_number(r.get("num_params")):
@@ -200,16 +195,20 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             + "–".join(dict.fromkeys(f"{n:,.0f}" for n in (min(ns), max(ns))))
             for size, ns in sizes
         ]
-        lines.append(f"| Parameters | {cell('; '.join(counts))} |")
-    lines += [
-        f"| Runs / rows | {len(runs)} / {len(rows)} |",
-        f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
-        f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation |",
+        setup.append(("Parameters", "; ".join(counts)))
+    setup += [
+        ("Runs / rows", f"{len(runs)} / {len(rows)}"),
+        (
+            "Wall time (sum over runs)",
+            f"{_fmt_seconds(train + evaluation)} = "
+            f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation",
+        ),
     ]
     if stamps:
-        span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
-        lines.append(f"| Runs finished | {cell(span)} |")
-    return lines
+        setup.append(("Runs finished", f"{stamps[0]} … {stamps[-1]}" if stamps[1:] else stamps[0]))
+    # every value comes from the rows: text cells are escaped; None is not measured (—)
+    cells = tuple((Cell(label), Cell(value)) for label, value in setup)
+    return markdown_rows(Table("setup", "", "", (Column("", "l"), Column("", "l")), cells))
 
 
 def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:

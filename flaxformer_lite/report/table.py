@@ -116,14 +116,21 @@ def render_markdown(table: Any) -> str:
     """GitHub-flavoured Markdown: the title and caption, the table (a best bold, a tie italic),
     then the note. Text cells are `md_escape` d, headers and captions `md_text`."""
     t = as_table(table)
-    lines = [f"**{md_text(t.title)}.** {md_text(t.caption)}", ""]
-    lines.append("| " + " | ".join(md_text(c.header) for c in t.columns) + " |")
-    lines.append("|" + "".join(":--|" if c.align == "l" else "--:|" for c in t.columns))
-    for row in t.rows:
-        lines.append("| " + " | ".join(_md_cell(cell) for cell in row) + " |")
+    lines = [f"**{md_text(t.title)}.** {md_text(t.caption)}", "", *markdown_rows(t)]
     if t.note:
         lines += ["", md_text(t.note)]
     return "\n".join(lines) + "\n"
+
+
+def markdown_rows(table: Any) -> list[str]:
+    """The lines of the Markdown table alone (header, alignment, rows; an empty header is a
+    blank cell), without title, caption or note."""
+    t = as_table(table)
+    lines = ["|" + "".join(f" {md_text(c.header)} |" if c.header else " |" for c in t.columns)]
+    lines.append("|" + "".join(":--|" if c.align == "l" else "--:|" for c in t.columns))
+    for row in t.rows:
+        lines.append("| " + " | ".join(_md_cell(cell) for cell in row) + " |")
+    return lines
 
 
 def _md_cell(cell: Cell) -> str:

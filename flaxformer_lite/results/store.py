@@ -33,11 +33,8 @@ from flaxformer_lite.base.checks import one_line
 
 RESULTS_FILE = "results.jsonl"
 BLOCKS_FILE = "blocks.jsonl"  # per-block sums beside the rows (results.rows.blocks_for_cell)
-REQUIRED_FIELDS = ("encoding", "metric", "value", "eval_length")
 # Range checks of a row's numbers (a row outside them is skipped, with its file and line):
 MAX_LENGTH = 2**40  # evaluation and training lengths, strides and token counts
-LENGTH_FIELDS = ("eval_length", "train_length")  # positive when given
-COUNT_FIELDS = ("stride", "tokens", "num_scored_tokens", "context_block")  # >= 0 when given
 # metric -> (lowest, highest) allowed value; a metric not listed only has to be finite
 VALUE_RANGES = {
     "bits_per_byte": (0.0, float("inf")),
@@ -163,28 +160,47 @@ def open_text(path: str | Path):
     return path.open(encoding="utf-8", errors="replace")
 
 
+_STRING = (("must be a string", lambda x: isinstance(x, str)),)
+_LENGTH = (
+    ("must be a positive integer", lambda x: _positive_int(x)),
+    ("must be at most 2**40", lambda x: x <= MAX_LENGTH),
+)
+_COUNT = (
+    (
+        "must be an integer in [0, 2**40]",
+        lambda x: _is_number(x) and 0 <= x <= MAX_LENGTH and x == int(x),
+    ),
+)
+# The row schema: field -> (required, its rules (what the value must be, test), checked in order
+# when the field is required or not null). Besides, every number a row holds must be finite and
+# 'value' must fit its metric (VALUE_RANGES).
+ROW_FIELDS = {
+    "encoding": (True, _STRING),
+    "metric": (True, _STRING),
+    "value": (True, ()),
+    "eval_length": (True, _LENGTH),
+    "train_length": (False, _LENGTH),
+    **dict.fromkeys(("stride", "tokens", "num_scored_tokens", "context_block"), (False, _COUNT)),
+}
+
+
 def _check_row(row: Any) -> str | None:
-    """Why ``row`` is not a usable results row, or None."""
+    """Why ``row`` is not a usable results row (`ROW_FIELDS`, `VALUE_RANGES`), or None."""
     if not isinstance(row, dict):
         return f"expected a JSON object, got {type(row).__name__}"
-    missing = [k for k in REQUIRED_FIELDS if k not in row]
+    missing = [k for k, (required, _) in ROW_FIELDS.items() if required and k not in row]
     if missing:
         return f"missing field(s) {missing}"
-    if not isinstance(row["encoding"], str) or not isinstance(row["metric"], str):
-        return "fields 'encoding' and 'metric' must be strings"
     for key, n in row.items():  # every number a row holds is a finite float
         if _is_number(n) and not _finite(n):
             return f"{key!r} must be a finite number, got {_shown(n)}"
-    for key in LENGTH_FIELDS:
+    for key, (required, rules) in ROW_FIELDS.items():
         n = row.get(key)
-        if (key in REQUIRED_FIELDS or n is not None) and not _positive_int(n):
-            return f"{key!r} must be a positive integer, got {_shown(n)}"
-        if n is not None and n > MAX_LENGTH:
-            return f"{key!r} must be at most 2**40, got {_shown(n)}"
-    for key in COUNT_FIELDS:
-        n = row.get(key)
-        if n is not None and not (_is_number(n) and 0 <= n <= MAX_LENGTH and n == int(n)):
-            return f"{key!r} must be an integer in [0, 2**40], got {_shown(n)}"
+        if n is None and not required:
+            continue
+        rule = next((r for r, ok in rules if not ok(n)), None)
+        if rule:
+            return f"{key!r} {rule}, got {_shown(n)}"
     value = row["value"]
     low, high = VALUE_RANGES.get(row["metric"], (-float("inf"), float("inf")))
     if row["metric"] == "loss_by_position":

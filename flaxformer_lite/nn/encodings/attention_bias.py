@@ -275,7 +275,7 @@ class FireBias(PositionalEncoding):
         return out_BNTS
 
 
-register(
+for _spec in (
     EncodingSpec(
         "alibi",
         "bias",
@@ -283,9 +283,7 @@ register(
         options=ALiBiOptions,
         num_params=lambda dims, options: 0,
         summary="linear distance bias on the logits (Press et al. 2022)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "t5",
         "bias",
@@ -293,9 +291,7 @@ register(
         options=T5Options,
         num_params=lambda dims, options: options.num_buckets * dims.num_heads,
         summary="learned bias per log-spaced distance bucket and head (Raffel et al. 2020)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "kerple_log",
         "bias",
@@ -303,9 +299,7 @@ register(
         options=NoOptions,
         num_params=lambda dims, options: 2 * dims.num_heads,  # r1, r2
         summary="KERPLE logarithmic kernel -r1 log(1 + r2 |i-j|) (Chi et al. 2022)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "kerple_power",
         "bias",
@@ -313,9 +307,7 @@ register(
         options=NoOptions,
         num_params=lambda dims, options: 2 * dims.num_heads,  # r1, r2
         summary="KERPLE power kernel -r1 |i-j|^r2 (Chi et al. 2022)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "fire",
         "bias",
@@ -324,5 +316,6 @@ register(
         # w1 [1, w], b1 [w], w2 [w, heads], b2 [heads], c, threshold_scale
         num_params=lambda dims, options: (options.mlp_width + 1) * (dims.num_heads + 2),
         summary="MLP of the progressively normalised log distance (Li et al. 2024)",
-    )
-)
+    ),
+):
+    register(_spec)
