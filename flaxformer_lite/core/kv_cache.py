@@ -8,6 +8,8 @@ A cache is a value: layers take one and return the updated one, so decoding comp
                    positions   int32 [batch, capacity]   position of each slot
                    valid       bool  [batch, capacity]   the slot holds a key
                    index       int32 []                  next slot to write
+                   forget_prefix  float32 [batch, capacity, heads] or None: FoX's prefix
+                               sums c of log forget gates at each slot (`continue_prefix`)
     CrossKVCache   key, value  [batch, src_len, kv_heads, head_dim]   the encoder's, projected once
                    positions   int32 [batch, src_len];  valid  bool [batch, src_len]
     DecoderCache   self_attention: one KVCache per decoder block
@@ -32,6 +34,12 @@ Whether keys are cached rotated depends on the encoding (its ``caches_rotated_ke
 registered encoding (dynamic NTK past its original length excepted, as above). Unfilled
 slots are masked out by ``valid``; the causal mask comes from positions
 (`attention.mask_from_positions`), not from slot indices.
+
+Forgetting attention (FoX, Lin et al. 2025, arXiv 2503.02130) adds ``c_i - c_j`` to the logit
+of query ``i`` and key ``j``, ``c`` the prefix sum of the log forget gates. A cache created
+with ``forget_heads`` keeps ``c`` per slot: each step continues the sum from the last
+written slot (`continue_prefix`) and writes it with the keys, so decoding needs only the new
+tokens' gates, and equals the full pass up to float rounding.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import jax.numpy as jnp
 
 from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core import attention
+from flaxformer_lite.core.chunked_attention import check_keep_first
 from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
@@ -56,6 +65,7 @@ class KVCache(NamedTuple):
     positions: Array
     valid: Array
     index: Array
+    forget_prefix: Array | None = None
 
     @property
     def capacity(self) -> int:
@@ -101,24 +111,41 @@ def init_kv_cache(
     *,
     dtype: jnp.dtype = jnp.float32,
     positions: Array | None = None,
+    forget_heads: int | None = None,
 ) -> KVCache:
     """An empty `KVCache` ``[batch, capacity, num_heads, head_dim]`` whose planned positions
     are ``positions`` (int ``[batch, capacity]`` or ``[capacity]``; default
     ``0..capacity-1``). ``num_heads`` is the key/value head count (fewer than the query heads
-    with grouped-query attention)."""
+    with grouped-query attention). ``forget_heads`` (FoX: the query head count): also keep
+    float32 ``forget_prefix [batch, capacity, forget_heads]``; None: no such field."""
     shape = (batch, capacity, num_heads, head_dim)
+    prefix = None
+    if forget_heads is not None:
+        check_positive_int("forget_heads", forget_heads)
+        prefix = jnp.zeros((batch, capacity, forget_heads), jnp.float32)
     return KVCache(
         key=jnp.zeros(shape, dtype),
         value=jnp.zeros(shape, dtype),
         positions=slot_positions(batch, capacity, positions),
         valid=jnp.zeros((batch, capacity), bool),
         index=jnp.zeros((), jnp.int32),
+        forget_prefix=prefix,
     )
 
 
-def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache:
+def write(
+    cache: KVCache,
+    key: Array,
+    value: Array,
+    positions: Array,
+    *,
+    forget_prefix: Array | None = None,
+) -> KVCache:
     """Store ``l`` new keys/values ``[batch, l, kv_heads, head_dim]`` at positions int
     ``[batch, l]`` into slots ``index .. index + l - 1``; returns the updated cache.
+
+    ``forget_prefix``: the new tokens' FoX prefix sums float ``[batch, l, heads]``
+    (`continue_prefix`), required exactly when the cache keeps them (``forget_heads``).
 
     Writing past ``capacity`` is a ``ValueError`` when it can be seen (eagerly); under
     ``jit`` the index is traced, and the caller (e.g. `generate`) sizes the cache.
@@ -144,7 +171,25 @@ def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache
             f"the cache holds {filled} of {cache.capacity} slots; {length} more tokens do "
             "not fit (create it with a larger capacity)"
         )
+    if (forget_prefix is None) != (cache.forget_prefix is None):
+        raise ValueError(
+            "forget_prefix: pass the new tokens' prefix sums [batch, l, heads] exactly when "
+            "the cache keeps them (init_kv_cache(..., forget_heads=heads)); got "
+            f"{'none' if forget_prefix is None else 'some'} for a cache that keeps "
+            f"{'none' if cache.forget_prefix is None else 'them'}"
+        )
     start = cache.index
+    prefix = cache.forget_prefix
+    if forget_prefix is not None:
+        expected = (batch, length, cache.forget_prefix.shape[2])
+        if tuple(forget_prefix.shape) != expected:
+            raise ValueError(
+                f"forget_prefix shape {tuple(forget_prefix.shape)} must be [batch, l, heads] = "
+                f"{expected}"
+            )
+        prefix = jax.lax.dynamic_update_slice(
+            prefix, forget_prefix.astype(jnp.float32), (0, start, 0)
+        )
     return KVCache(
         key=jax.lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), (0, start, 0, 0)),
         value=jax.lax.dynamic_update_slice(
@@ -157,16 +202,49 @@ def write(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache
             cache.valid, jnp.ones((batch, length), bool), (0, start)
         ),
         index=start + length,
+        forget_prefix=prefix,
     )
 
 
-def self_attention_mask(q_positions: Array, cache: KVCache, *, window: int | None = None) -> Array:
+def continue_prefix(cache: KVCache, log_forget: Array) -> Array:
+    """FoX prefix sums of ``l`` new tokens, float32 ``[batch, l, heads]``: the sum in the last
+    written slot (0 in an empty cache) plus the running sum of their log forget gates
+    ``log_forget`` float ``[batch, l, heads]`` (`forgetting.log_forget_gates`), i.e. what
+    `forgetting.forget_prefix` gives these tokens over the whole sequence so far."""
+    if cache.forget_prefix is None:
+        raise ValueError(
+            "this cache keeps no FoX prefix sums: create it with init_kv_cache(..., "
+            "forget_heads=heads)"
+        )
+    batch, heads = cache.forget_prefix.shape[0], cache.forget_prefix.shape[2]
+    if log_forget.ndim != 3 or log_forget.shape[0] != batch or log_forget.shape[2] != heads:
+        raise ValueError(
+            f"log_forget shape {tuple(log_forget.shape)} must be [batch={batch}, l, heads={heads}]"
+        )
+    last_B1N = jax.lax.dynamic_slice_in_dim(
+        cache.forget_prefix, jnp.maximum(cache.index - 1, 0), 1, axis=1
+    )
+    last_B1N = jnp.where(cache.index > 0, last_B1N, jnp.float32(0.0))
+    return last_B1N + jnp.cumsum(log_forget.astype(jnp.float32), axis=1)
+
+
+def self_attention_mask(
+    q_positions: Array,
+    cache: KVCache,
+    *,
+    window: int | None = None,
+    keep_first: int | None = None,
+) -> Array:
     """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's (and,
     with a ``window`` W, > the query's position - W: the last W positions, as windowed
-    causal attention over ``0..n-1`` sees them)."""
+    causal attention over ``0..n-1`` sees them; with ``keep_first`` k also positions < k,
+    StreamingLLM's `attention.streaming_mask`)."""
+    keep_first = check_keep_first(keep_first, window)
     causal_B1TS = attention.mask_from_positions(q_positions, cache.positions)
     mask_B1TS = causal_B1TS & cache.valid[:, None, None, :]
     if window is not None:
         recent_B1TS = cache.positions[:, None, None, :] > q_positions[:, None, :, None] - window
+        if keep_first is not None:
+            recent_B1TS = recent_B1TS | (cache.positions[:, None, None, :] < keep_first)
         mask_B1TS = mask_B1TS & recent_B1TS
     return mask_B1TS
