@@ -221,9 +221,10 @@ def continue_prefix(cache: KVCache, log_forget: Array) -> Array:
         raise ValueError(
             f"log_forget shape {tuple(log_forget.shape)} must be [batch={batch}, l, heads={heads}]"
         )
-    last_B1N = jax.lax.dynamic_slice_in_dim(
-        cache.forget_prefix, jnp.maximum(cache.index - 1, 0), 1, axis=1
-    )
+    # the last written slot: index - 1, taken modulo the capacity so that a cache whose
+    # index counts every token written (a ring buffer) reads the right one too
+    last_slot = jnp.mod(jnp.maximum(cache.index - 1, 0), cache.capacity)
+    last_B1N = jax.lax.dynamic_slice_in_dim(cache.forget_prefix, last_slot, 1, axis=1)
     last_B1N = jnp.where(cache.index > 0, last_B1N, jnp.float32(0.0))
     return last_B1N + jnp.cumsum(log_forget.astype(jnp.float32), axis=1)
 
