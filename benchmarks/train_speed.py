@@ -95,7 +95,7 @@ QUICK = Shape("quick", d_model=64, num_heads=4, d_ff=256, num_layers=4, length=6
 
 
 def model_config(shape: Shape, *, positional: str, dtype: str, impl: str) -> ModelConfig:
-    """The study's decoder (experiments/extrapolation_lm.py) at ``shape``."""
+    """The study's decoder (configs/extrapolation_lm.py) at ``shape``."""
     return ModelConfig(
         vocab_size=shape.vocab,
         d_model=shape.d_model,

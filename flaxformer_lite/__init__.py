@@ -3,7 +3,10 @@
 Layers; a folder may import the ones listed after it, never one before it
 (tests/test_architecture.py pins this)::
 
-    experiments/   sweeps, the study runner, results rows, statistics, tables, plots, report
+    cli/           the flaxformer-lite command; a study's cells, then its report (`run_study`)
+    report/        tables, plots and REPORT.md from results rows alone
+    study/         sweeps and the study runner (peers with report/; neither imports the other)
+    results/       results rows: made, stored and merged; comparability, statistics, tests
     train/         run config, jit-compiled steps, the loop, checkpoints, metrics, sharding
     evaluation/    the evaluation plan and its execution (protocols, per-position loss, tasks)
     pretrained/    Hugging Face causal LMs: config mapping, safetensors weights, tokenizers
@@ -92,7 +95,7 @@ __all__ = [
 _LAZY = {
     "train_and_evaluate": "flaxformer_lite.train.loop",
     "evaluate_lengths": "flaxformer_lite.evaluation.corpus",
-    "run_study": "flaxformer_lite.experiments.runner",
+    "run_study": "flaxformer_lite.cli.pipeline",
 }
 
 

@@ -9,7 +9,7 @@ within-file effect, with the intra-file correlation ``icc`` of the block effects
 0.33-0.35 for the block losses of the `quick` rows at 1x: 258 blocks of 1,024 bytes in 32
 files). For each case the script prints the share of simulated studies whose interval covers 0
 (or, for the paired cases, whose p-value is below 0.05 when the two encodings have the same
-expected loss) with files as the sampling unit (`flaxformer_lite.experiments.stats`, ``units`` =
+expected loss) with files as the sampling unit (`flaxformer_lite.results.stats`, ``units`` =
 each block's file) and with blocks as independent units (``units=None``)::
 
     .venv/bin/python scripts/interval_coverage.py --studies 400
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flaxformer_lite.experiments import stats
+from flaxformer_lite.results import stats
 
 # name, seeds, seed sd, block sd, noise sd, files, blocks, icc (files = blocks: independent)
 INTERVAL_CASES = [

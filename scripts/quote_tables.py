@@ -7,7 +7,7 @@ with that file's text. Rebuild a study's tables from its committed rows first::
     flaxformer-lite report docs/results/cpu --noplots $(cat docs/results/cpu/report.args)
     python scripts/quote_tables.py
 
-tests/experiments/test_experiments_committed_results.py checks both steps.
+tests/report/test_report_committed_results.py checks both steps.
 """
 
 from __future__ import annotations

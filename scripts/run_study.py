@@ -1,10 +1,10 @@
 """`flaxformer-lite study` from a clone: `python scripts/run_study.py --help` shows its usage.
 
-The work is `flaxformer_lite.experiments.commands.study` (installed as the `flaxformer-lite`
+The work is `flaxformer_lite.cli.study` (installed as the `flaxformer-lite`
 command); this wrapper records `python scripts/run_study.py` as the command that was run.
 """
 
-from flaxformer_lite.experiments.commands import study
+from flaxformer_lite.cli import study
 
 if __name__ == "__main__":
     study.run(prog="python scripts/run_study.py")

@@ -16,7 +16,7 @@ from flaxformer_lite.base import faults
 # A study as a user runs it: tiny preset, the rope and alibi cells, 8 steps, checkpoints at 4
 # and 8, both evaluation protocols (tests/integration/test_integration_kill_resume.py).
 STUDY_ARGS = (
-    "--config=experiments/extrapolation_lm.py:tiny",
+    "--config=configs/extrapolation_lm.py:tiny",
     "--only=alibi,rope",  # cells in sweep order: rope-seed0, then alibi-seed0
     "--config.train.num_steps=8",
     "--config.train.checkpoint_every=4",
@@ -76,7 +76,7 @@ HARNESS = r"""
 import importlib.util, json, os, sys, tempfile, traceback
 script, cases = sys.argv[1], json.loads(sys.argv[2])
 command = {"run_study.py": "study", "train.py": "train"}[os.path.basename(script)]
-module = importlib.import_module("flaxformer_lite.experiments.commands." + command)
+module = importlib.import_module("flaxformer_lite.cli." + command)
 out = []
 for args in cases:
     with tempfile.TemporaryFile("w+") as log:

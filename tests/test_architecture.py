@@ -33,7 +33,25 @@ LAYERS: dict[str, set[str]] = {
     "evaluation": {"base", "core", "nn", "data"},
     "train": {"base", "core", "nn", "data", "evaluation", "pretrained"},
     "pretrained": {"base", "core", "nn", "data"},
-    "experiments": {"base", "core", "nn", "data", "evaluation", "train", "pretrained"},
+    # results rows, their comparability, statistics and significance
+    "results": {"base", "core", "nn", "data", "evaluation", "train", "pretrained"},
+    # two peers over results: the report (tables, plots, REPORT.md from rows alone) and the
+    # study (sweeps and the runner, which never imports the report)
+    "report": {"base", "results"},
+    "study": {"base", "core", "nn", "data", "evaluation", "train", "pretrained", "results"},
+    # the command: each subcommand calls the study, then the report
+    "cli": {
+        "base",
+        "core",
+        "nn",
+        "data",
+        "evaluation",
+        "train",
+        "pretrained",
+        "results",
+        "report",
+        "study",
+    },
 }
 # layer -> top-level third-party packages it must not import ("*": anything not stdlib)
 THIRD_PARTY: dict[str, set[str]] = {
@@ -281,7 +299,7 @@ def test_no_encoding_name_is_compared_outside_the_registry():
 REPO = Path(__file__).resolve().parent.parent
 
 
-SOURCES = ("flaxformer_lite", "scripts", "experiments", "benchmarks", "notebooks")
+SOURCES = ("flaxformer_lite", "scripts", "configs", "benchmarks", "notebooks")
 
 
 # Deserialisers that can run code, and dynamic code execution.
@@ -295,11 +313,11 @@ UNSAFE = re.compile(
 # Where a config file given on the command line (--config=FILE.py:PRESET) is executed, besides
 # ml_collections.config_flags itself: the error explainer that re-reads it to name a bad
 # override's allowed fields, the task study that reuses its sibling
-# experiments/extrapolation_lm.py, and the notebook's experiment file. (The study runner reads
-# the sweep from the config itself, `experiments.sweeps`, and executes nothing.)
+# configs/extrapolation_lm.py, and the notebook's experiment file. (The study runner reads
+# the sweep from the config itself, `study.sweeps`, and executes nothing.)
 EXEC_MODULE_ALLOWED = {
-    "flaxformer_lite/experiments/cli.py",
-    "experiments/extrapolation_tasks.py",
+    "flaxformer_lite/cli/common.py",
+    "configs/extrapolation_tasks.py",
     "notebooks/extrapolation.ipynb",
 }
 
@@ -330,7 +348,7 @@ def test_modules_are_executed_only_from_user_given_config_paths():
         if "exec_module" in p.read_text() or "spec_from_file_location" in p.read_text()
     }
     assert users <= EXEC_MODULE_ALLOWED, users - EXEC_MODULE_ALLOWED
-    assert "flaxformer_lite/experiments/cli.py" in users
+    assert "flaxformer_lite/cli/common.py" in users
 
 
 def test_the_scan_catches_what_it_should():

@@ -77,3 +77,9 @@ def check_type(path: str, value: Any, typ: Any, *, error: type[Exception] = Conf
     if typ is str and not isinstance(value, str):
         fail(path, value, "must be a string", error=error)
     return value
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """``text`` on one line (whitespace runs as one space), clipped to ``limit``."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -92,7 +92,7 @@ class ByteSplit:
         ``positions``): the number of separators before it, so document ``k`` is its bytes and
         the separator after them. Evaluation blocks record the document of their first
         target: files, not blocks, are the sampling unit of the statistics
-        (`flaxformer_lite.experiments.stats`)."""
+        (`flaxformer_lite.results.stats`)."""
         if self._separators is None:
             self._separators = self._separator_positions()
         return np.searchsorted(self._separators, np.asarray(positions, np.int64), side="left")

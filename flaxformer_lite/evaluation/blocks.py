@@ -5,7 +5,7 @@ target bytes of the split, e.g. 1024; the context protocol: groups of its target
 tasks: groups of examples). Every cell records, per block, the summed loss (nats), the
 number of correct argmax predictions, the number of scored targets and, for tasks, of exact
 matches and examples. Blocks are the same for every encoding and seed of a study, so
-comparisons can be paired over seeds *and* data (`flaxformer_lite.experiments.stats`).
+comparisons can be paired over seeds *and* data (`flaxformer_lite.results.stats`).
 
 Corpus blocks also record ``file``: the document (file) of the split that holds the block's
 first target (`flaxformer_lite.data.corpus.ByteSplit.document_of`). Blocks of one file are

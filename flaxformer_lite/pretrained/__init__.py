@@ -6,7 +6,7 @@
 `flaxformer_lite.pretrained.files`.
 
 Layer: may import base, core, nn and data; train (a run config may name a pretrained model
-to evaluate), evaluation and experiments import it.
+to evaluate), results, study and cli import it.
 """
 
 from flaxformer_lite.pretrained.families import FAMILIES, family_of, model_config

@@ -31,7 +31,7 @@ afresh in place. Decisions:
   ``train.eval_every`` (validation curves in ``metrics.jsonl`` only), how attention is
   computed (``model.attention_impl``, ``model.chunked_threshold``: equal to float32
   tolerance), the names ``study`` and ``preset`` (the study directory records those:
-  ``experiments.runner``), and what the report compares (``eval.paired_reference``,
+  ``study.runner``), and what the report compares (``eval.paired_reference``,
   ``eval.paired_all``). Everything else is in, ``eval.batch_size`` too (randomized
   positions are drawn per evaluation batch).
 * Versions refuse: a different Python, library version or jax/jaxlib/flax/optax/numpy. The

@@ -252,7 +252,7 @@ def train_and_evaluate(
     """Run (or resume, or return the cached result of) one training + evaluation run.
 
     Args:
-      config: an ``ml_collections.ConfigDict`` (or dict) as in ``experiments/*.py``, or a
+      config: an ``ml_collections.ConfigDict`` (or dict) as in ``configs/*.py``, or a
         validated `RunConfig`.
       workdir: the run's directory.
       restart_changed: a workdir holding a run of another identity (`train.identity`) starts

@@ -24,7 +24,7 @@ from flaxformer_lite.base.io import (
 from flaxformer_lite.base.lock import WorkdirBusyError, WorkdirLock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CONFIG = "--config=experiments/extrapolation_lm.py:tiny"
+CONFIG = "--config=configs/extrapolation_lm.py:tiny"
 PRECIOUS = "export PATH=$HOME/bin:$PATH\n"
 
 
@@ -235,7 +235,7 @@ def test_a_locked_workdir_is_refused_with_the_holders_pid_and_taken_over_when_it
             [
                 sys.executable,
                 "scripts/train.py",
-                "--config=experiments/extrapolation_lm.py:tiny",
+                "--config=configs/extrapolation_lm.py:tiny",
                 f"--workdir={single}",
             ],
         ]

@@ -236,7 +236,7 @@ def test_dynamic_ntk_is_scored_as_cached_decoding_with_hf_convention():
 
 
 def test_the_study_scores_dynamic_ntk_incrementally():
-    from experiments import extrapolation_lm
+    from configs import extrapolation_lm
     from flaxformer_lite.train.run_config import RunConfig
 
     c = extrapolation_lm.get_config("tiny")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import extrapolation_lm
+from configs import extrapolation_lm
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.train.run_config import RunConfig
 

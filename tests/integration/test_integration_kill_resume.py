@@ -27,7 +27,7 @@ from subprocess_checks import STUDY_ARGS, env, last_line, restricted, temporary_
 
 from flaxformer_lite.base import faults
 from flaxformer_lite.base.lock import WorkdirBusyError, WorkdirLock
-from flaxformer_lite.experiments import results
+from flaxformer_lite.results import store
 from flaxformer_lite.train.checkpoint import Checkpointer
 from flaxformer_lite.train.loop import build_model
 from flaxformer_lite.train.optim import make_optimizer
@@ -52,7 +52,7 @@ def run_study(
 def values(workdir: Path) -> dict:
     """``{(encoding, seed, protocol, length, metric, bucket): value}`` of a study's results;
     fails on a torn, invalid or duplicated line."""
-    rows, problems = results.read_rows_file(workdir / "results.jsonl")
+    rows, problems = store.read_rows_file(workdir / "results.jsonl")
     assert problems == [], problems
     keys = [
         (r["encoding"], r["seed"], r["protocol"], r["eval_length"], r["metric"], r.get("bucket"))
@@ -146,7 +146,7 @@ def test_happy_path_prints_nothing_on_stderr(clean):
 def test_rows_and_blocks_of_both_protocols(clean):
     """Every row says what it scored (split, number of targets); every evaluated cell has its
     per-block sums in blocks.jsonl, matching its rows; the report has the context table."""
-    rows, _ = results.read_rows_file(clean / "results.jsonl")
+    rows, _ = store.read_rows_file(clean / "results.jsonl")
     scalar = [r for r in rows if r["metric"] == "bits_per_byte"]
     assert {r["split"] for r in scalar} == {"validation"}
     assert {(r["protocol"], r["num_scored_tokens"]) for r in scalar} == {
@@ -156,7 +156,7 @@ def test_rows_and_blocks_of_both_protocols(clean):
     context = [r for r in scalar if r["protocol"] == "context"]
     assert sorted({r["eval_length"] for r in context}) == [16, 32]
     assert {r["context_block"] for r in context} == {8}
-    blocks = results.load_blocks(clean)
+    blocks = store.load_blocks(clean)
     assert len(blocks) == len(scalar)  # one record per evaluated cell
     for r in scalar:
         (b,) = [
@@ -231,7 +231,7 @@ def test_make_report_skips_a_corrupted_line_and_names_it(clean, tmp_path):
     report = (study / "REPORT.md").read_text()
     assert "## Problems" in report and "results.jsonl:3: skipped" in report
     # Every other row made it into the tables: only the torn row's cell differs.
-    rows, problems = results.read_rows_file(study / "results.jsonl")
+    rows, problems = store.read_rows_file(study / "results.jsonl")
     assert [p.line for p in problems] == [3]
     assert len(rows) == len(lines) - 1
 
@@ -350,10 +350,8 @@ def test_sigint_and_sigterm_end_with_one_line_and_a_rerun_finishes(clean, tmp_pa
     assert interrupted("write:rows.jsonl:1:SIGINT", 130) == (
         "interrupted (SIGINT) while writing the rows of cell rope-seed0" + RERUN
     )
-    rows, problems = results.read_rows_file(rope / "rows.jsonl")
-    assert problems == [] and len(rows) == len(
-        results.read_rows_file(clean / ROPE / "rows.jsonl")[0]
-    )
+    rows, problems = store.read_rows_file(rope / "rows.jsonl")
+    assert problems == [] and len(rows) == len(store.read_rows_file(clean / ROPE / "rows.jsonl")[0])
 
     # 5. The same command finishes the study, with the clean run's numbers.
     proc = run_rope(study)

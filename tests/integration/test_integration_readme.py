@@ -19,12 +19,11 @@ import sys
 import tomllib
 from pathlib import Path
 
-from flaxformer_lite.experiments import cli
-from flaxformer_lite.experiments.commands import COMMANDS
+from flaxformer_lite.cli import COMMANDS, common
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-COMMANDS_DIR = ROOT / "flaxformer_lite" / "experiments" / "commands"
+COMMANDS_DIR = ROOT / "flaxformer_lite" / "cli"
 HELP = {"help", "helpshort", "helpfull"}
 
 
@@ -66,7 +65,7 @@ def defined_flags(subcommand: str) -> set[str]:
 def config_file(spec: str, cwd: Path) -> tuple[Path, str]:
     """The file and preset of ``--config=NAME:PRESET`` or ``FILE.py:PRESET``."""
     name, _, preset = spec.partition(":")
-    packaged = cli.packaged_configs()
+    packaged = common.packaged_configs()
     if name in packaged:
         return packaged[name], preset
     for base in (cwd, ROOT):
@@ -93,15 +92,15 @@ def check_flaxformer_command(args: list[str], cwd: Path) -> None:
     if spec is None:
         return
     path, preset = config_file(spec, cwd)
-    presets = cli.config_presets(path)
+    presets = common.config_presets(path)
     assert preset in presets, f"README: {shown}: preset {preset!r} not in {presets}"
     overrides = [a[2:] for a in rest if a.startswith("--config.")]
     if overrides:
-        config = cli._load_config([f"--config={path}:{preset}"])
+        config = common._load_config([f"--config={path}:{preset}"])
         assert config is not None, f"README: {shown}: {path} does not load"
         for override in overrides:
             name = override.partition("=")[0]
-            problem = cli._check_path(config, name)
+            problem = common._check_path(config, name)
             assert problem is None, f"README: {shown}: --{name}: {problem}"
 
 

@@ -26,13 +26,13 @@ PACKAGE = ROOT / "flaxformer_lite"
 
 
 def test_the_package_list_names_every_package_folder():
-    """pyproject.toml lists the packages (the configs are mapped from experiments/): a new
+    """pyproject.toml lists the packages (the configs are mapped from configs/): a new
     folder missing from the list would be missing from the wheel."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
     assert set(setup["packages"]) == folders | {"flaxformer_lite.configs"}
-    assert setup["package-dir"] == {"flaxformer_lite.configs": "experiments"}
-    assert (ROOT / "experiments" / "__init__.py").is_file()
+    assert setup["package-dir"] == {"flaxformer_lite.configs": "configs"}
+    assert (ROOT / "configs" / "__init__.py").is_file()
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +58,11 @@ def installed(tmp_path_factory) -> Path:
     for name in (
         "flaxformer_lite/configs/extrapolation_lm.py",
         "flaxformer_lite/configs/extrapolation_tasks.py",
-        "flaxformer_lite/experiments/commands/study.py",
+        "flaxformer_lite/cli/study.py",
         "flaxformer_lite/__main__.py",
     ):
         assert name in names, f"{name} is not in the wheel"
-    assert not [n for n in names if n.startswith(("tests/", "scripts/", "experiments/"))]
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "configs/"))]
 
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 from tiny_models import tiny_model_config
 
-from experiments import extrapolation_lm
+from configs import extrapolation_lm
 from flaxformer_lite import data
 from flaxformer_lite.evaluation import corpus, tasks
 from flaxformer_lite.nn.encodings import get_positional_encoding, positional_encoding_names

@@ -16,7 +16,7 @@ import jaxlib
 import numpy as np
 import pytest
 
-from experiments import extrapolation_lm
+from configs import extrapolation_lm
 from flaxformer_lite.train import cpu_matmul, loop
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 

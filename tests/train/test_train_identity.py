@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import extrapolation_lm, extrapolation_tasks
-from flaxformer_lite.experiments.runner import run_study
+from configs import extrapolation_lm, extrapolation_tasks
+from flaxformer_lite.cli.pipeline import run_study
 from flaxformer_lite.train import identity, loop
 from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -321,7 +321,7 @@ def test_only_subsets_share_the_workdir_and_left_out_cells_are_checked(copy):
 def test_cli_refusals_are_one_line(copy):
     corpus, workdir = copy
     args = [
-        "--config=experiments/extrapolation_lm.py:tiny",
+        "--config=configs/extrapolation_lm.py:tiny",
         f"--workdir={workdir}",
         "--only=alibi",
         "--config.data.corpus=path",
@@ -338,7 +338,7 @@ def test_cli_refusals_are_one_line(copy):
     for argv, pattern in (
         (args, r"differs in train\.num_steps: 4 -> 40\).*--restart_changed"),
         (
-            ["--config=experiments/extrapolation_tasks.py:tiny", f"--workdir={workdir}"],
+            ["--config=configs/extrapolation_tasks.py:tiny", f"--workdir={workdir}"],
             r"holds study 'extrapolation_lm' \(preset 'tiny'\), not 'extrapolation_tasks'",
         ),
     ):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import extrapolation_lm
+from configs import extrapolation_lm
 from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.evaluation import corpus, metrics, step
 from flaxformer_lite.train import loop
@@ -293,7 +293,7 @@ def test_cli_bad_override_writes_nothing(tmp_path):
         [
             sys.executable,
             str(ROOT / "scripts" / "train.py"),
-            "--config=experiments/extrapolation_lm.py:tiny",
+            "--config=configs/extrapolation_lm.py:tiny",
             f"--workdir={workdir}",
             "--config.optim.learning_rate=-1",
         ],

@@ -16,10 +16,10 @@ import jax
 import pytest
 from flax import nnx
 
-from experiments import extrapolation_lm, extrapolation_tasks
+from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.base.checks import ConfigError
-from flaxformer_lite.experiments.sweeps import apply_overrides, expand_sweep
 from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.study.sweeps import apply_overrides, expand_sweep
 from flaxformer_lite.train import memory
 from flaxformer_lite.train.run_config import RunConfig
 

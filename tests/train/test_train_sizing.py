@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import extrapolation_lm, extrapolation_tasks
+from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.train import sizing
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 

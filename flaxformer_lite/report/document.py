@@ -1,0 +1,398 @@
+"""The text of ``REPORT.md``: setup, failures, the tables of every section, the figures and
+the provenance, from the rows and the section tables alone (`render_report`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from flaxformer_lite.report import paired
+from flaxformer_lite.report.figures import PlotInfo
+from flaxformer_lite.report.study_tables import (
+    CONFIDENCE,
+    INTERVAL_NAMES,
+    MAIN_METRICS,
+    StudyResults,
+    encoding_order,
+)
+from flaxformer_lite.report.table import (
+    MISSING_MD,
+    Table,
+    md_code,
+    md_escape,
+    md_fence,
+    md_text,
+    render_markdown,
+)
+from flaxformer_lite.results.significance import ALPHA
+from flaxformer_lite.results.stats import BOOTSTRAP_REPLICATES
+from flaxformer_lite.results.store import learning_rate_tag
+
+
+def _distinct(rows: Iterable[Mapping[str, Any]], key: str) -> list[Any]:
+    return list(dict.fromkeys(_freeze(r.get(key)) for r in rows))
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, dict | list):
+        return json.dumps(x, sort_keys=True)
+    return x
+
+
+def _counted(rows: Sequence[Mapping[str, Any]], keys: str | Sequence[str]) -> list:
+    """Distinct values of ``keys`` (a field or a tuple of fields) with their row counts, in
+    order of first appearance (dicts compare by content); rows where all are missing are
+    skipped."""
+    fields = (keys,) if isinstance(keys, str) else tuple(keys)
+    counts: dict[Any, list[Any]] = {}
+    for r in rows:
+        values = tuple(r.get(k) for k in fields)
+        if all(v is None for v in values):
+            continue
+        entry = counts.setdefault(tuple(map(_freeze, values)), [values, 0])
+        entry[1] += 1
+    return [(v[0] if isinstance(keys, str) else v, n) for v, n in counts.values()]
+
+
+def _run_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    fields = ("study", "preset", "run", "seed", "config_hash", "git_commit", "backend", "command")
+    return tuple(_freeze(row.get(k)) for k in fields)
+
+
+def _runs(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per run (train/eval seconds are per run, repeated in each of its rows)."""
+    runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        run = runs.setdefault(
+            _run_key(r),
+            {k: r.get(k) for k in ("run", "seed", "config_hash", "git_commit", "backend")}
+            | {"encodings": [], "train_seconds": 0.0, "eval_seconds": 0.0, "study": r.get("study")},
+        )
+        if r["encoding"] not in run["encodings"]:
+            run["encodings"].append(r["encoding"])
+        for k in ("train_seconds", "eval_seconds"):
+            v = r.get(k)
+            if isinstance(v, int | float) and math.isfinite(v):
+                run[k] = max(run[k], float(v))
+    return list(runs.values())
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _number_first(x: Any) -> tuple[int, Any]:
+    """Sort key: numbers in numeric order, then anything else by its text."""
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return (0, x)
+    return (1, str(x))
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s:.1f} s ({s / 60:.1f} min)"
+
+
+def _join(values: Iterable[Any]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _code(x: Any) -> str:
+    return md_code(x)
+
+
+def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
+    """``- label: a; b`` with row counts when the rows disagree (``fmt`` returns Markdown:
+    `md_escape` d or `md_code`)."""
+    if not counted:
+        return f"- {label}: not recorded"
+    many = len(counted) > 1
+    return f"- {label}: " + "; ".join(fmt(v) + (f" ({n} rows)" if many else "") for v, n in counted)
+
+
+def _describe_packages(packages: Any) -> str:
+    if isinstance(packages, dict):
+        return md_escape(_join(f"{k} {v}" for k, v in packages.items()))
+    return md_escape(packages)
+
+
+def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    commands = [c for c, _ in _counted(rows, "command")]
+    if commands:
+        lines += ["Command(s) that produced the rows:", "", *md_fence(commands), ""]
+    lines += [
+        _listing("Git commit(s)", _counted(rows, "git_commit"), _code),
+        _listing("Packages", _counted(rows, "packages"), _describe_packages),
+        _listing("Python", _counted(rows, "python"), md_escape),
+        _listing(
+            "Backend / device",
+            _counted(rows, ("backend", "device_kind", "device_count")),
+            lambda v: md_escape("{} / {} × {}".format(*("?" if x is None else x for x in v))),
+        ),
+        _listing("Corpus", _counted(rows, "data"), _describe_data),
+    ]
+    full = [data for data, _ in _counted(rows, "data") if isinstance(data, dict)]
+    if full:
+        lines += ["", "<details><summary>Corpus provenance (as recorded in the rows)</summary>", ""]
+        fenced = md_fence(json.dumps(d, indent=1, sort_keys=True) for d in full)
+        lines += [fenced[0] + "json", *fenced[1:]]
+        lines += ["", "</details>"]
+    return lines
+
+
+def _describe_data(data: Any) -> str:
+    """Name, content hash, size and file count of a corpus provenance dict."""
+    if not isinstance(data, dict):
+        return md_escape(data)
+    parts = [md_escape(data["name"])] if "name" in data else []
+    if "sha256" in data:
+        parts.append(f"sha256 {_code(data['sha256'])}")
+    size = data.get("num_bytes", data.get("bytes"))
+    if size is not None:
+        parts.append(md_escape(f"{size} bytes"))
+    if data.get("num_files") is not None:
+        parts.append(md_escape(f"{data['num_files']} files"))
+    return ", ".join(parts) or _code(json.dumps(data, sort_keys=True))
+
+
+def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    runs = _runs(rows)
+    train = math.fsum(r["train_seconds"] for r in runs)
+    evaluation = math.fsum(r["eval_seconds"] for r in runs)
+    studies = [
+        f"{s} ({p})" if p else str(s)
+        for s, p in dict.fromkeys((r.get("study"), r.get("preset")) for r in rows)
+    ]
+    encodings = encoding_order(rows)
+    seeds = sorted((s for s in _distinct(rows, "seed") if s is not None), key=_number_first)
+    protocols = [p for p in _distinct(rows, "protocol") if p]
+    tasks = [t for t in _distinct(rows, "task") if t]
+    train_lengths = sorted(n for n in _distinct(rows, "train_length") if n)
+    eval_lengths = sorted(n for n in _distinct(rows, "eval_length") if n)
+    stamps = sorted(t for t in _distinct(rows, "timestamp") if isinstance(t, str))
+    cell = md_escape  # every value comes from the rows
+    lines = [
+        "| | |",
+        "|:--|:--|",
+        f"| Study (preset) | {cell(_join(studies))} |",
+        f"| Encodings ({len(encodings)}) | {cell(_join(encodings))} |",
+        f"| Seeds | {cell(_join(seeds)) or MISSING_MD} |",
+        f"| Train length L | {cell(_join(train_lengths)) or MISSING_MD} |",
+        f"| Evaluation lengths | {cell(_join(eval_lengths))} |",
+        f"| Protocols | {cell(_join(protocols)) or MISSING_MD} |",
+    ]
+    if tasks:
+        lines.append(f"| Tasks | {cell(_join(tasks))} |")
+    rates = sorted({r["learning_rate"] for r in rows if _is_number(r.get("learning_rate"))})
+    if rates:
+        tags = _join(learning_rate_tag(x) for x in rates)
+        lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
+    params: dict[Any, list[float]] = {}
+    for r in rows:
+        if _is_number(r.get("num_params")):
+            params.setdefault(r.get("model_size"), []).append(r["num_params"])
+    if params:  # a model size: the smallest and largest count of its encodings
+        sizes = sorted(params.items(), key=lambda kv: min(kv[1]))
+        counts = [
+            ("" if size is None else f"{size}: ")
+            + "–".join(dict.fromkeys(f"{n:,.0f}" for n in (min(ns), max(ns))))
+            for size, ns in sizes
+        ]
+        lines.append(f"| Parameters | {cell('; '.join(counts))} |")
+    lines += [
+        f"| Runs / rows | {len(runs)} / {len(rows)} |",
+        f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
+        f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation |",
+    ]
+    if stamps:
+        span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
+        lines.append(f"| Runs finished | {cell(span)} |")
+    return lines
+
+
+def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    runs = _runs(rows)
+    many_studies = len({r["study"] for r in runs}) > 1
+    head = ["study"] if many_studies else []
+    head += ["run", "seed", "encodings", "config hash", "commit", "backend"]
+    head += ["train s", "eval s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + ":--|" * (len(head) - 2) + "--:|--:|"]
+    for r in runs:  # every value comes from the rows: escaped, code spans fenced
+        cells = [md_escape(r["study"])] if many_studies else []
+        cells += [
+            md_escape(r["run"]),
+            md_escape(r["seed"]),
+            md_escape(_join(r["encodings"])),
+            md_code(r["config_hash"], cell=True),
+            md_code(r["git_commit"], cell=True),
+            md_escape(r["backend"]),
+            f"{r['train_seconds']:.1f}",
+            f"{r['eval_seconds']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _default_title(rows: Sequence[Mapping[str, Any]]) -> str:
+    studies = list(dict.fromkeys((r.get("study"), r.get("preset")) for r in rows))
+    names = _join(f"{s} ({p})" if p else str(s) for s, p in studies)
+    return f"Results: {names}"
+
+
+def render_report(
+    rows: Sequence[Mapping[str, Any]],
+    tables: Sequence[StudyResults],
+    figures: Sequence[PlotInfo],
+    *,
+    problems: Sequence[Any] = (),
+    title: str | None = None,
+    pairs: Sequence[Any] = (),
+    missing: Sequence[str] = (),
+    derived: Sequence[Table] = (),
+    mixed: Sequence[str] = (),
+    failed: Mapping[str, str] | None = None,
+) -> str:
+    """The text of ``REPORT.md`` (links are relative to the report's directory);
+    ``missing``: lines naming a study's cells without results (merged shards), stated;
+    ``derived``: the learning-rate, extrapolation-gap and cost tables;
+    ``mixed``: what rows sharing a table differ in (`comparable.Verdict.report_lines`);
+    ``failed``: cell -> its error line (a study's failed cells), stated. Without rows (every
+    cell failed) the report is just these statements."""
+    lines = [f"# {md_text(title or _default_title(rows))}", ""]
+    lines += _intro(rows)
+    lines += _failed_section(failed or {})
+    lines += _section(
+        "Problems",
+        f"{len(problems)} results line(s) were skipped; they are not in any table:",
+        ["- " + md_code(str(p).replace("`", "'")) for p in problems],
+    )
+    lines += _section(
+        "Missing cells",
+        "Cells of the merged studies without results rows (a shard not run or not "
+        "finished); they are not in any table:",
+        ["- " + md_text(m) for m in missing],
+    )
+    lines += _section(
+        "Mixed rows",
+        "Rows that share a table differ in these fields (the tables' captions say so too):",
+        ["- " + md_code(m.replace("`", "'")) for m in mixed],
+    )
+    if not rows:
+        return "\n".join(lines)
+    lines += ["## Results", ""]
+    lines += _results(tables, pairs, derived)
+    lines += _plots(figures)
+    lines += ["## Provenance", "", *_provenance_lines(rows), "", "### Runs", "", *_runs_table(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _intro(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not rows:
+        return ["No results rows: no cell has finished, so there are no tables or plots.", ""]
+    return [
+        f"Generated from {len(rows)} results rows alone by "
+        "`flaxformer_lite.report` (regenerate with `flaxformer-lite report "
+        "RUN_DIR [RUN_DIR ...]`). Tables are also in `tables/` as LaTeX (booktabs) and CSV; "
+        "figures in `plots/` as PNG and PDF.",
+        "",
+        "## Setup",
+        "",
+        *_setup_lines(rows),
+        "",
+        *protocols_section(rows),
+    ]
+
+
+# What each evaluation protocol scores, said once here instead of in every caption.
+PROTOCOLS = {
+    "nonoverlapping": "windows of the evaluation length tile the split without overlap; each "
+    "target is scored once, with as much context as its offset in its window (0 to length - 1 "
+    "tokens), so a longer window gives its first targets more context too and can lower the "
+    "loss of a model that uses no distant context (the early token curse, Press et al. 2022, "
+    "Appendix B).",
+    "sliding": "windows of the evaluation length move by a stride; each target is scored once, "
+    "from the window that gives it the most context.",
+    "context": "the same target bytes in every column: each scored block of S targets is read "
+    "after c bytes of context (c to c + S - 1 bytes before a target), so a column changes the "
+    "context only.",
+    "task": "synthetic tasks: exact match of the whole answer and per-token accuracy.",
+}
+
+
+def protocols_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``## Protocols and intervals``: each protocol the rows use, and the intervals and marks
+    the captions name (`study.INTERVAL_NAMES`)."""
+    used = [p for p in _distinct(rows, "protocol") if p in PROTOCOLS]
+    lines = ["## Protocols and intervals", ""]
+    lines += [f"- **{p}**: {PROTOCOLS[p]}" for p in used]
+    lines += [
+        f"- **{INTERVAL_NAMES['t']}**: the {CONFIDENCE:.0%} Student-t interval of the mean over "
+        "seeds.",
+        f"- **{INTERVAL_NAMES['files']}**: the {CONFIDENCE:.0%} interval over seeds and "
+        "evaluation files: the seeds' spread plus a bootstrap of the evaluation split's files, "
+        f"each with all its blocks (one draw for every seed, {BOOTSTRAP_REPLICATES} replicates, "
+        "times F/(F-1) for F files), Student t with Welch-Satterthwaite degrees of freedom. With "
+        "one seed it covers the evaluation data, not training noise.",
+        f"- **{INTERVAL_NAMES['bootstrap']}**: the same with the blocks as units, where no file "
+        "is recorded (tasks, a split of one file).",
+        "- **Marks**: paired tests over the shared seeds and evaluation data, Holm-corrected "
+        f"within a column, alpha = {ALPHA}: bold is best and significantly better than every "
+        "other row, italic tied for best.",
+        "",
+    ]
+    return lines
+
+
+def _section(heading: str, text: str, items: Sequence[str]) -> list[str]:
+    """``## heading``, a sentence and a list; nothing when there are no items."""
+    return [f"## {heading}", "", text, "", *items, ""] if items else []
+
+
+def _failed_section(failed: Mapping[str, str]) -> list[str]:
+    return _section(
+        "Failed cells",
+        f"{len(failed)} cell(s) failed; they are not in any table (the traceback is in "
+        "`runs/<cell>/error.txt`; rerun the study to retry them):",
+        [
+            f"- {md_code(name)}: {md_code(error.replace('`', chr(39)))}"
+            for name, error in failed.items()
+        ],
+    )
+
+
+def _links(name: str) -> str:
+    return f"[LaTeX](tables/{name}.tex) · [CSV](tables/{name}.csv) · [Markdown](tables/{name}.md)"
+
+
+def _results(
+    tables: Sequence[StudyResults], pairs: Sequence[Any], derived: Sequence[Table]
+) -> list[str]:
+    """The study tables of the main metrics, the paired differences, the derived tables and
+    links to the other tables."""
+    lines = []
+    for t in (t for t in tables if t.metric in MAIN_METRICS):
+        lines += [f"### {md_text(t.title())}", "", render_markdown(t).rstrip("\n"), ""]
+        lines += [_links(t.name), ""]
+    if not pairs and any(t.metric in paired.PAIRED_METRICS for t in tables):
+        lines += ["### Paired differences", "", paired.NONE_NOTE, ""]
+    if pairs:
+        lines += ["### Paired differences", "", paired.render_markdown(pairs).rstrip("\n"), ""]
+        lines += [_links("paired_differences"), ""]
+    for t in derived:
+        lines += [f"### {md_text(t.title)}", "", render_markdown(t).rstrip("\n"), ""]
+        lines += [_links(t.name), ""] if t.files else []
+    other = [t for t in tables if t.metric not in MAIN_METRICS]
+    if other:
+        listed = _join(f"[{md_text(t.title())}](tables/{t.name}.md)" for t in other)
+        lines += [f"Other tables: {listed} (each also as `.tex` and `.csv`).", ""]
+    return lines
+
+
+def _plots(figures: Sequence[PlotInfo]) -> list[str]:
+    lines = ["## Plots", ""] if figures else []
+    for f in figures:
+        lines += [f"### {md_text(f.title)}", "", f"![{md_text(f.title)}]({f.stem}.png)", ""]
+        lines += [f"{md_text(f.caption)} ([PDF]({f.stem}.pdf))", ""]
+    return lines

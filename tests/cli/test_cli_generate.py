@@ -1,0 +1,161 @@
+"""``flaxformer-lite generate`` through the command line: a call that cannot fit in memory is
+refused in one line before the checkpoint is loaded, the prompt's bytes reach the model as
+given (also bytes that are not UTF-8, or a --prompt_file), and a run without a checkpoint ends
+with its one-line error and no traceback at exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs import extrapolation_lm
+from flaxformer_lite.base import faults
+from flaxformer_lite.train import memory
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny trained run (ALiBi, 4 steps), and a workdir with its config but no checkpoint."""
+    from flaxformer_lite.train.loop import train_and_evaluate
+
+    base = tmp_path_factory.mktemp("generate")
+    c = extrapolation_lm.get_config("tiny")
+    c.model.positional = "alibi"
+    c.train.update(num_steps=4, checkpoint_every=2, progress=False)
+    c.eval.update(length_multiples=(1,), max_tokens=64)
+    train_and_evaluate(c, base / "run")
+    empty = base / "no_checkpoint"
+    empty.mkdir()
+    (empty / "config.json").write_bytes((base / "run" / "config.json").read_bytes())
+    return base / "run", empty
+
+
+# Runs in a helper process: argv[1] = JSON list of argument lists; one forked child per case
+# (the import of JAX and orbax is most of a call's time).
+HARNESS = r"""
+import json, os, sys, tempfile, traceback
+from flaxformer_lite.cli import generate
+out = []
+for args in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile("w+") as log:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            code = 0
+            try:
+                generate.run(["generate", *args], prog="flaxformer-lite generate")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        log.seek(0)
+        out.append({"rc": os.waitstatus_to_exitcode(status), "output": log.read()})
+print("RESULTS" + json.dumps(out))
+"""
+
+
+def env() -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k not in (memory.ENV, faults.ENV)}
+    return out | {"JAX_PLATFORMS": "cpu"}
+
+
+def generate(*args) -> subprocess.CompletedProcess:
+    """The command in a process of its own (its exit is part of the test)."""
+    return subprocess.run(
+        [sys.executable, "-m", "flaxformer_lite", "generate", *args],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def one_line(rc: int, output: str) -> str:
+    assert rc == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), output[-3000:]
+    return lines[0]
+
+
+REFUSED = {  # case: (arguments after --workdir, the start of its one line)
+    "billion_new_tokens": (
+        ["--max_new_tokens=1000000000"],
+        "error: --max_new_tokens=1000000000: generating 1000000000 tokens after a 4-token "
+        "prompt needs ≈ ",
+    ),
+    "prompt_too_long": (
+        ["--prompt_file={big}"],
+        "error: the prompt (100000 tokens): generating 200 tokens after a 100000-token prompt",
+    ),
+    "empty_prompt": (["--prompt="], "error: --prompt='': give at least one byte"),
+    "missing_file": (
+        ["--prompt_file=/nonexistent/p"],
+        "error: --prompt_file='/nonexistent/p': cannot read it (No such file or directory)",
+    ),
+    "empty_file": (["--prompt_file=/dev/null"], "error: --prompt_file='/dev/null' is empty"),
+    "both": (["--prompt=a", "--prompt_file=/dev/null"], "error: --prompt and --prompt_file"),
+    "no_new_tokens": (["--max_new_tokens=0"], "error: --max_new_tokens=0: must be >= 1"),
+}
+
+
+@pytest.fixture(scope="module")
+def refusals(workdirs, tmp_path_factory) -> dict[str, dict]:
+    big = tmp_path_factory.mktemp("prompt") / "prompt.bin"
+    big.write_bytes(b"x" * 100_000)
+    argvs = [
+        [f"--workdir={workdirs[0]}", *(a.format(big=big) for a in args)]
+        for args, _ in REFUSED.values()
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", HARNESS, json.dumps(argvs)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
+    return dict(zip(REFUSED, json.loads(proc.stdout.split("RESULTS", 1)[1]), strict=True))
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_call_that_cannot_run_is_refused_in_one_line(refusals, case):
+    line = one_line(refusals[case]["rc"], refusals[case]["output"])
+    assert line.startswith(REFUSED[case][1]), line
+    if case == "billion_new_tokens":
+        assert "; lower --max_new_tokens, or set " + memory.ENV in line
+    if case == "prompt_too_long":
+        assert "; give a shorter prompt, or set " + memory.ENV in line
+
+
+def test_prompt_bytes_reach_the_model_as_given(workdirs, tmp_path):
+    raw = b"d\xff\xfe \x80ef"  # not UTF-8
+    by_argv = generate(f"--workdir={workdirs[0]}", b"--prompt=" + raw, "--max_new_tokens=8")
+    assert by_argv.returncode == 0, by_argv.stderr.decode()[-3000:]
+    (tmp_path / "p").write_bytes(raw)
+    by_file = generate(
+        f"--workdir={workdirs[0]}", f"--prompt_file={tmp_path / 'p'}", "--max_new_tokens=8"
+    )
+    assert by_argv.stdout == by_file.stdout
+    shown = raw.decode("utf-8", errors="replace").encode()
+    assert by_argv.stdout.startswith(shown) and by_argv.stdout.endswith(b"\n")
+
+
+def test_a_run_without_a_checkpoint_ends_with_one_line_and_no_traceback(workdirs):
+    proc = generate(f"--workdir={workdirs[1]}", "--max_new_tokens=5")
+    line = one_line(proc.returncode, proc.stderr.decode())
+    assert line == f"error: workdir={str(workdirs[1])!r} has no readable checkpoint"

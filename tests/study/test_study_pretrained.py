@@ -1,0 +1,39 @@
+"""The pretrained-model study end to end: `pretrained:tiny` (the committed tiny Hugging Face
+models) through the study runner, rows, tables and the report, with nothing trained."""
+
+from __future__ import annotations
+
+import json
+
+from configs import pretrained
+from flaxformer_lite.cli.pipeline import run_study
+from flaxformer_lite.study.sweeps import expand_sweep, select_cells
+
+
+def test_the_tiny_preset_runs_end_to_end(tmp_path):
+    config = pretrained.get_config("tiny")
+    config.eval.update(length_multiples=(1, 2), max_tokens=512, protocols=("nonoverlapping",))
+    config.eval.rope_scalings = ("yarn",)
+    sweep = select_cells(expand_sweep(config), ["gpt2", "llama", "bloom"])
+    out = run_study(config, tmp_path, sweep=sweep, progress=False)
+    assert not out.get("failed"), out
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    bpb = {
+        (r["encoding"], r["eval_length"]): r
+        for r in rows
+        if r["metric"] == "bits_per_byte" and r["value"] is not None
+    }
+    # one row per model (and llama's YaRN variant) and length, named by the model
+    assert set(bpb) == {(m, n) for m in ("gpt2", "llama", "llama+yarn", "bloom") for n in (16, 32)}
+    for (name, _), row in bpb.items():
+        assert 0 < row["value"] < 12  # random weights: about log2(vocab) bits per token
+        assert row["pretrained"]["family"] == {"gpt2": "gpt2", "bloom": "bloom"}.get(name, "llama")
+        assert row["pretrained"]["weights_sha256"].startswith("sha256:")
+        assert row["data"]["tokenizer_sha256"].startswith("sha256:")
+        assert row["train_steps"] == 0
+    assert bpb[("llama", 16)]["positional"] == "rope"
+    assert bpb[("bloom", 16)]["positional"] == "alibi"
+    table = (tmp_path / "tables" / "bits_per_byte_nonoverlapping.md").read_text()
+    for name in ("gpt2", "llama", "llama+yarn", "bloom"):
+        assert f"| {name} |" in table.replace("\\_", "_")
+    assert (tmp_path / "REPORT.md").is_file()
