@@ -103,7 +103,7 @@ FALLBACK_STUDY_OVERRIDES = (
     "--config.train.checkpoint_every=2",
     "--config.train.log_every=1",
     "--config.eval.length_multiples=(1,)",
-    "--config.eval.max_tokens=256",
+    "--config.eval.max_bytes=256",
     "--config.model.num_decoder_layers=1",
 )
 TEST_FILES = (

@@ -7,7 +7,7 @@ Usage (installed as ``flaxformer_lite.configs.extrapolation_lm``: by name, or by
         --config.model.positional=rope
 
 Presets (measured wall times: docs/results.md; every study scores the whole validation split
-unless ``eval.max_tokens`` caps it):
+unless ``eval.max_bytes`` caps it):
   tiny    seconds; what the tests use (evaluation capped to 2048 targets: a smoke preset).
   quick   the README's main job: 5 encodings x 1 seed on the embedded stdlib corpus, 1000 steps
           each, non-overlapping windows at L x {1, 2, 4, 8, 16}.
@@ -138,13 +138,13 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(
         dict(
             length_multiples=(1, 2, 4, 8, 16),  # evaluation lengths = L x these
-            protocols=("nonoverlapping",),  # and/or "sliding", "context" (evaluation.context)
+            protocols=("nonoverlapping",),  # and/or "sliding", "context" (evaluation.protocols)
             stride_fraction=0.5,  # sliding stride = eval length x this (down to 1 byte)
             sliding_stride=0,  # > 0: this stride in bytes at every length (1: stride 1)
             context_multiples=(0.5, 1, 2, 4, 8, 16),  # context protocol: c = L x these
             context_block=0,  # context protocol: S targets scored per window; 0: L / 2
             context_targets=65536,  # context protocol: the same targets at every c
-            max_tokens=0,  # 0: every byte of the split, at every length; N: the first N
+            max_bytes=0,  # 0: every byte of the split, at every length; N: the first N bytes
             batch_size=8,  # windows per evaluation batch
             split="validation",  # or "test"
             num_examples=256,  # task studies only
@@ -184,7 +184,7 @@ def _tiny(c: ml_collections.ConfigDict) -> None:
     c.data.update(train_length=16, batch_size=8)
     c.optim.update(warmup_steps=5)
     c.train.update(num_steps=20, log_every=5, checkpoint_every=10, progress=False)
-    c.eval.update(length_multiples=(1, 2, 4), max_tokens=2048, batch_size=8)
+    c.eval.update(length_multiples=(1, 2, 4), max_bytes=2048, batch_size=8)
 
 
 def _quick(c: ml_collections.ConfigDict) -> None:

@@ -18,14 +18,14 @@ rows under the evaluation-time scalings of ``eval.rope_scalings``.
 Presets:
   tiny         the tiny random models of tests/pretrained/hf_models (gpt2, opt, xglm,
                gpt_neox, llama, qwen2, bloom, mpt; a clone of the repository has them), L = 16
-               tokens, the first 4,096 targets: seconds per model. A smoke test of the
-               pipeline; random weights say nothing about extrapolation.
+               tokens, the tokens within the first 4,096 bytes: seconds per model. A smoke
+               test of the pipeline; random weights say nothing about extrapolation.
   small        one small model per family from the hub (needs internet once, or a filled
                Hugging Face cache): GPT-2 and OPT-125m (learned), XGLM-564M (sinusoidal),
                Pythia-160m (partial RoPE), SmolLM-135M (Llama architecture, RoPE), BLOOM-560m
                (ALiBi), each at its own training context L (1024 or 2048 tokens) x {1, 2, 4,
-               8, 16}, the first 32,768 targets of the split; RoPE rows also under PI, NTK,
-               YaRN and dynamic NTK. Hours on a laptop CPU, minutes on a GPU.
+               8, 16}, the tokens within the first 131,072 bytes of the split; RoPE rows also
+               under PI, NTK, YaRN and dynamic NTK. Hours on a laptop CPU, minutes on a GPU.
   yarn_table1  the protocol of the YaRN paper's Table 1 (Peng et al. 2023): Llama-2-7B
                extended from 4k to 8k by PI (s = 2), NTK (theta = 20k) and YaRN (s = 2), token
                perplexity with a sliding window of stride 256 at 2048 ... 10240 tokens, in
@@ -88,7 +88,7 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
             protocols=("nonoverlapping",),  # and/or "sliding"
             stride_fraction=0.5,
             sliding_stride=0,
-            max_tokens=32768,  # the same first targets at every length; 0: the whole split
+            max_bytes=131072,  # the same text for every model and length; 0: the whole split
             batch_size=1,  # windows per evaluation batch
             split="validation",
             rope_scalings=("pi", "ntk", "yarn", "dynamic_ntk"),  # extra rows for RoPE models
@@ -110,7 +110,7 @@ def _tiny(c: ml_collections.ConfigDict) -> None:
     c.eval.update(
         length_multiples=(1, 2, 4, 8, 16),
         protocols=("nonoverlapping", "sliding"),
-        max_tokens=4096,
+        max_bytes=4096,
         batch_size=8,
         rope_scalings=("pi", "yarn"),
         paired_reference="bloom",
@@ -129,7 +129,7 @@ def _yarn_table1(c: ml_collections.ConfigDict) -> None:
         length_multiples=(1, 2, 3, 4, 5),  # 2048, 4096, 6144, 8192, 10240 tokens
         protocols=("sliding",),
         sliding_stride=256,
-        max_tokens=0,
+        max_bytes=0,
         rope_scalings=(),  # each checkpoint carries its own scaling in its config.json
         paired_reference="yarn-s2",
     )

@@ -94,7 +94,7 @@ __all__ = [
 # matplotlib); nothing below imports this module, so there is no cycle to avoid.
 _LAZY = {
     "train_and_evaluate": "flaxformer_lite.train.loop",
-    "evaluate_lengths": "flaxformer_lite.evaluation.corpus",
+    "evaluate_lengths": "flaxformer_lite.evaluation.score",
     "run_study": "flaxformer_lite.cli.pipeline",
 }
 

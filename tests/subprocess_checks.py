@@ -21,7 +21,7 @@ STUDY_ARGS = (
     "--config.train.num_steps=8",
     "--config.train.checkpoint_every=4",
     "--config.eval.length_multiples=(1,2)",
-    "--config.eval.max_tokens=512",  # 4 + 2 evaluation batches per cell
+    "--config.eval.max_bytes=512",  # 4 + 2 evaluation batches per cell
     "--config.eval.protocols=('nonoverlapping','context')",
     "--config.eval.context_multiples=(1,2)",  # c = 16, 32: 8 target blocks of 8 bytes
     "--config.eval.context_targets=64",

@@ -6,7 +6,7 @@ optional `datasets` package only inside the function that downloads a standard c
 
 Corpora: `get_corpus(name)` with `corpus_names()` = enwik8, path, pg19, stdlib (the default: the
 running interpreter's standard library, no download), wikitext103. A `ByteCorpus` has
-`.split("train" | "validation" | "test")` -> `ByteSplit` with `num_bytes`, `sample_batch`,
+`.split("train" | "validation" | "test")` -> `Split` with `num_tokens`, `sample_batch`,
 `eval_windows`, `eval_batches`; and `.provenance()`.
 
 Tasks: `get_task(name)` with `task_names()`; each has `sample`, `exact_match`,
@@ -17,7 +17,7 @@ from flaxformer_lite.data.corpus import (
     DEFAULT_FRACTIONS,
     VOCAB_SIZE,
     ByteCorpus,
-    ByteSplit,
+    Split,
     split_for_name,
 )
 from flaxformer_lite.data.registry import (
@@ -52,13 +52,13 @@ __all__ = [
     "AdditionTask",
     "AssociativeRecallTask",
     "ByteCorpus",
-    "ByteSplit",
     "CopyTask",
     "DuplicateTask",
     "ParityTask",
     "PasskeyTask",
     "ReverseTask",
     "SortTask",
+    "Split",
     "Task",
     "cache_root",
     "corpus_dir",

@@ -1,6 +1,6 @@
 """Byte-level corpora (vocabulary 256, no tokenizer): splits, memory-mapping, batches, provenance.
 
-A `ByteCorpus` has three `ByteSplit`s ("train", "validation", "test"), each a read-only uint8
+A `ByteCorpus` has three `Split`s ("train", "validation", "test"), each a read-only uint8
 `np.memmap` (or a slice of one), so corpora of gigabytes never load into RAM. Bytes are never
 decoded: any file, UTF-8 or not, is a valid corpus.
 
@@ -59,38 +59,80 @@ def check_fractions(split) -> tuple[float, float, float]:
     return fractions
 
 
-class ByteSplit:
-    """One split of a byte corpus.
+class Split:
+    """One split of a corpus: token ids, each with the bytes of text it covers.
+
+    A byte corpus is its own tokenizer: every token is one byte of the split and covers that
+    byte (the 0x00 separators between documents too: a byte model predicts them). A split
+    tokenized by a model's tokenizer (`flaxformer_lite.data.tokens.TokenCorpus`) gives, per
+    token, the bytes of text it covers (``token_bytes``), the byte offset of its first byte
+    (``token_offset``) and whether it is a target at all (``scored``: False for the separator
+    token joining documents, which covers no text). So bits per byte has one formula for every
+    split -- summed ``-log2 p`` over the bytes the scored tokens cover -- and statistics blocks
+    are byte ranges of the same text for every tokenizer.
 
     Attributes:
       name: "train", "validation" or "test".
       corpus: name of the corpus it belongs to (for error messages).
-      data: uint8 `[num_bytes]`, usually a read-only `np.memmap`.
+      data: the token ids ``[num_tokens]`` (uint8 bytes of a byte corpus, usually a read-only
+        `np.memmap`; int32 ids of a tokenized split).
       num_files: number of documents in the split.
+      token_bytes, token_offset, scored: int64 / int64 / bool ``[num_tokens]``, or None for a
+        byte corpus (each token is one byte at its own offset, every token scored).
+      num_text_bytes: bytes of text of the split (a byte corpus: ``num_tokens``).
     """
 
-    def __init__(self, data: np.ndarray, *, name: str, corpus: str, num_files: int) -> None:
+    def __init__(
+        self,
+        data: np.ndarray,
+        *,
+        name: str,
+        corpus: str,
+        num_files: int,
+        token_bytes: np.ndarray | None = None,
+        token_offset: np.ndarray | None = None,
+        scored: np.ndarray | None = None,
+        num_text_bytes: int | None = None,
+    ) -> None:
         self.data = data
         self.name = name
         self.corpus = corpus
         self.num_files = num_files
+        arrays = (token_bytes, token_offset, scored)
+        if any(a is None for a in arrays) and not all(a is None for a in arrays):
+            raise ValueError("token_bytes, token_offset and scored are given together or not")
+        self.token_bytes, self.token_offset, self.scored = arrays
+        self.num_text_bytes = self.num_tokens if num_text_bytes is None else int(num_text_bytes)
         self._separators: np.ndarray | None = None  # `document_of`'s, found on first use
+        self._text_end: np.ndarray | None = None  # `tokens_within`'s, found on first use
 
     @property
-    def num_bytes(self) -> int:
+    def is_bytes(self) -> bool:
+        """Whether the tokens are the bytes themselves (a byte corpus)."""
+        return self.token_bytes is None
+
+    @property
+    def num_tokens(self) -> int:
         return int(self.data.shape[0])
+
+    @property
+    def unit(self) -> str:
+        """What one position of ``data`` is: "bytes" or "tokens" (for messages)."""
+        return "bytes" if self.is_bytes else "tokens"
 
     def _separator_positions(self) -> np.ndarray:
         """Positions in ``data`` of the separators that end each document, ascending (none
         for a split of one document)."""
+        if not self.is_bytes:
+            return np.flatnonzero(~np.asarray(self.scored, bool))
         if self.num_files <= 1:
             return np.zeros(0, np.int64)
         return np.flatnonzero(np.asarray(self.data) == store.SEPARATOR)
 
     def document_of(self, positions: np.ndarray) -> np.ndarray:
         """The document (file) index of each position of ``data`` (int ``[...]``, the shape of
-        ``positions``): the number of separators before it, so document ``k`` is its bytes and
-        the separator after them. Evaluation blocks record the document of their first
+        ``positions``): the number of separators before it, so document ``k`` is its tokens
+        and the separator after them. Evaluation blocks record the document of their first
         target: files, not blocks, are the sampling unit of the statistics
         (`flaxformer_lite.results.stats`)."""
         if self._separators is None:
@@ -98,23 +140,42 @@ class ByteSplit:
         return np.searchsorted(self._separators, np.asarray(positions, np.int64), side="left")
 
     def __repr__(self) -> str:
-        return f"ByteSplit({self.corpus!r}, {self.name!r}, num_bytes={self.num_bytes})"
+        if self.is_bytes:
+            return f"Split({self.corpus!r}, {self.name!r}, bytes={self.num_tokens})"
+        return (
+            f"Split({self.corpus!r}, {self.name!r}, tokens={self.num_tokens}, "
+            f"text_bytes={self.num_text_bytes})"
+        )
 
-    def require(self, length: int, *, num_bytes: int | None = None, what: str = "a window") -> None:
-        """Raises a ValueError unless the split (or its first `num_bytes`) has length + 1 bytes."""
-        have = self.num_bytes if num_bytes is None else num_bytes
+    def require(self, length: int, *, limit: int | None = None, what: str = "a window") -> None:
+        """Raises a ValueError unless the split (or its first ``limit`` tokens) has
+        ``length + 1`` tokens."""
+        have = self.num_tokens if limit is None else limit
         if have < length + 1:
-            scope = "" if num_bytes is None else f" (limited by max_bytes={num_bytes})"
+            scope = "" if limit is None else " (limited by max_bytes)"
             raise ValueError(
-                f"split {self.name!r} of corpus {self.corpus!r} has {have} bytes{scope}; {what} of "
-                f"length={length} needs at least {length + 1} bytes (length + 1 for the shifted "
-                f"targets). Use a shorter length or a larger corpus."
+                f"split {self.name!r} of corpus {self.corpus!r} has {have} {self.unit}{scope}; "
+                f"{what} of length={length} needs at least {length + 1} {self.unit} (length + 1 "
+                f"for the shifted targets). Use a shorter length or a larger corpus."
             )
+
+    def tokens_within(self, max_bytes: int) -> int:
+        """How many leading tokens lie within the split's first ``max_bytes + 1`` bytes of
+        text: the window data that scores the targets covering bytes ``1 .. max_bytes`` (byte
+        0 has no context). A byte corpus: ``max_bytes + 1``; a tokenized split: the tokens
+        whose text ends by then, so every tokenizer is scored on the same text."""
+        max_bytes = check_positive_int("max_bytes", max_bytes)
+        if self.is_bytes:
+            return min(max_bytes + 1, self.num_tokens)
+        if self._text_end is None:
+            ends = np.asarray(self.token_offset, np.int64) + np.asarray(self.token_bytes, np.int64)
+            self._text_end = np.maximum.accumulate(ends) if ends.size else ends
+        return int(np.searchsorted(self._text_end, max_bytes + 1, side="right"))
 
     def sample_batch(
         self, rng: np.random.Generator, batch_size: int, length: int
     ) -> dict[str, np.ndarray]:
-        """A training batch of random windows of `length + 1` bytes.
+        """A training batch of random windows of `length + 1` tokens.
 
         Returns `inputs` int32 `[batch_size, length]`, `targets` int32 `[batch_size, length]`
         (`targets[:, t] == inputs[:, t + 1]`), `loss_mask` float32 `[batch_size, length]` (ones).
@@ -136,11 +197,10 @@ class ByteSplit:
             )
         data = self.data
         if max_bytes is not None:
-            max_bytes = check_positive_int("max_bytes", max_bytes)
-            data = data[: min(max_bytes, self.num_bytes)]
+            data = data[: self.tokens_within(max_bytes)]
         self.require(
             length,
-            num_bytes=None if data.shape[0] == self.num_bytes else data.shape[0],
+            limit=None if data.shape[0] == self.num_tokens else data.shape[0],
             what="an evaluation window",
         )
         count = windows.num_windows(data.shape[0], length, stride)
@@ -159,6 +219,31 @@ class ByteSplit:
         """How many windows `eval_windows` yields for these arguments."""
         return self._eval_plan(length, stride, max_bytes, max_windows)[2]
 
+    def _targets(self, batch: dict[str, np.ndarray], positions: np.ndarray) -> dict:
+        """``batch`` with what its targets are, for target positions ``[b, L]`` of ``data``:
+        ``target_position`` (int64: the position, for the document of a block),
+        ``target_offset`` (int64: the byte offset of its text, for statistics blocks) and
+        ``target_bytes`` (float32: the bytes of text it covers; 0 where not scored); a
+        separator of a tokenized split is dropped from ``loss_mask``."""
+        n = self.num_tokens
+        inside = (positions >= 0) & (positions < n)
+        safe = np.clip(positions, 0, max(n - 1, 0))
+        mask = batch["loss_mask"]
+        if self.is_bytes:
+            offset = np.where(inside, positions, 0)
+            nbytes = mask
+        else:
+            mask = mask * (np.asarray(self.scored)[safe] & inside)
+            offset = np.where(inside, np.asarray(self.token_offset)[safe], 0)
+            nbytes = np.where(mask > 0, np.asarray(self.token_bytes)[safe], 0)
+        return dict(
+            batch,
+            loss_mask=mask.astype(np.float32),
+            target_position=np.where(inside, positions, 0).astype(np.int64),
+            target_offset=offset.astype(np.int64),
+            target_bytes=np.asarray(nbytes, np.float32),
+        )
+
     def eval_batches(
         self,
         length: int,
@@ -169,33 +254,25 @@ class ByteSplit:
         max_windows: int | None = None,
         pad_batch: bool = False,
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Evaluation windows in batches: dicts of `inputs`, `targets` int32 `[b, length]` and
-        `loss_mask` float32 `[b, length]`, `b = batch_size` except possibly for the last batch.
+        """Evaluation windows in batches: dicts of `inputs`, `targets` int32 `[b, length]`,
+        `loss_mask` float32 `[b, length]` and what each target is (`target_position`,
+        `target_offset`, `target_bytes`: `_targets`); `b = batch_size` except possibly for the
+        last batch.
 
         The protocols (non-overlapping for `stride=None`, sliding window for `stride < length`)
         and the exact coverage guarantee are described in `flaxformer_lite.data.windows`: over all
-        batches, the scored targets (`loss_mask == 1`) are the bytes at positions
-        `1 .. n-1` of the split (or of its first `max_bytes` bytes), each exactly once.
-        `max_windows` keeps only the first windows (then a prefix of those positions is scored).
-        `pad_batch=True` fills the last batch up to `batch_size` with all-zero rows (loss_mask 0),
-        so every batch has the same shape. Arguments are checked when this is called, not when
-        the first batch is drawn.
+        batches, the scored targets (`loss_mask == 1`) are the tokens at positions
+        `1 .. n-1` of the split (or of its tokens within the first `max_bytes + 1` bytes of
+        text: `tokens_within`), each exactly once. `max_windows` keeps only the first windows
+        (then a prefix of those positions is scored). `pad_batch=True` fills the last batch up
+        to `batch_size` with all-zero rows (loss_mask 0), so every batch has the same shape.
+        Arguments are checked when this is called, not when the first batch is drawn.
         """
         batch_size = check_positive_int("batch_size", batch_size)
         data, stride, count = self._eval_plan(length, stride, max_bytes, max_windows)
-        length = int(length)
-        return self._iter_batches(data, length, stride, count, batch_size, pad_batch)
+        return self._iter_batches(data, int(length), stride, count, batch_size, pad_batch)
 
-    @staticmethod
-    def _iter_batches(data, length, stride, count, batch_size, pad_batch):
-        for batch, _ in ByteSplit._iter_batches_with_ids(
-            data, length, stride, count, batch_size, pad_batch
-        ):
-            yield batch
-
-    @staticmethod
-    def _iter_batches_with_ids(data, length, stride, count, batch_size, pad_batch):
-        """``(batch, index of its first window)`` pairs of `eval_batches`."""
+    def _iter_batches(self, data, length, stride, count, batch_size, pad_batch):
         for first in range(0, count, batch_size):
             ids = np.arange(first, min(first + batch_size, count))
             batch = windows.window_arrays(data, ids, length, stride)
@@ -205,35 +282,40 @@ class ByteSplit:
                     k: np.concatenate([v, np.zeros((short, length), v.dtype)])
                     for k, v in batch.items()
                 }
-            yield batch, first
+            rows = first + np.arange(batch["inputs"].shape[0])
+            positions = rows[:, None] * stride + np.arange(1, length + 1)[None, :]
+            yield self._targets(batch, positions)
 
     def context_starts(self, *, max_context: int, block: int, blocks: int) -> np.ndarray:
         """First target positions of the context protocol's target blocks
         (`windows.context_block_starts`): the same for every context length."""
         return windows.context_block_starts(
-            self.num_bytes, max_context=max_context, block=block, blocks=blocks
+            self.num_tokens, max_context=max_context, block=block, blocks=blocks
         )
 
     def context_batches(
         self, starts: np.ndarray, context: int, block: int, batch_size: int
     ) -> Iterator[dict[str, np.ndarray]]:
         """Context-protocol windows (`windows.context_window_arrays`) in batches of
-        ``batch_size`` (the last one padded with all-zero rows, loss_mask 0)."""
+        ``batch_size`` (the last one padded with all-zero rows, loss_mask 0), with what each
+        target is (`_targets`)."""
         check_positive_int("context", context)
         check_positive_int("block", block)
         batch_size = check_positive_int("batch_size", batch_size)
         starts = np.asarray(starts, np.int64)
+        length = context + block - 1
         for first in range(0, starts.shape[0], batch_size):
-            batch = windows.context_window_arrays(
-                self.data, starts[first : first + batch_size], context, block
-            )
-            short = batch_size - batch["inputs"].shape[0]
+            rows = starts[first : first + batch_size]
+            batch = windows.context_window_arrays(self.data, rows, context, block)
+            short = batch_size - rows.shape[0]
             if short:
                 batch = {
                     k: np.concatenate([v, np.zeros((short, v.shape[1]), v.dtype)])
                     for k, v in batch.items()
                 }
-            yield batch
+                rows = np.concatenate([rows, np.full(short, context)])
+            positions = (rows - context + 1)[:, None] + np.arange(length)[None, :]
+            yield self._targets(batch, positions)
 
     def eval_windows(
         self,
@@ -244,7 +326,8 @@ class ByteSplit:
         max_bytes: int | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         """The windows of `eval_batches` one at a time: dicts of `inputs`, `targets` int32
-        `[length]` and `loss_mask` float32 `[length]`. Same protocols and guarantee."""
+        `[length]`, `loss_mask` float32 `[length]` and the targets' `target_*` fields. Same
+        protocols and guarantee."""
         batches = self.eval_batches(
             length, 256, stride=stride, max_bytes=max_bytes, max_windows=max_windows
         )
@@ -271,7 +354,7 @@ class ByteCorpus:
     def __init__(
         self,
         name: str,
-        splits: Mapping[str, ByteSplit],
+        splits: Mapping[str, Split],
         *,
         info: dict,
         hash_files: Sequence[tuple[str, Path]] | None = None,
@@ -282,7 +365,7 @@ class ByteCorpus:
         if missing:
             raise ValueError(f"splits must contain {SPLITS}; missing {missing}")
         for split in splits.values():
-            if split.num_bytes == 0:
+            if split.num_tokens == 0:
                 raise ValueError(
                     f"split {split.name!r} of corpus {name!r} is empty (0 bytes); every split "
                     f"needs data"
@@ -293,10 +376,10 @@ class ByteCorpus:
         self._hash_files = hash_files
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{s}={self._splits[s].num_bytes}" for s in SPLITS)
+        sizes = ", ".join(f"{s}={self._splits[s].num_tokens}" for s in SPLITS)
         return f"ByteCorpus({self.name!r}, {sizes})"
 
-    def split(self, name: str) -> ByteSplit:
+    def split(self, name: str) -> Split:
         """The split called `name`, one of "train", "validation", "test"."""
         if name not in self._splits:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {name!r}")
@@ -319,7 +402,7 @@ class ByteCorpus:
     def from_cache_dir(cls, directory: Path, manifest: dict, *, name: str, **info) -> ByteCorpus:
         """A corpus stored by `store.build_split_files` in `directory`."""
         splits = {
-            s: ByteSplit(
+            s: Split(
                 _memmap(directory / f"{s}.bin")
                 if manifest["splits"][s]["num_bytes"]
                 else np.zeros(0, np.uint8),
@@ -358,14 +441,12 @@ class ByteCorpus:
                 raise FileNotFoundError(f"files[{s!r}]: no such file: {paths[s]}")
             if paths[s].stat().st_size == 0:
                 raise ValueError(f"files[{s!r}]: empty corpus file (0 bytes): {paths[s]}")
-        splits = {
-            s: ByteSplit(_memmap(p), name=s, corpus=name, num_files=1) for s, p in paths.items()
-        }
+        splits = {s: Split(_memmap(p), name=s, corpus=name, num_files=1) for s, p in paths.items()}
         full = {
             "name": name,
-            "num_bytes": sum(sp.num_bytes for sp in splits.values()),
+            "num_bytes": sum(sp.num_tokens for sp in splits.values()),
             "num_files": len(SPLITS),
-            "splits": {s: {"num_bytes": sp.num_bytes, "num_files": 1} for s, sp in splits.items()},
+            "splits": {s: {"num_bytes": sp.num_tokens, "num_files": 1} for s, sp in splits.items()},
             "split_rule": "one file per split",
             "separator": None,
             "source": {s: str(p) for s, p in paths.items()},
@@ -453,7 +534,7 @@ class ByteCorpus:
         data = _memmap(path)
         bounds = {"train": (0, a), "validation": (a, b), "test": (b, n)}
         splits = {
-            s: ByteSplit(data[lo:hi], name=s, corpus=name, num_files=1)
+            s: Split(data[lo:hi], name=s, corpus=name, num_files=1)
             for s, (lo, hi) in bounds.items()
         }
         info = {

@@ -27,13 +27,13 @@ tokenizer and keep their own byte count.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from flaxformer_lite.data import store
-from flaxformer_lite.data.corpus import ByteSplit
+from flaxformer_lite.data.corpus import Split
 
 # encode(text) -> (token ids, [(start, end) character offsets]) for one document
 Encoder = Callable[[str], tuple[Sequence[int], Sequence[tuple[int, int]]]]
@@ -78,96 +78,10 @@ def tokenize_document(raw: bytes, encode: Encoder) -> tuple[np.ndarray, np.ndarr
     return ids, token_bytes, starts
 
 
-class TokenSplit(ByteSplit):
-    """A split as token ids, with each token's bytes and byte offset (module docstring).
-
-    Behaves as a `ByteSplit` for the evaluation protocols (``data`` holds the token ids, so
-    windows, strides and lengths are in tokens); `eval_batches` and `context_batches` also
-    give ``target_bytes`` (bytes of each target token, 0 where not scored) and
-    ``target_offset`` (its byte offset in the byte split, for statistics blocks), and mask out
-    separator targets.
-    """
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        token_bytes: np.ndarray,
-        token_offset: np.ndarray,
-        scored: np.ndarray,
-        *,
-        name: str,
-        corpus: str,
-        num_files: int,
-        num_text_bytes: int,
-    ) -> None:
-        super().__init__(tokens, name=name, corpus=corpus, num_files=num_files)
-        self.token_bytes = token_bytes
-        self.token_offset = token_offset
-        self.scored = scored
-        self.num_text_bytes = num_text_bytes
-
-    def __repr__(self) -> str:
-        return (
-            f"TokenSplit({self.corpus!r}, {self.name!r}, tokens={self.num_bytes}, "
-            f"text_bytes={self.num_text_bytes})"
-        )
-
-    def _separator_positions(self) -> np.ndarray:
-        """Token positions of the separators between documents (the unscored tokens)."""
-        return np.flatnonzero(~np.asarray(self.scored, bool))
-
-    def _targets(self, batch: dict[str, np.ndarray], positions: np.ndarray) -> dict:
-        """Add ``target_bytes`` / ``target_offset`` for target token ``positions`` ``[b, L]``
-        and drop separators from ``loss_mask``."""
-        n = self.data.shape[0]
-        inside = positions < n
-        safe = np.clip(positions, 0, n - 1)
-        mask = batch["loss_mask"] * (self.scored[safe] & inside)
-        out = dict(batch, loss_mask=mask.astype(np.float32))
-        out["target_bytes"] = np.where(mask > 0, self.token_bytes[safe], 0).astype(np.float32)
-        out["target_offset"] = np.where(inside, self.token_offset[safe], 0).astype(np.int64)
-        return out
-
-    def eval_batches(
-        self,
-        length: int,
-        batch_size: int,
-        *,
-        stride: int | None = None,
-        max_bytes: int | None = None,
-        max_windows: int | None = None,
-        pad_batch: bool = False,
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """`ByteSplit.eval_batches` in tokens (``max_bytes``: the first that many tokens),
-        plus ``target_bytes`` and ``target_offset``."""
-        data, stride_, count = self._eval_plan(length, stride, max_bytes, max_windows)
-        for batch, first in ByteSplit._iter_batches_with_ids(
-            data, int(length), stride_, count, batch_size, pad_batch
-        ):
-            rows = first + np.arange(batch["inputs"].shape[0])
-            positions = rows[:, None] * stride_ + np.arange(1, int(length) + 1)[None, :]
-            yield self._targets(batch, positions)
-
-    def context_batches(
-        self, starts: np.ndarray, context: int, block: int, batch_size: int
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """`ByteSplit.context_batches` plus ``target_bytes`` and ``target_offset``."""
-        starts = np.asarray(starts, np.int64)
-        length = context + block - 1
-        for first, batch in zip(
-            range(0, max(starts.shape[0], 1), batch_size),
-            super().context_batches(starts, context, block, batch_size),
-            strict=False,
-        ):
-            rows = starts[first : first + batch_size]
-            rows = np.concatenate([rows, np.full(batch_size - rows.shape[0], context)])
-            positions = (rows - context + 1)[:, None] + np.arange(length)[None, :]
-            yield self._targets(batch, positions)
-
-
 class TokenCorpus:
-    """A `ByteCorpus` tokenized by one tokenizer; its splits are `TokenSplit` s, made on
-    first use (only the splits a run evaluates are tokenized).
+    """A `ByteCorpus` tokenized by one tokenizer; its splits are `Split` s of token ids with
+    each token's bytes and byte offset (module docstring), made on first use (only the splits a
+    run evaluates are tokenized).
 
     Args:
       corpus: the byte corpus.
@@ -192,17 +106,17 @@ class TokenCorpus:
         self.separator_id = int(separator_id)
         self.tokenizer_sha256 = tokenizer_sha256
         self.vocab_size = vocab_size
-        self._splits: dict[str, TokenSplit] = {}
+        self._splits: dict[str, Split] = {}
 
     def __repr__(self) -> str:
         return f"TokenCorpus({self.corpus!r}, tokenizer={self.tokenizer_sha256[:15]})"
 
-    def split(self, name: str) -> TokenSplit:
+    def split(self, name: str) -> Split:
         if name not in self._splits:
             self._splits[name] = self._tokenize(self.corpus.split(name))
         return self._splits[name]
 
-    def _tokenize(self, split: ByteSplit) -> TokenSplit:
+    def _tokenize(self, split: Split) -> Split:
         raw = np.asarray(split.data).tobytes()
         sep = bytes([store.SEPARATOR])
         has_separators = self.corpus.provenance().get("separator") is not None
@@ -230,11 +144,11 @@ class TokenCorpus:
                 scored.append(np.zeros(1, bool))
                 position += 1
         cat = lambda xs, dtype: np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)
-        return TokenSplit(
+        return Split(
             cat(ids, np.int32),
-            cat(nbytes, np.int64),
-            cat(offsets, np.int64),
-            cat(scored, bool),
+            token_bytes=cat(nbytes, np.int64),
+            token_offset=cat(offsets, np.int64),
+            scored=cat(scored, bool),
             name=split.name,
             corpus=self.name,
             num_files=split.num_files,
@@ -246,6 +160,6 @@ class TokenCorpus:
         return self.corpus.provenance() | {"tokenizer_sha256": self.tokenizer_sha256}
 
 
-def tokens_digest(split: TokenSplit) -> str:
+def tokens_digest(split: Split) -> str:
     """``sha256:`` of a split's token ids (a check that two runs scored the same tokens)."""
     return "sha256:" + hashlib.sha256(np.ascontiguousarray(split.data).tobytes()).hexdigest()

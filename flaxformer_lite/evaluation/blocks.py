@@ -8,7 +8,7 @@ matches and examples. Blocks are the same for every encoding and seed of a study
 comparisons can be paired over seeds *and* data (`flaxformer_lite.results.stats`).
 
 Corpus blocks also record ``file``: the document (file) of the split that holds the block's
-first target (`flaxformer_lite.data.corpus.ByteSplit.document_of`). Blocks of one file are
+first target (`flaxformer_lite.data.corpus.Split.document_of`). Blocks of one file are
 correlated (the same code, the same style), so the statistics resample files, each with all
 its blocks, rather than blocks one by one.
 """
@@ -64,7 +64,7 @@ class BlockSums:
     def to_dict(self, document_of: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
         """Plain lists for JSON: ``size``, ``unit``, every measured field (zeros included: a
         task nobody solved has "exact" all 0) and, given ``document_of`` (a split's
-        `~flaxformer_lite.data.corpus.ByteSplit.document_of`) and noted positions, ``file``:
+        `~flaxformer_lite.data.corpus.Split.document_of`) and noted positions, ``file``:
         the file of each block's first target (-1 for a block with no target)."""
         used = [f for f in FIELDS if f in self.added] or ["count"]
         out = {"size": self.size, "unit": self.unit} | {

@@ -14,7 +14,7 @@ SPLITS = ("validation", "test")
 class EvalConfig:
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)  # eval lengths = L x these
     # "nonoverlapping", "sliding" (windows advance by stride_fraction x length) and/or
-    # "context" (the same targets at every context length: evaluation.context)
+    # "context" (the same targets at every context length: evaluation.protocols.Context)
     protocols: tuple[str, ...] = ("nonoverlapping",)
     stride_fraction: float = 0.5  # sliding window stride = eval_length * this (>= 1 token)
     # > 0: the sliding stride in tokens at every length instead (1: every target with a full
@@ -24,7 +24,10 @@ class EvalConfig:
     context_multiples: tuple[float, ...] = (0.5, 1, 2, 4, 8, 16)  # context c = L x these
     context_block: int = 0  # S scored targets per context window; 0: L / 2
     context_targets: int = 65536  # targets of the context protocol (blocks of S bytes)
-    max_tokens: int = 0  # 0: every target of the split; N: only the first N (smoke presets)
+    # 0: every target of the split; N: only the targets within its first N + 1 bytes of text
+    # (N targets of a byte-level model; the same text for every tokenizer): smoke presets, and
+    # models with different tokenizers scored on the same bytes
+    max_bytes: int = 0
     batch_size: int = 8  # windows per evaluation batch
     split: str = "validation"  # "validation" or "test"
     num_examples: int = 256  # task sequences scored per length
@@ -68,8 +71,8 @@ class EvalConfig:
         for name in ("batch_size", "num_examples"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
-        if self.max_tokens < 0:
-            bad("max_tokens", "must be >= 0 (0: the whole split)")
+        if self.max_bytes < 0:
+            bad("max_bytes", "must be >= 0 (0: the whole split)")
         if self.local_window < 0:
             bad("local_window", "must be >= 0 (0: no windowed rows)")
         if self.split not in SPLITS:

@@ -18,8 +18,9 @@ from typing import Any
 from flaxformer_lite.base.checks import ConfigError, fail
 from flaxformer_lite.core.positions import PositionScheme
 from flaxformer_lite.data.data_config import DataConfig
-from flaxformer_lite.evaluation.corpus import attention_config, sliding_stride
 from flaxformer_lite.evaluation.eval_config import PROTOCOLS, EvalConfig
+from flaxformer_lite.evaluation.protocols import Context, TaskLength, Windows
+from flaxformer_lite.evaluation.score import attention_config, sliding_stride
 from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.model_config import ModelConfig, check_encodable
 
@@ -63,16 +64,14 @@ class EvalLabel:
 
 @dataclasses.dataclass(frozen=True)
 class EvalCell:
-    """One evaluation: a model config, a length and a protocol.
+    """One evaluation: a model config and a protocol value.
 
     Attributes:
       label: what the rows of this cell are about.
       model: the config the trained parameters are evaluated under (same parameter shapes:
         only the attention implementation and an evaluation-time variant differ).
-      length: corpus: the window length in tokens; task: the task length.
-      protocol: ``"nonoverlapping"``, ``"sliding"`` or ``"task"``.
-      stride: the sliding-window stride (None for non-overlapping windows and tasks).
-      sequence_length: tokens per evaluated sequence (the window, or the task's sequence).
+      scoring: the protocol (`protocols.Windows`, `protocols.Context`,
+        `protocols.TaskLength`): what is scored and how its targets form blocks.
       incremental: score token by token through the KV cache, so that each target sees
         exactly its prefix (the registry says when: dynamic NTK reads the current length).
       na: why the model cannot be evaluated here (None: it can), e.g. a learned table with no
@@ -81,12 +80,29 @@ class EvalCell:
 
     label: EvalLabel
     model: ModelConfig
-    length: int
-    protocol: str
-    stride: int | None
-    sequence_length: int
+    scoring: Windows | Context | TaskLength
     incremental: bool = False
     na: str | None = None
+
+    @property
+    def protocol(self) -> str:
+        """``"nonoverlapping"``, ``"sliding"``, ``"context"`` or ``"task"``."""
+        return self.scoring.name
+
+    @property
+    def length(self) -> int:
+        """Windows: the window length; context: the context length; task: the task length."""
+        return getattr(self.scoring, "context", None) or self.scoring.length
+
+    @property
+    def stride(self) -> int | None:
+        """The sliding-window stride (None for non-overlapping windows, contexts and tasks)."""
+        return self.scoring.stride if self.protocol == "sliding" else None
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per evaluated sequence (the window, or the task's sequence)."""
+        return self.scoring.sequence_length
 
     def encoding_options(self) -> dict[str, Any]:
         """The exact encoding settings of this cell, recorded in every results row."""
@@ -110,12 +126,8 @@ class EvalPlan:
       kind: ``"corpus"`` or ``"task"``.
       positions: the positions the run feeds its model (``0..L-1`` or randomized).
       train_length: L (tokens for a corpus, the task length for a task).
-      split, max_tokens, batch_size: corpus evaluation: which split, how many targets per
-        length (the same first targets at every length), windows per batch.
-      task, num_examples, seed: task evaluation: the task, examples per length, and the
-        seed of their generator.
-      context_block, context_targets: the context protocol's scored block S and number of
-        targets (the cells' lengths are its context lengths).
+      split: corpus evaluation: which split.
+      batch_size: windows (examples) per batch.
     """
 
     cells: tuple[EvalCell, ...]
@@ -124,13 +136,7 @@ class EvalPlan:
     positions: PositionScheme
     train_length: int
     split: str
-    max_tokens: int
     batch_size: int
-    task: str
-    num_examples: int
-    seed: int
-    context_block: int = 0
-    context_targets: int = 0
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -155,115 +161,51 @@ class EvalPlan:
         ``name``: the subject's name in the labels in place of the encoding's (a pretrained
         model's, e.g. ``"pythia-160m"``, so rows read ``pythia-160m`` and
         ``pythia-160m+yarn``); None: the encoding's label (``rope``, ``rope+yarn``)."""
-        spec = model.encoding
-        known = {v for n in registry.positional_encoding_names() for v in _variants_of(n)}
-        unknown = [v for v in eval.rope_scalings if v not in known]
-        if unknown:
-            fail(
-                "config.eval.rope_scalings",
-                eval.rope_scalings,
-                f"unknown {unknown}; allowed: {sorted(known)}",
-            )
+        _check_rope_scalings(eval)
         task = data.open_task() if data.is_task else None
-        lengths = tuple(data.train_length * m for m in eval.length_multiples)
+        scorings = (
+            _task_scorings(task, data, eval, seed)
+            if task is not None
+            else _corpus_scorings(data, eval)
+        )
         train_seq = data.train_length if task is None else task.sequence_length(data.train_length)
-        capacity = None if model.randomized_positions else spec.capacity(model.positional_options)
-        if task is not None:
-            for length in (data.train_length, *lengths):
-                try:
-                    task.check_length(length, arg="config.data.train_length x eval multiple")
-                except ValueError as e:
-                    raise ConfigError(str(e)) from None
         # Randomized positions already span [0, max_position): nothing to interpolate.
+        spec = model.encoding
         variants = (
             () if model.randomized_positions else spec.evaluation_variants(eval.rope_scalings)
         )
         if eval.local_window:
             variants = (*variants, WINDOW)
-        protocols = ("task",) if task is not None else eval.protocols
-        if "sliding" in protocols and eval.sliding_stride > min(lengths):
-            fail(
-                "config.eval.sliding_stride",
-                eval.sliding_stride,
-                f"must be at most the shortest evaluation length {min(lengths)} (0: "
-                "stride_fraction x the length)",
-            )
-
-        block = eval.context_block or max(1, data.train_length // 2)
-        contexts = tuple(
-            dict.fromkeys(max(1, round(data.train_length * m)) for m in eval.context_multiples)
-        )
-
-        def cell(variant: str, protocol: str, length: int) -> EvalCell:
-            if task is not None:
-                seq = task.sequence_length(length)
-            else:
-                seq = length + block - 1 if protocol == "context" else length
-            cfg = attention_config(model, seq)
-            if variant == WINDOW:
-                cfg = cfg.replace(attention_window=eval.local_window)
-            elif variant != BASE:
-                options = spec.variant_options(cfg.positional_options, variant, length)
-                cfg = cfg.replace(positional_options=options)
-            suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
-            if capacity is not None and capacity > train_seq and name is None:
-                suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
-            if variant == WINDOW:
-                suffix += "+window"
-            encoding = spec.label(cfg.positional_options)
-            if name is not None:
-                encoding = name + encoding[len(spec.name) :]
-            label = EvalLabel(
-                encoding=encoding + suffix,
-                positional=model.positional,
-                variant=variant,
-                randomized=model.randomized_positions,
-            )
-            stride = None
-            if protocol == "sliding":
-                stride = eval.sliding_stride or sliding_stride(length, eval.stride_fraction)
-            incremental = spec.scores_incrementally(cfg.positional_options)
-            na = None
-            if capacity is not None and seq > capacity:
-                na = f"no position embedding past {capacity} (the table has {capacity} rows)"
-            return EvalCell(label, cfg, length, protocol, stride, seq, incremental, na)
-
-        def lengths_of(protocol: str) -> tuple[int, ...]:
-            return contexts if protocol == "context" else lengths
-
-        cells = tuple(
-            cell(v, p, n) for v in (BASE, *variants) for p in protocols for n in lengths_of(p)
-        )
+        cell = _CellMaker(model, eval, name, train_seq)
+        if task is not None:
+            quick = TaskLength(data.train_length, eval.num_examples, seed, sequence=train_seq)
+        else:  # validation during training: the training length, at most QUICK_EVAL_TOKENS
+            cap = min(eval.max_bytes or QUICK_EVAL_TOKENS, QUICK_EVAL_TOKENS)
+            quick = Windows(data.train_length, max_bytes=cap, train_length=data.train_length)
         plan = cls(
-            cells=cells,
-            quick=cell(BASE, protocols[0] if task is not None else PROTOCOLS[0], data.train_length),
+            cells=tuple(cell(v, s) for v in (BASE, *variants) for s in scorings),
+            quick=cell(BASE, quick),
             kind="task" if task is not None else "corpus",
             positions=PositionScheme(model.randomized_positions, model.max_position, seed),
             train_length=data.train_length,
             split=eval.split,
-            max_tokens=eval.max_tokens,
             batch_size=eval.batch_size,
-            task=data.task if task is not None else "",
-            num_examples=eval.num_examples,
-            seed=seed,
-            context_block=block if "context" in protocols else 0,
-            context_targets=eval.context_targets if "context" in protocols else 0,
         )
         plan._check_positions(model, train_seq)
-        plan._check_max_tokens()
+        plan._check_max_bytes(eval.max_bytes)
         return plan
 
-    def _check_max_tokens(self) -> None:
-        """``max_tokens`` caps the targets of the window protocols (and of validation at L):
-        below the longest window it would leave a length without one full window."""
-        if self.kind != "corpus" or not self.max_tokens:
+    def _check_max_bytes(self, max_bytes: int) -> None:
+        """``max_bytes`` caps the targets of the window protocols: below the longest window
+        it would leave a length without one full window (of a byte-level model)."""
+        if self.kind != "corpus" or not max_bytes:
             return
-        windows = [c for c in (self.quick, *self.cells) if c.protocol in PROTOCOLS[:2]]
-        longest = max((c for c in windows if c.na is None), key=lambda c: c.sequence_length)
-        if self.max_tokens < longest.sequence_length:
+        windows = [c for c in self.cells if c.protocol in PROTOCOLS[:2] and c.na is None]
+        longest = max(windows, key=lambda c: c.sequence_length, default=None)
+        if longest is not None and max_bytes < longest.sequence_length:
             fail(
-                "config.eval.max_tokens",
-                self.max_tokens,
+                "config.eval.max_bytes",
+                max_bytes,
                 f"must be 0 (every target of the split) or >= the longest evaluation window "
                 f"({longest.sequence_length} tokens, protocol {longest.protocol!r})",
             )
@@ -280,27 +222,111 @@ class EvalPlan:
             )
 
     def check_data(self, dataset: Any) -> None:
-        """Raise `ConfigError` if ``dataset`` (the opened corpus) cannot serve the plan."""
+        """Raise `ConfigError` if ``dataset`` (the opened corpus, or its tokenized form: the
+        one that will be scored) cannot serve the plan."""
         if self.kind != "corpus":
             return
+        split = dataset.split(self.split)
         try:
-            dataset.split(self.split).require(self.longest_sequence, what="an evaluation window")
-            if self.context_block:
-                self.context_starts(dataset.split(self.split))
+            split.require(self.longest_sequence, what="an evaluation window")
+            for cell in self.cells:
+                if cell.protocol == "context":
+                    cell.scoring.starts(split)
+                elif cell.na is None and cell.scoring.max_bytes:  # a window within the cap
+                    split.require(
+                        cell.sequence_length,
+                        limit=split.tokens_within(cell.scoring.max_bytes),
+                        what="an evaluation window",
+                    )
         except ValueError as e:
             raise ConfigError(f"config.data / config.eval.context_targets: {e}") from None
 
-    @property
-    def max_context(self) -> int:
-        return max((c.length for c in self.cells if c.protocol == "context"), default=0)
 
-    def context_starts(self, split: Any) -> Any:
-        """The context protocol's target blocks in ``split`` (the same for every context)."""
-        return split.context_starts(
-            max_context=self.max_context,
-            block=self.context_block,
-            blocks=max(1, self.context_targets // self.context_block),
+class _CellMaker:
+    """``cell(variant, scoring)``: one `EvalCell` of a plan, its model config decided for
+    its sequence length and variant, its label and whether it can be evaluated."""
+
+    def __init__(self, model: ModelConfig, eval: EvalConfig, name: str | None, train_seq: int):
+        self.model, self.eval, self.name, self.train_seq = model, eval, name, train_seq
+        spec = model.encoding
+        self.capacity = (
+            None if model.randomized_positions else spec.capacity(model.positional_options)
         )
+
+    def __call__(self, variant: str, scoring: Windows | Context | TaskLength) -> EvalCell:
+        model, spec = self.model, self.model.encoding
+        seq = scoring.sequence_length
+        length = getattr(scoring, "context", None) or scoring.length
+        cfg = attention_config(model, seq)
+        if variant == WINDOW:
+            cfg = cfg.replace(attention_window=self.eval.local_window)
+        elif variant != BASE:
+            options = spec.variant_options(cfg.positional_options, variant, length)
+            cfg = cfg.replace(positional_options=options)
+        suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
+        if self.capacity is not None and self.capacity > self.train_seq and self.name is None:
+            suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
+        if variant == WINDOW:
+            suffix += "+window"
+        encoding = spec.label(cfg.positional_options)
+        if self.name is not None:
+            encoding = self.name + encoding[len(spec.name) :]
+        label = EvalLabel(encoding + suffix, model.positional, variant, model.randomized_positions)
+        na = None
+        if self.capacity is not None and seq > self.capacity:
+            na = f"no position embedding past {self.capacity} (the table has {self.capacity} rows)"
+        incremental = spec.scores_incrementally(cfg.positional_options)
+        return EvalCell(label, cfg, scoring, incremental, na)
+
+
+def _check_rope_scalings(eval: EvalConfig) -> None:
+    known = {v for n in registry.positional_encoding_names() for v in _variants_of(n)}
+    unknown = [v for v in eval.rope_scalings if v not in known]
+    if unknown:
+        fail(
+            "config.eval.rope_scalings",
+            eval.rope_scalings,
+            f"unknown {unknown}; allowed: {sorted(known)}",
+        )
+
+
+def _corpus_scorings(data: DataConfig, eval: EvalConfig) -> list[Windows | Context]:
+    """The window and context protocols of a corpus run, protocol x length."""
+    lengths = [data.train_length * m for m in eval.length_multiples]
+    cap, L = eval.max_bytes or None, data.train_length
+    out: list[Windows | Context] = []
+    for protocol in eval.protocols:
+        if protocol == "context":
+            block = eval.context_block or max(1, L // 2)
+            contexts = list(dict.fromkeys(max(1, round(L * m)) for m in eval.context_multiples))
+            out += [Context(c, block, max(contexts), eval.context_targets) for c in contexts]
+            continue
+        if protocol == "sliding" and eval.sliding_stride > min(lengths):
+            fail(
+                "config.eval.sliding_stride",
+                eval.sliding_stride,
+                f"must be at most the shortest evaluation length {min(lengths)} (0: "
+                "stride_fraction x the length)",
+            )
+        for n in lengths:
+            stride = None
+            if protocol == "sliding":
+                stride = eval.sliding_stride or sliding_stride(n, eval.stride_fraction)
+            out.append(Windows(n, stride, max_bytes=cap, train_length=L))
+    return out
+
+
+def _task_scorings(task: Any, data: DataConfig, eval: EvalConfig, seed: int) -> list[TaskLength]:
+    """One `TaskLength` per evaluation length of a task run (lengths checked against it)."""
+    lengths = [data.train_length * m for m in eval.length_multiples]
+    for length in (data.train_length, *lengths):
+        try:
+            task.check_length(length, arg="config.data.train_length x eval multiple")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return [
+        TaskLength(n, eval.num_examples, seed, sequence=task.sequence_length(n)) for n in lengths
+    ]
 
 
 def _variants_of(name: str) -> tuple[str, ...]:

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from flaxformer_lite.nn.encodings.hf_rope import rope_options_from_hf
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.pretrained.files import CheckpointFiles, PretrainedError
+from flaxformer_lite.pretrained.hf_rope import rope_options_from_hf
 
 Weights = Iterator[tuple[str, np.ndarray]]
 # HF activation names (transformers.activations.ACT2FN) -> ModelConfig.activation

@@ -289,7 +289,7 @@ def parse_shard(value: Any) -> tuple[int, int]:
 
 # Relative cost of one evaluation token against one training token (a forward pass only).
 EVAL_TOKEN_COST = 1 / 3
-# An evaluation with max_tokens=0 (the whole split): tokens assumed per length and protocol.
+# An evaluation with max_bytes=0 (the whole split): tokens assumed per length and protocol.
 WHOLE_SPLIT_TOKENS = 2**20
 
 
@@ -298,7 +298,7 @@ def cell_cost(config: Any, cell: Mapping[str, Any]) -> float:
     arbitrary, only ratios between cells matter. Training: ``train.num_steps x data.batch_size
     x data.train_length`` tokens, each weighted by ``1 + L / d_model`` (attention grows with
     the length L). Evaluation: per protocol and evaluation length ``l = L x m``,
-    ``eval.max_tokens`` tokens (`WHOLE_SPLIT_TOKENS` when 0: the whole split) weighted by
+    ``eval.max_bytes`` tokens (`WHOLE_SPLIT_TOKENS` when 0: the whole split) weighted by
     ``(1 + l / d_model) x EVAL_TOKEN_COST``. A task study evaluates ``eval.num_examples x l``
     tokens per length instead. Cells of one preset differ only in encoding, seed and task, so
     their costs are equal and the shards differ by at most one cell; the model matters for
@@ -323,7 +323,7 @@ def cell_cost(config: Any, cell: Mapping[str, Any]) -> float:
         if task:
             tokens = get("eval", "num_examples", 1) * ev_length
         else:
-            tokens = get("eval", "max_tokens", 0) or WHOLE_SPLIT_TOKENS
+            tokens = get("eval", "max_bytes", 0) or WHOLE_SPLIT_TOKENS
         cost += max(len(protocols), 1) * tokens * (1 + ev_length / width) * EVAL_TOKEN_COST
     return float(cost)
 

@@ -31,7 +31,7 @@ of ``V``:
   ``4 B' T' (C_DE d + C_F f + C_VE V)`` with ``C_DE = 8``, ``C_VE = 2`` (logits and
   log-softmax), plus the scores of one layer --
   ``2 h T'`` per token for dense attention, two ``h x block_q x block_k`` blocks per window
-  for chunked (the implementation each cell uses: `evaluation.corpus.attention_config`,
+  for chunked (the implementation each cell uses: `evaluation.score.attention_config`,
   chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally,
   its key/value cache ``2 n T' d`` per window. The largest cell counts.
 

@@ -63,9 +63,9 @@ COMMON = [
         r"config\.optim\.learning_rate=nan: must be > 0 and finite",
     ),
     (
-        "max_tokens_short",
-        ["--config.eval.max_tokens=32"],
-        r"config\.eval\.max_tokens=32: must be 0 \(every target of the split\) or >= the longest "
+        "max_bytes_short",
+        ["--config.eval.max_bytes=32"],
+        r"config\.eval\.max_bytes=32: must be 0 \(every target of the split\) or >= the longest "
         r"evaluation window \(64 tokens, protocol 'nonoverlapping'\)",
     ),
     (
@@ -119,8 +119,8 @@ COMMON = [
         r"config\.data: .*no such file or directory: /nonexistent/x\.txt",
     ),
     (
-        "too_long",  # (max_tokens=0: the tiny preset's cap would be refused first)
-        ["--config.data.train_length=100000000", "--config.eval.max_tokens=0"],
+        "too_long",  # (max_bytes=0: the tiny preset's cap would be refused first)
+        ["--config.data.train_length=100000000", "--config.eval.max_bytes=0"],
         r"a training window of length=100000000 needs at least",
     ),
     ("vocab", ["--config.model.vocab_size=100"], r"vocab_size=100: byte corpora need >= 256"),

@@ -29,7 +29,7 @@ def workdirs(tmp_path_factory) -> tuple[Path, Path]:
     c = extrapolation_lm.get_config("tiny")
     c.model.positional = "alibi"
     c.train.update(num_steps=4, checkpoint_every=2, progress=False)
-    c.eval.update(length_multiples=(1,), max_tokens=64)
+    c.eval.update(length_multiples=(1,), max_bytes=64)
     train_and_evaluate(c, base / "run")
     empty = base / "no_checkpoint"
     empty.mkdir()

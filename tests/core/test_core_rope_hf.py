@@ -19,8 +19,8 @@ from flax import nnx
 
 from flaxformer_lite.core import rotary
 from flaxformer_lite.nn.encodings.base import ModelDims
-from flaxformer_lite.nn.encodings.hf_rope import rope_options_from_hf
 from flaxformer_lite.nn.encodings.rotary import RotaryEncoding
+from flaxformer_lite.pretrained.hf_rope import rope_options_from_hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((ROOT / "tests" / "core" / "rope_goldens.json").read_text())["cases"]

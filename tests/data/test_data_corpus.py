@@ -47,7 +47,7 @@ def test_single_file_custom_fractions_and_memmap(tmp_path, random_bytes):
     path = tmp_path / "c.txt"
     path.write_bytes(random_bytes(1000))
     corpus = ByteCorpus.from_path(str(path), split=(0.5, 0.25, 0.25))
-    assert [corpus.split(s).num_bytes for s in SPLITS] == [500, 250, 250]
+    assert [corpus.split(s).num_tokens for s in SPLITS] == [500, 250, 250]
     assert isinstance(corpus.split("train").data, np.memmap)
     assert corpus.split("train").data.dtype == np.uint8
 
@@ -253,8 +253,8 @@ def test_split_shorter_than_window(small_corpus):
         split.sample_batch(np.random.default_rng(0), 2, 1000)
     with pytest.raises(ValueError, match=r"has 1000 bytes; an evaluation window of length=4096"):
         split.eval_batches(4096, 4)
-    with pytest.raises(ValueError, match=r"has 100 bytes \(limited by max_bytes=100\)"):
-        split.eval_windows(200, max_bytes=100)
+    with pytest.raises(ValueError, match=r"has 100 bytes \(limited by max_bytes\); an eval"):
+        split.eval_windows(200, max_bytes=99)
     split.sample_batch(np.random.default_rng(0), 2, 999)  # exactly enough
 
 

@@ -168,7 +168,7 @@ def test_enwik8_download_is_verified(tmp_path, monkeypatch, random_bytes, online
     assert not (tmp_path / "c" / "enwik8" / "enwik8").exists()
     monkeypatch.setattr(standard, "ENWIK8_NUM_BYTES", 1000)
     corpus = standard.enwik8(cache_dir=tmp_path / "c")
-    assert corpus.split("test").num_bytes == 50
+    assert corpus.split("test").num_tokens == 50
 
 
 def test_failed_download_names_the_cause(tmp_path, monkeypatch, online):
@@ -239,4 +239,4 @@ def test_path_registry_entry(tmp_path, random_bytes):
     (tmp_path / "c.bin").write_bytes(random_bytes(1000))
     corpus = get_corpus("path", path=tmp_path / "c.bin", name="mine")
     assert corpus.provenance()["name"] == "mine"
-    assert corpus.split("train").num_bytes == 900
+    assert corpus.split("train").num_tokens == 900

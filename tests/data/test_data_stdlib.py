@@ -21,7 +21,7 @@ def test_stdlib_is_several_megabytes_with_sensible_splits(stdlib):
     assert prov["num_files"] > 300
     assert prov["python_version"] == platform.python_version()
     assert re.fullmatch(r"[0-9a-f]{64}", prov["sha256"])
-    sizes = {s: stdlib.split(s).num_bytes for s in SPLITS}
+    sizes = {s: stdlib.split(s).num_tokens for s in SPLITS}
     assert sum(sizes.values()) == prov["num_bytes"]
     assert sizes["train"] > 0.8 * prov["num_bytes"]
     assert sizes["validation"] > 100_000 and sizes["test"] > 100_000

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from flaxformer_lite.data import ByteCorpus
-from flaxformer_lite.data.corpus import ByteSplit
+from flaxformer_lite.data.corpus import Split
 
 
-def _split(data: bytes) -> ByteSplit:
-    return ByteSplit(np.frombuffer(data, np.uint8), name="validation", corpus="t", num_files=1)
+def _split(data: bytes) -> Split:
+    return Split(np.frombuffer(data, np.uint8), name="validation", corpus="t", num_files=1)
 
 
 def reference_windows(data: np.ndarray, length: int, stride: int):
@@ -90,10 +90,14 @@ def test_max_bytes_and_max_windows(random_bytes):
     data = random_bytes(1000, seed=5)
     arr = np.frombuffer(data, np.uint8)
     split = _split(data)
-    windows = list(split.eval_windows(50, max_bytes=301))
+    windows = list(split.eval_windows(50, max_bytes=300))  # the bytes within the first 301
     assert len(windows) == 6
     scored = np.concatenate([w["targets"][w["loss_mask"] == 1] for w in windows])
     np.testing.assert_array_equal(scored, arr[1:301])
+    np.testing.assert_array_equal(
+        np.concatenate([w["target_position"][w["loss_mask"] == 1] for w in windows]),
+        np.arange(1, 301),  # a byte corpus: each target is its own position and byte
+    )
     first = list(split.eval_windows(50, stride=10, max_windows=4))
     assert len(first) == 4
     scored = np.concatenate([w["targets"][w["loss_mask"] == 1] for w in first])

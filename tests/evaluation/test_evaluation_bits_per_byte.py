@@ -19,7 +19,8 @@ import pytest
 from flax import nnx
 
 from flaxformer_lite.data.tokens import TokenCorpus
-from flaxformer_lite.evaluation.corpus import evaluate_length
+from flaxformer_lite.evaluation.protocols import Windows
+from flaxformer_lite.evaluation.score import score
 
 VOCAB = 11
 
@@ -95,7 +96,7 @@ def hand_bits_per_byte(split, table) -> float:
 def test_bits_per_byte_is_total_bits_over_total_bytes(setup, length, stride):
     model, split, table = setup
     expected = hand_bits_per_byte(split, table)
-    result = evaluate_length(model, split, length, stride=stride, batch_size=4)
+    result = score(model, Windows(length, stride=stride), split, batch_size=4)
     assert result["bits_per_byte"] == pytest.approx(expected, rel=1e-6)
     # every scored token's bytes once: the text's bytes minus the first token's
     text_bytes = len(TEXT) - 2  # the two 0x00 separators are not text
@@ -105,7 +106,7 @@ def test_bits_per_byte_is_total_bits_over_total_bytes(setup, length, stride):
 
 def test_blocks_are_the_same_byte_ranges_at_every_length(setup):
     model, split, _ = setup
-    a = evaluate_length(model, split, 5, batch_size=4, block_tokens=64)["blocks"]
-    b = evaluate_length(model, split, 32, stride=8, batch_size=4, block_tokens=64)["blocks"]
+    a = score(model, Windows(5, block_tokens=64), split, batch_size=4)["blocks"]
+    b = score(model, Windows(32, stride=8, block_tokens=64), split, batch_size=4)["blocks"]
     assert a["bytes"] == b["bytes"] and len(a["bytes"]) == -(-(len(TEXT) - 1) // 64)
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)

@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxformer_lite.data.corpus import ByteSplit
+from flaxformer_lite.data.corpus import Split
 from flaxformer_lite.data.store import SEPARATOR
 from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.evaluation.blocks import BlockSums
-from flaxformer_lite.evaluation.context import evaluate_context
-from flaxformer_lite.evaluation.corpus import evaluate_length
+from flaxformer_lite.evaluation.protocols import Context, Windows
+from flaxformer_lite.evaluation.score import score
 
 
 class Uniform(nnx.Module):
@@ -40,9 +40,9 @@ def _files(sizes, seed=0) -> tuple[np.ndarray, np.ndarray]:
 
 def test_document_of_counts_the_separators_before_a_position():
     data, owner = _files([5, 1, 9, 3])
-    split = ByteSplit(data, name="validation", corpus="toy", num_files=4)
+    split = Split(data, name="validation", corpus="toy", num_files=4)
     np.testing.assert_array_equal(split.document_of(np.arange(data.size)), owner)
-    one = ByteSplit(data, name="validation", corpus="toy", num_files=1)  # one document
+    one = Split(data, name="validation", corpus="toy", num_files=1)  # one document
     assert not one.document_of(np.arange(data.size)).any()
 
 
@@ -58,8 +58,8 @@ def test_block_sums_name_the_file_of_each_blocks_first_target():
 def test_nonoverlapping_blocks_record_their_files():
     sizes = [700, 40, 2100, 300, 1500]
     data, owner = _files(sizes)
-    split = ByteSplit(data, name="validation", corpus="toy", num_files=len(sizes))
-    result = evaluate_length(Uniform(256), split, 64, batch_size=4, block_tokens=256)
+    split = Split(data, name="validation", corpus="toy", num_files=len(sizes))
+    result = score(Uniform(256), Windows(64, block_tokens=256), split, batch_size=4)
     record = result["blocks"]
     n_blocks = len(record["count"])
     # targets are bytes 1 .. 64 * windows; block b's first target is byte max(1, 256 b)
@@ -72,11 +72,10 @@ def test_nonoverlapping_blocks_record_their_files():
 def test_context_protocol_blocks_record_the_file_of_their_first_target():
     sizes = [900, 2000, 50, 1200, 3000]
     data, owner = _files(sizes, seed=1)
-    split = ByteSplit(data, name="validation", corpus="toy", num_files=len(sizes))
+    split = Split(data, name="validation", corpus="toy", num_files=len(sizes))
     starts = split.context_starts(max_context=64, block=16, blocks=32)
-    result = evaluate_context(
-        Uniform(256), split, 32, starts=starts, block=16, batch_size=8, block_tokens=64
-    )
+    protocol = Context(32, 16, max_context=64, targets=32 * 16, block_tokens=64)
+    result = score(Uniform(256), protocol, split, batch_size=8)
     record = result["blocks"]
     per_stat = 64 // 16  # target blocks per statistics block
     np.testing.assert_array_equal(record["file"], owner[starts[::per_stat]])
@@ -114,7 +113,7 @@ def test_token_split_documents_follow_its_separator_tokens():
     # one token per byte here, so token positions are byte positions
     owner = np.repeat([0, 1, 2], [9, 4, 11])
     np.testing.assert_array_equal(split.document_of(np.arange(owner.size)), owner)
-    result = evaluate_length(Uniform(10), split, 4, batch_size=2, block_tokens=4)
+    result = score(Uniform(10), Windows(4, block_tokens=4), split, batch_size=2)
     # a block's first *scored* target: separators are context, never targets
     scored = [p for p in range(1, owner.size) if split.scored[p]]
     first = [min(p for p in scored if p // 4 == b) for b in range(owner.size // 4)]

@@ -14,19 +14,19 @@ import pytest
 from flax import nnx
 from tiny_models import tiny_model_config
 
-from flaxformer_lite.data.corpus import ByteSplit
+from flaxformer_lite.data.corpus import Split
 from flaxformer_lite.data.windows import context_block_starts, context_window_arrays
-from flaxformer_lite.evaluation.context import evaluate_context
-from flaxformer_lite.evaluation.corpus import evaluate_length
+from flaxformer_lite.evaluation.protocols import Context, Windows
+from flaxformer_lite.evaluation.score import score
 from flaxformer_lite.nn.models import DecoderOnlyLM
 
 VOCAB = 32  # the tiny model's vocabulary: random "bytes" below it
 
 
 @pytest.fixture(scope="module")
-def split() -> ByteSplit:
+def split() -> Split:
     data = np.random.default_rng(0).integers(0, VOCAB, 700).astype(np.uint8)
-    return ByteSplit(data, name="validation", corpus="random", num_files=1)
+    return Split(data, name="validation", corpus="random", num_files=1)
 
 
 @pytest.fixture(scope="module", params=["rope", "alibi"])
@@ -84,7 +84,9 @@ def test_context_protocol_matches_a_naive_loop(model, split):
     block, max_context = 4, 48
     starts = split.context_starts(max_context=max_context, block=block, blocks=8)
     for context in (6, max_context):
-        r = evaluate_context(model, split, context, starts=starts, block=block, batch_size=4)
+        protocol = Context(context, block, max_context=max_context, targets=8 * block)
+        np.testing.assert_array_equal(protocol.starts(split), starts)
+        r = score(model, protocol, split, batch_size=4)
         naive = _naive_losses(model, split.data, starts, context, block)
         assert r["num_scored_tokens"] == r["tokens"] == 8 * block
         assert r["protocol"] == "context" and r["eval_length"] == context
@@ -100,18 +102,18 @@ def test_context_protocol_matches_a_naive_loop(model, split):
 
 def test_block_sums_add_up_and_the_whole_split_is_scored(split):
     model = DecoderOnlyLM(tiny_model_config("alibi", num_encoder_layers=0), rngs=nnx.Rngs(1))
-    n = split.num_bytes
+    n = split.num_tokens
     for stride in (None, 5):
-        r = evaluate_length(model, split, 32, stride=stride, block_tokens=100)
+        r = score(model, Windows(32, stride=stride, block_tokens=100), split)
         b = r["blocks"]
         assert r["num_scored_tokens"] == r["tokens"] == n - 1  # targets 1 .. n-1, each once
         # block j holds target bytes 100 j .. 100 j + 99; byte 0 is never a target
         assert b["count"] == [99.0] + [100.0] * 5 + [float(n - 600)]
         np.testing.assert_allclose(sum(b["loss"]), r["loss"] * r["tokens"], rtol=1e-6)
         np.testing.assert_allclose(sum(b["correct"]), r["accuracy"] * r["tokens"], rtol=1e-6)
-    capped = evaluate_length(model, split, 32, max_tokens=250, block_tokens=100)
+    capped = score(model, Windows(32, max_bytes=250, block_tokens=100), split)
     assert capped["num_scored_tokens"] == 250 and capped["blocks"]["count"] == [99, 100, 51]
     # the same bytes in the same blocks at another length: the first targets' losses differ
     # (less context) but the blocks and their counts are the same, so comparisons can pair them
-    longer = evaluate_length(model, split, 64, block_tokens=100)
+    longer = score(model, Windows(64, block_tokens=100), split)
     assert longer["blocks"]["count"] == r["blocks"]["count"]

@@ -100,7 +100,7 @@ def test_sliding_stride_one_and_the_context_cells():
     # c = L x (0.5, 1, 2, 4, 8, 16) with L = 16; windows of c + S - 1 with S = L / 2 = 8
     assert [c.length for c in context] == [8, 16, 32, 64, 128, 256]
     assert [c.sequence_length for c in context] == [15, 23, 39, 71, 135, 263]
-    assert plan.context_block == 8 and plan.max_context == 256
+    assert {(c.scoring.block, c.scoring.max_context) for c in context} == {(8, 256)}
     with pytest.raises(ConfigError, match=r"config\.eval\.sliding_stride=17.*at most the shortest"):
         _plan(eval__protocols=("sliding",), eval__sliding_stride=17)
     with pytest.raises(ConfigError, match=r"config\.eval\.sliding_stride=-1"):

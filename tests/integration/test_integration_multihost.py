@@ -51,7 +51,7 @@ def _loop_config(*, multihost: bool):
     (``multihost``) or on the one device of this process."""
     c = get_config("tiny")
     c.train.update(num_steps=LOOP_STEPS, checkpoint_every=2, eval_every=2, log_every=1)
-    c.eval.update(length_multiples=(1, 2), max_tokens=512)
+    c.eval.update(length_multiples=(1, 2), max_bytes=512)
     if multihost:
         c.mesh.update(data=DATA, fsdp=FSDP, multihost=True)
     return c

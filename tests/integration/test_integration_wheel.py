@@ -113,7 +113,7 @@ def test_the_installed_command_runs_a_study_by_config_name_from_another_director
         "--config.train.num_steps=4",
         "--config.train.checkpoint_every=4",
         "--config.eval.length_multiples=(1,2)",
-        "--config.eval.max_tokens=256",
+        "--config.eval.max_bytes=256",
         "--progress=false",
     ]
     proc = subprocess.run(

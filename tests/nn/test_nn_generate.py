@@ -19,7 +19,8 @@ from tiny_models import tiny_model_config
 
 from configs import extrapolation_lm
 from flaxformer_lite import data
-from flaxformer_lite.evaluation import corpus, tasks
+from flaxformer_lite.evaluation.protocols import TaskLength
+from flaxformer_lite.evaluation.score import arange_positions, generate_predictions, score
 from flaxformer_lite.nn.encodings import get_positional_encoding, positional_encoding_names
 from flaxformer_lite.nn.generate import generate, sample_logits
 from flaxformer_lite.nn.model_config import ModelConfig
@@ -323,9 +324,9 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
     for length in lengths:
         batch = task.sample(np.random.default_rng([0, length]), num, length)
         t = batch["inputs"].shape[1]
-        batch["positions"] = corpus.arange_positions(0, num, t)
+        batch["positions"] = arange_positions(0, num, t)
         teacher = np.asarray(jnp.argmax(model(batch["inputs"], batch["positions"]), -1))
-        generated = tasks.generate_predictions(model, task, batch, length)
+        generated = generate_predictions(model, task, batch, length)
         tf_exact = task.exact_match(teacher, batch)
         np.testing.assert_array_equal(task.exact_match(generated, batch), tf_exact)
         # Stronger: greedy decoding follows the teacher-forced argmax up to its first error.
@@ -340,7 +341,7 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
     outcomes = np.concatenate(outcomes)
     assert 0 < outcomes.sum() < outcomes.size, "need both solved and failed examples"
     rows = {
-        mode: tasks.evaluate_task(model, task, lengths, num_examples=num, batch_size=num, mode=mode)
+        mode: [score(model, TaskLength(n, num, mode=mode), task, batch_size=num) for n in lengths]
         for mode in ("teacher_forced", "generate")
     }
     for tf_row, gen_row, length in zip(
@@ -350,7 +351,7 @@ def test_generate_scoring_agrees_with_teacher_forced_exact_match(copy_model):
         assert gen_row["exact_match"] == tf_row["exact_match"]
         assert tf_row["eval_length"] == gen_row["eval_length"] == length
     with pytest.raises(ValueError, match="mode="):
-        tasks.evaluate_task(model, task, lengths, mode="beam")
+        TaskLength(lengths[0], mode="beam")
 
 
 # ------------------------------------------------------------------ scripts/generate.py
@@ -365,7 +366,7 @@ def test_generate_script_end_to_end(tmp_path):
 
     c = extrapolation_lm.get_config("tiny")
     c.train.update(num_steps=4, checkpoint_every=2)
-    c.eval.update(length_multiples=(1,), max_tokens=64)
+    c.eval.update(length_multiples=(1,), max_bytes=64)
     c.model.positional_options.learned.max_length = c.data.train_length
     workdir = tmp_path / "run"
     train_and_evaluate(c, workdir)

@@ -16,8 +16,8 @@ from tiny_models import tiny_model_config
 import flaxformer_lite as fl
 from flaxformer_lite.core import rotary
 from flaxformer_lite.nn.encodings.base import ModelDims
-from flaxformer_lite.nn.encodings.hf_rope import rope_options_from_hf
 from flaxformer_lite.nn.encodings.rotary import RopeOptions, RotaryEncoding, rope_at_length
+from flaxformer_lite.pretrained.hf_rope import rope_options_from_hf
 
 PATH = r"ModelConfig\.positional_options"
 SHORT = (1.0, 1.1, 1.2, 1.3)  # TINY: head_dim 8 -> 4 rotated pairs

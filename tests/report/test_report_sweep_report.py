@@ -379,7 +379,7 @@ def test_a_tiny_sized_rate_cell_records_its_rate_size_parameters_and_steps(tmp_p
     config = extrapolation_lm.get_config("tiny")
     size = {"name": "d16", "d_model": 16, "num_heads": 2, "d_ff": 32, "num_decoder_layers": 1}
     config.sweep.update(encodings=("rope",), learning_rates=(1e-2,), model_sizes=(size,))
-    config.eval.update(length_multiples=(1, 4), max_tokens=256)
+    config.eval.update(length_multiples=(1, 4), max_bytes=256)
     out = run_study(config, tmp_path, progress=False, command="test")
     assert out["done"] == ["rope-d16-lr1e-2-seed0"] and not out["failed"]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]

@@ -12,7 +12,7 @@ from flaxformer_lite.study.sweeps import expand_sweep, select_cells
 
 def test_the_tiny_preset_runs_end_to_end(tmp_path):
     config = pretrained.get_config("tiny")
-    config.eval.update(length_multiples=(1, 2), max_tokens=512, protocols=("nonoverlapping",))
+    config.eval.update(length_multiples=(1, 2), max_bytes=512, protocols=("nonoverlapping",))
     config.eval.rope_scalings = ("yarn",)
     sweep = select_cells(expand_sweep(config), ["gpt2", "llama", "bloom"])
     out = run_study(config, tmp_path, sweep=sweep, progress=False)

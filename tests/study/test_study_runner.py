@@ -233,7 +233,7 @@ def config():
     c = extrapolation_lm.get_config("tiny")
     c.sweep.encodings = ("rope", "alibi")
     c.train.update(num_steps=4, checkpoint_every=4)
-    c.eval.update(length_multiples=(1, 2), max_tokens=256)
+    c.eval.update(length_multiples=(1, 2), max_bytes=256)
     return c
 
 

@@ -208,10 +208,10 @@ def test_presets_of_the_citeable_study():
     cpu = extrapolation_lm.get_config("cpu")
     assert tuple(cpu.sweep.seeds) == (0, 1, 2, 3, 4)
     assert tuple(cpu.eval.protocols) == ("nonoverlapping", "context")
-    assert cpu.eval.max_tokens == 0 and cpu.eval.split == "validation"
+    assert cpu.eval.max_bytes == 0 and cpu.eval.split == "validation"
     quick = extrapolation_lm.get_config("quick")
-    assert tuple(quick.sweep.seeds) == (0,) and quick.eval.max_tokens == 0
-    assert extrapolation_lm.get_config("tiny").eval.max_tokens > 0
+    assert tuple(quick.sweep.seeds) == (0,) and quick.eval.max_bytes == 0
+    assert extrapolation_lm.get_config("tiny").eval.max_bytes > 0
     with pytest.raises(
         ValueError, match=r"preset='paper' is not known; allowed: \[.*'wikitext103_bytes'"
     ):

@@ -46,7 +46,7 @@ def study_config(corpus: Path, **train):
     c.data.corpus = "path"
     c.data.path = str(corpus)
     c.train.update(dict(num_steps=4, checkpoint_every=2, log_every=2) | train)
-    c.eval.update(length_multiples=(1,), max_tokens=256)
+    c.eval.update(length_multiples=(1,), max_bytes=256)
     return c
 
 
@@ -111,7 +111,7 @@ def test_identity_is_what_changes_numbers():
     for path, value, named in (
         ("train.num_steps", 40, "train.num_steps: 20 -> 40"),
         ("eval.length_multiples", (1, 2), "eval.length_multiples: [1, 2, 4] -> [1, 2]"),
-        ("eval.max_tokens", 512, "eval.max_tokens: 2048 -> 512"),
+        ("eval.max_bytes", 512, "eval.max_bytes: 2048 -> 512"),
         ("eval.batch_size", 4, "eval.batch_size: 8 -> 4"),  # randomized positions: per batch
         ("data.batch_size", 4, "data.batch_size: 8 -> 4"),
         ("optim.learning_rate", 1e-4, "optim.learning_rate: 0.003 -> 0.0001"),
@@ -330,7 +330,7 @@ def test_cli_refusals_are_one_line(copy):
         "--config.train.checkpoint_every=2",
         "--config.train.log_every=2",
         "--config.eval.length_multiples=(1,)",
-        "--config.eval.max_tokens=256",
+        "--config.eval.max_bytes=256",
         "--progress=false",
     ]
     env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -17,7 +17,9 @@ from flax import nnx
 
 from configs import extrapolation_lm
 from flaxformer_lite.data.data_config import open_dataset
-from flaxformer_lite.evaluation import corpus, metrics, step
+from flaxformer_lite.evaluation import metrics, step
+from flaxformer_lite.evaluation.protocols import Windows
+from flaxformer_lite.evaluation.score import score
 from flaxformer_lite.train import loop
 from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -82,7 +84,7 @@ def test_smoke_writes_everything(uninterrupted):
     assert lengths == [16, 32, 64]
     for r in summary["eval"]:
         assert math.isclose(r["bits_per_byte"], r["loss"] / math.log(2))
-        assert r["tokens"] == c.eval.max_tokens
+        assert r["tokens"] == c.eval.max_bytes
     assert json.loads((workdir / "config.json").read_text())["data"]["train_length"] == 16
 
 
@@ -198,10 +200,10 @@ def trained_model(uninterrupted):
 
 def test_sliding_with_stride_l_equals_nonoverlapping(trained_model):
     _, model, split = trained_model
-    a = corpus.evaluate_length(model, split, 32, max_tokens=500)
-    b = corpus.evaluate_length(model, split, 32, stride=32, max_tokens=500)
+    a = score(model, Windows(32, max_bytes=500), split)
+    b = score(model, Windows(32, stride=32, max_bytes=500), split)
     assert a["loss"] == b["loss"] and a["loss_by_position"] == b["loss_by_position"]
-    c = corpus.evaluate_length(model, split, 32, stride=8, max_tokens=500)
+    c = score(model, Windows(32, stride=8, max_bytes=500), split)
     assert c["tokens"] == a["tokens"] == 500  # every target scored once in both protocols
     assert c["protocol"] == "sliding" and c["loss"] != a["loss"]
 
@@ -210,13 +212,11 @@ def test_eval_loss_matches_direct_computation(trained_model):
     """Loss from the evaluator == log-softmax of direct model calls, computed in numpy; and
     the per-position means, weighted by their counts, average to the total."""
     _run, model, split = trained_model
-    length, max_tokens = 16, 200
-    r = corpus.evaluate_length(
-        model, split, length, max_tokens=max_tokens, batch_size=4, train_length=16
-    )
+    length, max_bytes = 16, 200
+    r = score(model, Windows(length, max_bytes=max_bytes, train_length=16), split, batch_size=4)
     total, count, by_pos = 0.0, 0, np.zeros(length)
     n_pos = np.zeros(length)
-    for w in split.eval_windows(length, max_bytes=max_tokens + 1):
+    for w in split.eval_windows(length, max_bytes=max_bytes):
         logits = np.asarray(model(w["inputs"][None], np.arange(length)[None]), np.float64)[0]
         shifted = logits - logits.max(-1, keepdims=True)
         logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
@@ -225,7 +225,7 @@ def test_eval_loss_matches_direct_computation(trained_model):
         count += int(w["loss_mask"].sum())
         by_pos += nll
         n_pos += w["loss_mask"]
-    assert r["tokens"] == count == max_tokens
+    assert r["tokens"] == count == max_bytes
     np.testing.assert_allclose(r["loss"], total / count, rtol=1e-5)
     np.testing.assert_allclose(r["loss_by_position"], by_pos / n_pos, rtol=1e-5)
     weighted = np.nansum(np.array(r["loss_by_position"], float) * n_pos) / n_pos.sum()

@@ -195,7 +195,7 @@ def test_a_batch_of_ten_million_sequences_is_refused_with_the_estimate_and_setti
 
 
 def test_an_evaluation_length_of_ten_million_tokens_is_refused_before_training():
-    run = tiny_run(eval__length_multiples=(1, 625_000), eval__max_tokens=0)  # 10M-token windows
+    run = tiny_run(eval__length_multiples=(1, 625_000), eval__max_bytes=0)  # 10M-token windows
     with pytest.raises(ConfigError) as error:
         memory.check_memory(run, available=HOST_22)
     message = str(error.value)
@@ -203,7 +203,7 @@ def test_an_evaluation_length_of_ten_million_tokens_is_refused_before_training()
     assert message.startswith("config.eval.length_multiples=(1, 625000): evaluating ")
     assert "10000000-token sequences" in message and "lower config.eval.length_multiples" in message
     # a smaller batch would fit: the batch is named
-    run = tiny_run(eval__length_multiples=(1, 62_500), eval__max_tokens=0, eval__batch_size=64)
+    run = tiny_run(eval__length_multiples=(1, 62_500), eval__max_bytes=0, eval__batch_size=64)
     with pytest.raises(ConfigError, match=r"^config\.eval\.batch_size=64: evaluating 1000000-"):
         memory.check_memory(run, available=(4 * GiB, "test", False))
 
@@ -213,7 +213,7 @@ def test_a_model_too_large_for_one_sequence_names_the_model():
     with pytest.raises(ConfigError, match=r"^config\.model\.d_model=8192: one training step"):
         memory.check_memory(run, available=(1 * GiB, "test", False))
     # a small model and a long sequence: the length is named
-    run = tiny_run(data__train_length=2**20, eval__length_multiples=(1,), eval__max_tokens=0)
+    run = tiny_run(data__train_length=2**20, eval__length_multiples=(1,), eval__max_bytes=0)
     with pytest.raises(ConfigError, match=r"lower config\.data\.train_length or the model size"):
         memory.check_memory(run, available=(1 * GiB, "test", False))
 

@@ -282,7 +282,7 @@ def _worker(workdir: Path) -> dict:
     ):
         c = _tiny(**mesh)
         c.train.update(num_steps=4, log_every=1, checkpoint_every=2, steps_per_call=steps_per_call)
-        c.eval.update(length_multiples=(1, 2), max_tokens=512)
+        c.eval.update(length_multiples=(1, 2), max_bytes=512)
         stacked_calls.clear()
         summary = train_and_evaluate(c, workdir / name)
         lines = (workdir / name / "metrics.jsonl").read_text().splitlines()

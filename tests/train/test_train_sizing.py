@@ -112,7 +112,7 @@ def test_the_command_line_override_reaches_the_recorded_identity(tmp_path):
         "--config.model.num_decoder_layers=1",
         "--config.train.num_steps=2",
         "--config.eval.length_multiples=(1,)",
-        "--config.eval.max_tokens=256",
+        "--config.eval.max_bytes=256",
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -46,7 +46,7 @@ class RopeOptions(EncodingOptions):
     """Options of RoPE (Su et al. 2021) and its context extensions.
 
     The Hugging Face names (``rope_parameters`` / ``rope_scaling``) of each field are in
-    brackets; `flaxformer_lite.nn.encodings.hf_rope.rope_options_from_hf` maps a config.
+    brackets; `flaxformer_lite.pretrained.hf_rope.rope_options_from_hf` maps a config.
     Fields of a scaling other than ``scaling`` are ignored (kept so evaluation-time
     variants can switch scalings), except ``attention_factor``, which only yarn and
     longrope take.
