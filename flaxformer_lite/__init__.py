@@ -35,6 +35,7 @@ from flaxformer_lite.core.attention_bias import alibi_bias, alibi_slopes
 from flaxformer_lite.core.chunked_attention import chunked_attention
 from flaxformer_lite.core.positions import randomized_positions, relative_positions
 from flaxformer_lite.core.rotary import apply_rope
+from flaxformer_lite.nn import schedules
 from flaxformer_lite.nn.encodings import (
     EncodingOptions,
     EncodingSpec,
@@ -52,6 +53,7 @@ from flaxformer_lite.nn.models import (
     EncoderDecoder,
     default_positions,
 )
+from flaxformer_lite.nn.schedules import LayerKind
 
 __version__ = "0.1.0"
 
@@ -62,6 +64,7 @@ __all__ = [
     "EncoderDecoder",
     "EncodingOptions",
     "EncodingSpec",
+    "LayerKind",
     "ModelConfig",
     "PositionalEncoding",
     "__version__",
@@ -86,6 +89,7 @@ __all__ = [
     "relative_positions",
     "rope_scaling_variant",
     "run_study",
+    "schedules",
     "sinusoidal",
     "train_and_evaluate",
 ]

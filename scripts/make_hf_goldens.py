@@ -207,6 +207,15 @@ ROPE_VARIANTS = {
     },
 }
 
+# gemma3_text: 6 layers so that the 5:1 pattern shows, a window shorter than T and P + N, a
+# head_dim apart from hidden / heads and a query_pre_attn_scalar apart from head_dim; the
+# global layers carry a RoPE scaling (Gemma 3 scales its global layers only)
+GEMMA3_LAYERS = 6
+GEMMA3_WINDOW = 5
+GEMMA3_HEAD_DIM = 16
+GEMMA3_QUERY_SCALAR = 12
+GEMMA3_GLOBAL_ROPE = {"rope_type": "linear", "factor": 2.0}
+
 # config_legacy.json (old form: top-level rope_theta + rope_scaling) for these variants
 LEGACY = {
     "linear": {"rope_type": "linear", "factor": 2.0},
@@ -421,6 +430,39 @@ def make_config(case):
                 "(HF hard-codes 4*d_model), gelu (erf), tied head"
             ),
         )
+    if case == "gemma3_text":
+        return (
+            tf.Gemma3TextConfig(
+                vocab_size=V,
+                hidden_size=HIDDEN,
+                intermediate_size=INTERMEDIATE,
+                num_hidden_layers=GEMMA3_LAYERS,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=GEMMA3_HEAD_DIM,
+                hidden_activation="gelu_pytorch_tanh",
+                max_position_embeddings=64,
+                rms_norm_eps=1e-6,
+                query_pre_attn_scalar=GEMMA3_QUERY_SCALAR,
+                sliding_window=GEMMA3_WINDOW,
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": dict(GEMMA3_GLOBAL_ROPE, rope_theta=1000000.0),
+                },
+                final_logit_softcapping=None,
+                attn_logit_softcapping=None,
+                tie_word_embeddings=True,
+                attention_dropout=0.0,
+                **common_ids(),
+            ),
+            "Gemma3ForCausalLM",
+            (
+                f"{GEMMA3_LAYERS} layers: 5 sliding (window {GEMMA3_WINDOW}, RoPE base 1e4) then "
+                f"1 global (base 1e6, linear x2 scaling); 4 heads / 2 kv heads of head_dim "
+                f"{GEMMA3_HEAD_DIM} (hidden {HIDDEN}); query_pre_attn_scalar "
+                f"{GEMMA3_QUERY_SCALAR}; q/k norms, sandwich norms, GeGLU (tanh), tied head"
+            ),
+        )
     raise ValueError(case)
 
 
@@ -440,6 +482,7 @@ CASES = [
     "qwen2",
     "bloom",
     "mpt",
+    "gemma3_text",
 ]
 SEEDS = {c: SEED + i for i, c in enumerate(CASES)}
 
@@ -544,6 +587,22 @@ def build_case(case, out_dir, hf_tok, input_ids):
         mem_logits = model(torch.as_tensor(input_ids, dtype=torch.long)).logits.numpy()
 
     kind = case[len("llama_rope_") :] if case.startswith("llama_rope_") else None
+    if case == "gemma3_text":
+        # the form of the configs on the Hub: rope_theta (global), rope_local_base_freq
+        # (sliding), rope_scaling (global only), sliding_window_pattern instead of layer_types
+        with open(os.path.join(path, "config.json")) as f:
+            legacy = json.load(f)
+        legacy.pop("rope_parameters")
+        legacy.pop("layer_types")
+        legacy.update(
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rope_scaling=dict(GEMMA3_GLOBAL_ROPE),
+            sliding_window_pattern=6,
+        )
+        with open(os.path.join(path, "config_legacy.json"), "w") as f:
+            json.dump(legacy, f, indent=2, sort_keys=True)
+            f.write("\n")
     if kind in LEGACY:
         with open(os.path.join(path, "config.json")) as f:
             legacy = json.load(f)
@@ -586,7 +645,7 @@ def build_case(case, out_dir, hf_tok, input_ids):
     twin = full_logits[:, P - 1 : P - 1 + N]
     report["cached_vs_full_maxdiff"] = float(np.abs(twin - gen_logits).max())
     report["cached_vs_full_argmax_agree"] = bool((twin.argmax(-1) == gen_logits.argmax(-1)).all())
-    if kind in LEGACY:
+    if kind in LEGACY or case == "gemma3_text":
         leg_logits = forward_logits(path, input_ids, "config_legacy.json")
         report["legacy_config_exact"] = bool(np.array_equal(leg_logits, g["logits"]))
         leg_gen_ids, leg_gen_logits = generate(path, prompt, "config_legacy.json")
@@ -620,11 +679,8 @@ def write_readme(out_dir, tok_info):
             continue
         _, arch, note = make_config(case)
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        extra = (
-            " (+ config_legacy.json)"
-            if case[len("llama_rope_") :] in LEGACY and case.startswith("llama_rope_")
-            else ""
-        )
+        legacy = case[len("llama_rope_") :] in LEGACY and case.startswith("llama_rope_")
+        extra = " (+ config_legacy.json)" if legacy or case == "gemma3_text" else ""
         g = np.load(os.path.join(path, "golden.npz"))
         twin = g["full_logits_of_generated"][:, P - 1 : P - 1 + N]
         diff = float(np.abs(twin - g["generated_logits"]).max())

@@ -69,12 +69,14 @@ def restricted(cmd: list[str], *, fsize: int = 0, read_only: bool = False) -> li
 
 
 # The command-line harness: run as ``python -c HARNESS SCRIPT CASES`` with SCRIPT
-# scripts/run_study.py or scripts/train.py and CASES a JSON list of argument lists, it imports
+# scripts/run_study.py or scripts/train.py and CASES a JSON list of argument lists (or @FILE
+# holding one: a command line caps one argument at 128 KiB), it imports
 # the script's command once and forks a child per case, which calls the command's ``run``
 # as ``python SCRIPT ARGS`` does; it prints RESULTS and a JSON list of {"rc", "output"}.
 HARNESS = r"""
 import importlib.util, json, os, sys, tempfile, traceback
-script, cases = sys.argv[1], json.loads(sys.argv[2])
+script, cases = sys.argv[1], sys.argv[2]
+cases = json.loads(open(cases[1:]).read() if cases.startswith("@") else cases)
 command = {"run_study.py": "study", "train.py": "train"}[os.path.basename(script)]
 module = importlib.import_module("flaxformer_lite.cli." + command)
 out = []

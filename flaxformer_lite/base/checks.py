@@ -19,8 +19,37 @@ class ConfigError(ValueError):
 
 
 def fail(name: str, value: Any, allowed: str, *, error: type[Exception] = ConfigError) -> NoReturn:
-    """Raise ``error(f"{name}={value!r}: {allowed}")`` (a `ConfigError` unless told otherwise)."""
-    raise error(f"{name}={value!r}: {allowed}")
+    """Raise ``error(f"{name}={value!r}: {allowed}")`` (a `ConfigError` unless told otherwise);
+    a long value is cut (`shown`), so the message stays one readable line."""
+    raise error(f"{name}={shown(value)}: {allowed}")
+
+
+def shown(value: Any, limit: int = 300) -> str:
+    """``repr(value)``, cut to about ``limit`` characters with the full length said when it is
+    longer: ``'/tmp/aaaa...' (120005 characters)``."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        return f"{value[: limit - 40] + '...'!r} ({len(value)} characters)"
+    if isinstance(value, bytes):
+        return f"{value[: limit - 40] + b'...'!r} ({len(value)} bytes)"
+    return f"{text[: limit - 40]}... ({len(text)} characters)"
+
+
+def check_path(name: str, value: Any, *, error: type[Exception] = ConfigError) -> None:
+    """Refuse a path (a ``str``) holding bytes that are not UTF-8: Python carries such bytes
+    from a command line as lone surrogates, which no UTF-8 file (a row, REPORT.md) can hold,
+    so every later write of the path would fail."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = value.encode("utf-8", "surrogateescape")  # the bytes as given
+            except UnicodeEncodeError:
+                raw = value.encode("utf-8", "backslashreplace")
+            fail(name, raw, "holds bytes that are not UTF-8; use a path in UTF-8", error=error)
 
 
 def is_int(value: Any) -> bool:

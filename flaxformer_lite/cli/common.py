@@ -33,7 +33,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.checks import ConfigError, one_line, shown
 from flaxformer_lite.base.io import StateWriteError, write_error
 from flaxformer_lite.train import provenance
 
@@ -51,9 +51,31 @@ flags.DEFINE_multi_string(
 
 
 def fail(message: str) -> typing.NoReturn:
-    """Print ``error: message`` (one line) to stderr and exit with status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    """Print ``error: message`` (one line, cut to 2,000 characters) to stderr and exit with
+    status 2."""
+    print(f"error: {one_line(str(message), 2000)}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def check_utf8_arguments(argv: list[str], *, raw: tuple[str, ...] = ()) -> None:
+    """`fail` on a command-line argument holding bytes that are not UTF-8 (Python carries
+    them as lone surrogates): a path or name that every row, config and REPORT.md must hold
+    could never be written. ``raw``: flags whose value is bytes on purpose (``--prompt``)."""
+    skip = False
+    for arg in argv[1:]:
+        if skip or any(arg.startswith(f"--{name}=") for name in raw):
+            skip = False
+            continue
+        skip = arg in {f"--{name}" for name in raw}  # its value is the next argument
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            name, eq, _ = arg.partition("=")
+            value = arg.encode("utf-8", "surrogateescape")
+            if eq and name.startswith("--"):
+                value = value.split(b"=", 1)[1]
+                fail(f"{name}={shown(value)}: holds bytes that are not UTF-8; use UTF-8 names")
+            fail(f"argument {shown(value)}: holds bytes that are not UTF-8; use UTF-8 names")
 
 
 _running_a_command = False  # set by `run_command`: this process is a command line (it exits)
@@ -103,13 +125,17 @@ def run_command(
     argv: list[str] | None = None,
     prog: str | None = None,
     flags_parser: typing.Callable[[list[str]], list[str]] | None = None,
+    raw_flags: tuple[str, ...] = (),
 ) -> None:
     """Run a command's ``main`` with absl (`absl.app.run`), as `commands` and the thin
     ``scripts/`` do: ``argv[0]`` becomes ``prog`` (what ``--help`` and the recorded command
     show, e.g. ``flaxformer-lite study``), ``doc`` is the usage text, and the flags that
-    ``module`` defines are the ones ``--help`` lists (absl lists the main script's own)."""
+    ``module`` defines are the ones ``--help`` lists (absl lists the main script's own).
+    An argument holding bytes that are not UTF-8 is refused in one line
+    (`check_utf8_arguments`), except the values of ``raw_flags``."""
     argv = list(sys.argv if argv is None else argv)
     argv[0] = prog or argv[0]
+    check_utf8_arguments(argv, raw=raw_flags)
     sys.argv[:] = argv  # absl's --help names sys.argv[0]'s flags and usage
     for flag in flags.FLAGS.get_key_flags_for_module(module):
         flags.FLAGS.register_key_flag_for_module(argv[0], flag)
@@ -285,6 +311,12 @@ def _import_one(target: str) -> str:
             loaded = getattr(sys.modules.get(name), "__file__", None)
             if loaded and Path(loaded).resolve() == path.resolve():
                 return name  # already imported (by an earlier command in this process)
+            shadowed = _shadowed_module(name, path)
+            if shadowed:
+                fail(
+                    f"{flag}: {shadowed}; importing this file under the name {name!r} would "
+                    f"replace it for the whole program: rename the file (e.g. my_{name}.py)"
+                )
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # dataclasses and pickling look a class's module up
@@ -300,6 +332,28 @@ def _import_one(target: str) -> str:
         fail(f"{flag}: {e} (a module on sys.path or in the current directory, or FILE.py)")
     except Exception as e:
         fail(f"{flag}: importing it raised {type(e).__name__}: {e}")
+
+
+def _shadowed_module(name: str, path: Path) -> str | None:
+    """What a file imported as module ``name`` would replace (a standard-library module, or
+    another module on ``sys.path`` or already imported), or None."""
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        return f"{name!r} is a module of Python's standard library"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return f"{name!r} is the name of a module already imported ({_origin(loaded)})"
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    origin = getattr(spec, "origin", None)
+    if spec is not None and (origin is None or Path(origin).resolve() != path.resolve()):
+        return f"{name!r} is the name of an installed module ({origin or 'a namespace package'})"
+    return None
+
+
+def _origin(module: Any) -> str:
+    return getattr(module, "__file__", None) or "built in"
 
 
 def explain_flag_error(argv: list[str], error: Exception) -> str:

@@ -1,7 +1,9 @@
-r"""Sample a continuation from the newest checkpoint of a training run.
+r"""Sample a continuation from the newest checkpoint of a training run, or from a pretrained model.
 
     flaxformer-lite generate --workdir=runs/quick/runs/rope-seed0 --prompt="def " \
-        --max_new_tokens=200 [--temperature=0.8 --top_k=40 --seed=0]
+        --max_new_tokens=200 [--temperature=0.8 --top_k=40 --seed=0 --stop_token=10]
+    flaxformer-lite generate --pretrained=SmolLM2-135M-Instruct.Q4_1.gguf \
+        --prompt="The capital of France is" --max_new_tokens=40 --stop_token=eos
 
 (``python scripts/generate.py`` and ``python -m flaxformer_lite generate`` are the same
 command.) ``--workdir`` is a run directory written by
@@ -9,7 +11,14 @@ command.) ``--workdir`` is a run directory written by
 ``STUDY/runs/<encoding>-seed<k>/``), loaded by
 `flaxformer_lite.train.restore.load_trained_model`. Prints the prompt and its continuation
 (bytes decoded as UTF-8, invalid sequences replaced) to stdout; greedy when
-``--temperature=0``.
+``--temperature=0``. ``--pretrained`` instead loads a Hugging Face folder or hub id, or a
+GGUF file (`flaxformer_lite.pretrained.load_pretrained`): the prompt (UTF-8) is tokenized by
+the model's tokenizer, with its special tokens (a BOS where the model adds one), and the
+continuation decoded by it.
+
+``--stop_token`` ends the continuation at the first stop token it emits (included), as
+transformers' ``generate`` does with ``eos_token_id``: ``eos`` (the pretrained model's
+end-of-text token) or a token id (a byte value for a byte-level run); empty: never.
 
 The prompt is the bytes given on the command line, exactly (``os.fsencode``: bytes that are
 not UTF-8 reach the model unchanged), or the bytes of ``--prompt_file=PATH`` (``-`` reads
@@ -35,6 +44,7 @@ from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.cli import common
 from flaxformer_lite.data.text import decode_bytes
 from flaxformer_lite.nn.generate import generate
+from flaxformer_lite.pretrained import PretrainedError, generate_ids, load_pretrained
 from flaxformer_lite.train import memory
 from flaxformer_lite.train.restore import load_trained_model
 from flaxformer_lite.train.run_config import RunConfig
@@ -50,7 +60,12 @@ _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 200, "bytes to generate
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0: greedy; > 0: sampling temperature")
 _TOP_K = flags.DEFINE_integer("top_k", None, "sample among the k most likely bytes only")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
-flags.mark_flags_as_required(["workdir"])
+_PRETRAINED = flags.DEFINE_string(
+    "pretrained", None, "a Hugging Face folder or hub id, or a .gguf file (instead of --workdir)"
+)
+_STOP_TOKEN = flags.DEFINE_string(
+    "stop_token", "", "end at this token: 'eos' (the model's end-of-text token) or an id"
+)
 
 
 def main(argv: list[str]) -> None:
@@ -59,27 +74,17 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     with common.one_line_failures():  # one line, no traceback, on every way out
         try:
-            prompt = np.frombuffer(_prompt_bytes(), np.uint8).astype(np.int32)
+            if (_WORKDIR.value is None) == (_PRETRAINED.value is None):
+                raise ConfigError("give one of --workdir (a training run) and --pretrained")
             if _MAX_NEW_TOKENS.value < 1:
                 raise ConfigError(f"--max_new_tokens={_MAX_NEW_TOKENS.value}: must be >= 1")
-            run = _recorded_run(_WORKDIR.value)
-            if run is not None:  # else load_trained_model says what is wrong with the workdir
-                memory.check_generation_memory(
-                    run.model, prompt_len=int(prompt.size), max_new_tokens=_MAX_NEW_TOKENS.value
-                )
-            model, _, _ = load_trained_model(_WORKDIR.value)  # closes its checkpoint manager
-            sampling = _TEMPERATURE.value > 0
-            tokens = generate(
-                model,
-                prompt[None, :],
-                max_new_tokens=_MAX_NEW_TOKENS.value,
-                temperature=_TEMPERATURE.value,
-                top_k=_TOP_K.value if sampling else None,
-                rng=jax.random.key(_SEED.value) if sampling else None,
-            )
-        except ValueError as e:  # ConfigError is a ValueError
+            stop = _stop_token()
+            if _PRETRAINED.value is not None:
+                text = _pretrained(_prompt_bytes(), stop) + "\n"
+            else:
+                text = _trained(_prompt_bytes(), stop) + "\n"
+        except (ValueError, PretrainedError) as e:  # ConfigError is a ValueError
             common.fail(str(e))
-    text = decode_bytes(np.concatenate([prompt, np.asarray(tokens[0])])) + "\n"
     out = getattr(sys.stdout, "buffer", None)
     if out is None:  # a replaced sys.stdout (a notebook, a test's capture)
         sys.stdout.write(text)
@@ -87,6 +92,70 @@ def main(argv: list[str]) -> None:
     sys.stdout.flush()
     out.write(text.encode("utf-8"))  # whatever the locale's encoding: never an encode error
     out.flush()
+
+
+def _sampling() -> dict:
+    sampling = _TEMPERATURE.value > 0
+    return dict(
+        temperature=_TEMPERATURE.value,
+        top_k=_TOP_K.value if sampling else None,
+        rng=jax.random.key(_SEED.value) if sampling else None,
+    )
+
+
+def _trained(prompt_bytes: bytes, stop: int | str | None) -> str:
+    """The prompt and its continuation by the newest checkpoint of ``--workdir``."""
+    if stop == "eos":
+        raise ConfigError(
+            "--stop_token=eos: a byte-level run has no end-of-text token; give a byte"
+        )
+    prompt = np.frombuffer(prompt_bytes, np.uint8).astype(np.int32)
+    run = _recorded_run(_WORKDIR.value)
+    if run is not None:  # else load_trained_model says what is wrong with the workdir
+        memory.check_generation_memory(
+            run.model, prompt_len=int(prompt.size), max_new_tokens=_MAX_NEW_TOKENS.value
+        )
+    model, _, _ = load_trained_model(_WORKDIR.value)  # closes its checkpoint manager
+    tokens, lengths = generate(
+        model,
+        prompt[None, :],
+        max_new_tokens=_MAX_NEW_TOKENS.value,
+        stop_byte=stop,
+        return_lengths=True,
+        **_sampling(),
+    )
+    new = np.asarray(tokens[0])[: int(lengths[0])]
+    return decode_bytes(np.concatenate([prompt, new]))
+
+
+def _pretrained(prompt_bytes: bytes, stop: int | str | None) -> str:
+    """The prompt and its continuation by the ``--pretrained`` model, through its tokenizer."""
+    try:
+        prompt = prompt_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the prompt is not UTF-8 ({e}); a tokenizer reads text") from None
+    lm = load_pretrained(_PRETRAINED.value)
+    if lm.tokenizer is None:
+        raise ConfigError(f"--pretrained={_PRETRAINED.value!r}: no tokenizer")
+    ids = lm.tokenizer.encode(prompt, add_special_tokens=True)
+    new = generate_ids(
+        lm, ids, max_new_tokens=_MAX_NEW_TOKENS.value, stop_token=stop, **_sampling()
+    )
+    return prompt + lm.tokenizer.decode(new)
+
+
+def _stop_token() -> int | str | None:
+    value = _STOP_TOKEN.value.strip()
+    if not value:
+        return None
+    if value == "eos":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"--stop_token={value!r}: give 'eos' or a token id (empty: no stop token)"
+        ) from None
 
 
 def _prompt_bytes() -> bytes:
@@ -123,7 +192,14 @@ def _recorded_run(workdir: str) -> RunConfig | None:
 
 def run(argv: list[str] | None = None, prog: str = "flaxformer-lite generate") -> None:
     """Parse ``argv`` (default ``sys.argv``) and generate (`common.run_command`)."""
-    common.run_command(main, doc=__doc__, module=__name__, argv=argv, prog=prog)
+    common.run_command(
+        main,
+        doc=__doc__,
+        module=__name__,
+        argv=argv,
+        prog=prog,
+        raw_flags=("prompt", "prompt_file"),
+    )
 
 
 if __name__ == "__main__":

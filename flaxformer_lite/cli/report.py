@@ -14,6 +14,11 @@ corrupted line is reported with its file and line number and skipped. The report
 Markdown bits-per-byte table(s). ``--reference`` / ``--all_pairs`` choose the comparisons of
 ``tables/paired_differences.{md,tex,csv}``.
 
+A block record is used only beside the rows of the run that wrote it (the same study, preset,
+run, seed and run identity, ``config_hash``): another study's ``blocks.jsonl`` placed beside
+the rows is named on stderr and ignored. A file that cannot be read (a truncated or corrupt
+``.gz``) is one line naming it, exit status 2.
+
 A RUN_DIR is a study directory (``results.jsonl``), a results file, one study cell's workdir
 (``STUDY/runs/<cell>/``: its ``rows.jsonl``) or one ``train`` workdir (its ``eval.json`` and
 ``config.json``: rows are made from them). The study dirs' ``study.json`` say which cells the
@@ -96,15 +101,17 @@ def main(argv: list[str]) -> None:
 def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None:
     try:
         rows, problems, origins = store.load_rows_with_origins(run_dirs)
-        blocks = store.load_blocks(run_dirs)
+        blocks, foreign = store.paired_blocks(run_dirs, rows)  # only the rows' own blocks
     except (FileNotFoundError, store.DuplicateRowsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except OSError as e:  # unreadable
+    except OSError as e:  # unreadable: a truncated or corrupt .gz, a directory, ...
         print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         sys.exit(2)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
+    for note in foreign:
+        print(f"warning: {note}", file=sys.stderr)
     if not rows:
         print(
             f"error: no results rows in {', '.join(run_dirs)} "
@@ -195,7 +202,7 @@ def _rows_of_train_workdir(path: str, scratch: str) -> str:
     try:
         with open(os.path.join(path, "eval.json")) as f:
             summary = json.load(f)
-        run = RunConfig.from_config(summary["config"])
+        run = RunConfig.from_recorded(summary["config"])
         command = f"flaxformer-lite train --workdir={path} (from its eval.json)"
         made = rows_for_cell(run, name, summary, command)
         block_records = blocks_for_cell(run, name, summary)

@@ -25,7 +25,11 @@ Every function that takes ``causal`` also takes ``window``: a positive int W (on
 included (`window_mask`). This is sliding-window ("local") causal attention as in Longformer
 (Beltagy et al. 2020) and Mistral 7B (Jiang et al. 2023), and the blockwise-causal attention
 xPos is evaluated with (Sun et al. 2022, "A Length-Extrapolatable Transformer"); the chunked
-implementation then does ``O(length * W)`` work instead of ``O(length^2)``.
+implementation then does ``O(length * W)`` work instead of ``O(length^2)``. They also take
+``chunk``: a positive int C (only with ``causal=True``, not with a window) restricting query
+``i`` to keys ``j <= i`` of its own block of C positions, ``floor(j / C) == floor(i / C)``
+(`chunk_mask`): the block-local ("chunked") attention of Llama 4's RoPE layers (HF
+transformers ``attention_chunk_size``); the chunked implementation skips the other blocks.
 
 Three further options change the softmax row itself; every implementation honours them:
 
@@ -60,7 +64,7 @@ from flaxformer_lite.core.arrays import (
     check_forget_prefix,
     check_sinks,
 )
-from flaxformer_lite.core.chunked_attention import check_keep_first, check_window
+from flaxformer_lite.core.chunked_attention import check_chunk, check_keep_first, check_window
 from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
@@ -157,6 +161,39 @@ def streaming_mask(q_len: int, kv_len: int, *, window: int, keep_first: int) -> 
     return window_mask(q_len, kv_len, window) | (causal_mask(q_len, kv_len) & first)
 
 
+def chunk_mask(q_len: int, kv_len: int, chunk: int) -> Array:
+    """Boolean ``[q_len, kv_len]`` block-local causal mask: True where ``j <= i`` and
+    ``floor(j / C) == floor(i / C)``.
+
+    Query ``i`` sees the keys of its own block of ``chunk`` positions up to itself (Llama 4's
+    chunked attention, HF transformers ``attention_chunk_size``; ``chunk >= kv_len``:
+    `causal_mask`). Top-left aligned like `causal_mask`.
+    """
+    chunk = check_positive_int("chunk", chunk)
+    causal = causal_mask(q_len, kv_len)
+    return causal & (jnp.arange(kv_len)[None, :] // chunk == jnp.arange(q_len)[:, None] // chunk)
+
+
+def causal_span_mask(
+    q_len: int,
+    kv_len: int,
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
+    keep_first: int | None = None,
+) -> Array:
+    """`causal_mask`, `window_mask` (``window``; `streaming_mask` with ``keep_first`` too) or
+    `chunk_mask` (``chunk``): what causal self-attention with that span sees, ``[q_len,
+    kv_len]`` bool."""
+    if window is not None:
+        if keep_first is not None:
+            return streaming_mask(q_len, kv_len, window=window, keep_first=keep_first)
+        return window_mask(q_len, kv_len, window)
+    if chunk is not None:
+        return chunk_mask(q_len, kv_len, chunk)
+    return causal_mask(q_len, kv_len)
+
+
 def padding_mask(q_valid: Array, kv_valid: Array | None = None) -> Array:
     """Boolean ``[batch, 1, q_len, kv_len]`` mask from per-token validity flags.
 
@@ -197,18 +234,20 @@ def attention_logits(
     window: int | None = None,
     scale: float | None = None,
     keep_first: int | None = None,
+    chunk: int | None = None,
 ) -> tuple[Array, Array | None]:
     """Masked float32 logits ``[batch, heads, q_len, kv_len]`` and the combined boolean mask.
 
     Masked entries hold a large negative finite number. The mask returned is the
-    broadcastable combination of ``mask`` and ``causal`` (`window_mask` instead of
-    `causal_mask` when a ``window`` is given, `streaming_mask` with ``keep_first`` too; None
-    if neither is given).
+    broadcastable combination of ``mask`` and ``causal`` (`window_mask` or `chunk_mask`
+    instead of `causal_mask` when a ``window`` or ``chunk`` is given, `streaming_mask` with a
+    window and ``keep_first``; None if neither ``mask`` nor ``causal`` is given).
     """
     _check_qk(q, k)
     k_BSNH = repeat_kv(k, q.shape[2])
     window = check_window(window, causal)
     keep_first = check_keep_first(keep_first, window)
+    chunk = check_chunk(chunk, causal, window)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
     logits_BNTS = jnp.einsum("bqhd,bkhd->bhqk", q, k_BSNH, preferred_element_type=jnp.float32)
@@ -218,7 +257,14 @@ def attention_logits(
         check_broadcastable("bias", bias_BNTS.shape, logits_BNTS.shape)
         logits_BNTS = logits_BNTS + bias_BNTS
     combined_BNTS = _combine_masks(
-        mask, causal, window, q.shape[1], k_BSNH.shape[1], logits_BNTS.shape, keep_first
+        mask,
+        causal,
+        window,
+        q.shape[1],
+        k_BSNH.shape[1],
+        logits_BNTS.shape,
+        chunk=chunk,
+        keep_first=keep_first,
     )
     if combined_BNTS is not None:
         logits_BNTS = jnp.where(combined_BNTS, logits_BNTS, jnp.float32(MASKED_LOGIT))
@@ -237,6 +283,7 @@ def attention_weights(
     scale: float | None = None,
     sinks: Array | None = None,
     keep_first: int | None = None,
+    chunk: int | None = None,
 ) -> Array:
     """Attention probabilities ``[batch, heads, q_len, kv_len]`` in float32.
 
@@ -247,9 +294,17 @@ def attention_weights(
     del v
     sinks_N = check_sinks(sinks, q.shape[2])
     logits_BNTS, combined_BNTS = attention_logits(
-        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale, keep_first=keep_first
+        q,
+        k,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        window=window,
+        scale=scale,
+        chunk=chunk,
+        keep_first=keep_first,
     )
-    zero_masked = mask is not None or window is not None
+    zero_masked = mask is not None or window is not None or chunk is not None
     return _softmax(logits_BNTS, combined_BNTS, zero_masked=zero_masked, sinks_N=sinks_N)
 
 
@@ -272,7 +327,7 @@ def _softmax(
         # identical sentinel logits, so this also turns that row into zeros. A causal mask
         # alone needs no pass: it never hides a whole row (every query sees key 0) and its
         # entries are already exactly 0 (exp(-1e30 - max) underflows). A window can hide
-        # whole rows (query i >= kv_len + W - 1 sees no key).
+        # whole rows (query i >= kv_len + W - 1 sees no key), and so can a chunk.
         weights_BNTS = jnp.where(combined_BNTS, weights_BNTS, jnp.float32(0.0))
     return weights_BNTS
 
@@ -300,6 +355,7 @@ def dot_product_attention(
     scale: float | None = None,
     sinks: Array | None = None,
     keep_first: int | None = None,
+    chunk: int | None = None,
 ) -> Array:
     """``softmax(q k^T * scale + bias) v`` for ``[batch, length, heads, head_dim]`` inputs.
 
@@ -321,6 +377,9 @@ def dot_product_attention(
         softmax column ``s_h`` (not scaled, no value), dropped after the softmax.
       keep_first: optional positive int k, only with a ``window``: query i also sees keys
         ``j < k`` (StreamingLLM, `streaming_mask`).
+      chunk: optional positive int C, only with ``causal=True`` and no window: block-local
+        causal attention, query i sees keys ``j <= i`` with ``j // C == i // C``
+        (`chunk_mask`; Llama 4's chunked attention).
 
     Returns:
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``. Rows with no visible key are zeros.
@@ -336,6 +395,7 @@ def dot_product_attention(
         scale=scale,
         sinks=sinks,
         keep_first=keep_first,
+        chunk=chunk,
     )
     return _weighted_values(weights_BNTS, repeat_kv(v, q.shape[2]))
 
@@ -418,6 +478,7 @@ def attend(
     sinks: Array | None = None,
     keep_first: int | None = None,
     forget_prefix: tuple[Array, Array] | None = None,
+    chunk: int | None = None,
 ) -> Array:
     """The one attention entry point the layers call; positions make the bias a function.
 
@@ -437,6 +498,9 @@ def attend(
       mask, causal, window, scale: as in `dot_product_attention`. Every implementation
         applies the ``window``; "chunked" then skips the key blocks outside it
         (``O(length * W)`` work), the fused kernel gets ``local_window_size=(W - 1, 0)``.
+      chunk: as in `dot_product_attention` (block-local causal attention); "chunked" skips
+        the key blocks of other chunks (``O(length * C)`` work), the fused kernel gets it as
+        a boolean mask.
       implementation: one of `IMPLEMENTATIONS`: "xla" materialises the scores (causal
         self-attention without a window as `causal_query_blocks` query blocks); "chunked"
         is `chunked_attention.chunked_attention` (O(length) memory, bias per block);
@@ -466,6 +530,7 @@ def attend(
         )
     window = check_window(window, causal)
     keep_first = check_keep_first(keep_first, window)
+    chunk = check_chunk(chunk, causal, window)
     _check_qk(q, k)
     sinks_N = check_sinks(sinks, q.shape[2])
     forget_prefix = check_forget_prefix(forget_prefix, q.shape, k.shape[1])
@@ -479,6 +544,7 @@ def attend(
     )
     if implementation in ("auto", "cudnn"):
         masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
+        masking["chunk"] = chunk
         out_BTNH, reason = _try_fused(
             implementation,
             q,
@@ -516,10 +582,11 @@ def attend(
             sinks=sinks_N,
             keep_first=keep_first,
             forget_prefix=forget_prefix,
+            chunk=chunk,
         )
 
     def materialised(q: Array, k: Array, v: Array) -> Array:
-        if causal and window is None and q.shape[1] == k.shape[1]:
+        if causal and window is None and chunk is None and q.shape[1] == k.shape[1]:
             blocks = causal_query_blocks(q.shape[1])
             if blocks > 1:
                 _check_v(v, k)
@@ -551,6 +618,7 @@ def attend(
             scale=scale,
             sinks=sinks_N,
             keep_first=keep_first,
+            chunk=chunk,
         )
 
     if not any(mixed_precision.is_low_precision(x.dtype) for x in (q, k, v)):
@@ -625,7 +693,7 @@ def _try_fused(
 
     "cudnn" raises where "auto" returns the reason (to fall back): the kernel cannot run
     here (`_fused_unavailable_reason`), or it rejected the call. ``kwargs`` are `attend`'s
-    ``mask, causal, window, scale``.
+    ``mask, causal, window, scale, chunk``.
     """
     reason = _fused_unavailable_reason(
         jax.default_backend(),
@@ -659,6 +727,7 @@ def _fused_attention(
     scale: float | None,
     window: int | None = None,
     kernel: str = "cudnn",
+    chunk: int | None = None,
 ) -> Array:
     """`jax.nn.dot_product_attention` with this module's conventions for masked rows.
 
@@ -666,10 +735,12 @@ def _fused_attention(
     visible key would average all values; such rows are set to zero here, as in
     `dot_product_attention`. A ``window`` W becomes ``local_window_size=(W - 1, 0)`` with
     ``is_causal=True``: key ``j`` is visible from query ``i`` iff ``i - (W - 1) <= j <= i``.
-    ``kernel="xla"`` runs the same code path on any backend (tests).
+    A ``chunk`` C becomes part of the boolean mask (`chunk_mask`; the kernel has no
+    block-local mode). ``kernel="xla"`` runs the same code path on any backend (tests).
     """
     _check_qk(q, k)
     window = check_window(window, causal)
+    chunk = check_chunk(chunk, causal, window)
     if window is not None and not _FUSED_HAS_WINDOW:
         raise NotImplementedError(_WINDOW_REASON)
     mask_BNTS = None
@@ -679,6 +750,9 @@ def _fused_attention(
             raise ValueError(f"mask must be boolean (True = attend); got dtype {mask_BNTS.dtype}")
         q_len, kv_len = q.shape[1], k.shape[1]
         check_broadcastable("mask", mask_BNTS.shape, (q.shape[0], q.shape[2], q_len, kv_len))
+    if chunk is not None:
+        chunk_BNTS = chunk_mask(q.shape[1], k.shape[1], chunk)[None, None]
+        mask_BNTS = chunk_BNTS if mask_BNTS is None else mask_BNTS & chunk_BNTS
     kwargs = {} if window is None else {"local_window_size": (window - 1, 0)}
     out_BTNH = jax.nn.dot_product_attention(
         q, k, v, mask=mask_BNTS, scale=scale, is_causal=causal, implementation=kernel, **kwargs
@@ -731,19 +805,17 @@ def _combine_masks(
     q_len: int,
     kv_len: int,
     shape: tuple[int, ...],
+    *,
+    chunk: int | None = None,
     keep_first: int | None = None,
 ) -> Array | None:
     combined = None
     if mask is not None:
         combined = _check_mask(mask, shape)
     if causal:
-        if window is None:
-            tri = causal_mask(q_len, kv_len)
-        elif keep_first is None:
-            tri = window_mask(q_len, kv_len, window)
-        else:
-            tri = streaming_mask(q_len, kv_len, window=window, keep_first=keep_first)
-        tri = tri[None, None, :, :]
+        tri = causal_span_mask(q_len, kv_len, window=window, chunk=chunk, keep_first=keep_first)[
+            None, None, :, :
+        ]
         combined = tri if combined is None else jnp.logical_and(combined, tri)
     return combined
 

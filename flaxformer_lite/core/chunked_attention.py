@@ -26,6 +26,10 @@ key blocks inside -- is FlashAttention-2's, Dao 2023, arXiv 2307.08691.)
   pass costs ``O(length * W)`` instead of ``O(length^2)``; blocks cut by the window's lower
   edge are masked, blocks entirely inside it are not. The backward pass skips the query
   blocks outside each key block's band the same way.
+* With a ``chunk`` C (block-local causal attention, Llama 4: query ``i`` sees keys ``j <= i``
+  with ``floor(j / C) == floor(i / C)``) the key blocks before the first query's chunk are
+  skipped likewise (``O(length * C)`` work), and in the backward pass the query blocks after
+  each key block's chunk.
 * Reverse mode is a `jax.custom_vjp` that saves only ``q, k, v``, the output and the
   per-row log-sum-exp ``[b, heads, q_len]`` and recomputes the block scores in the backward
   pass (FlashAttention Algorithm 2 / FlashAttention-2 Algorithm 2), so training memory is
@@ -92,6 +96,7 @@ def chunked_attention(
     sinks: Array | None = None,
     keep_first: int | None = None,
     forget_prefix: tuple[Array, Array] | None = None,
+    chunk: int | None = None,
 ) -> Array:
     """Blockwise ``softmax(q k^T * scale + bias_fn(q_pos, k_pos)) v`` in ``O(length)`` memory.
 
@@ -113,6 +118,9 @@ def chunked_attention(
         iff ``i - W < j <= i`` (its last W keys, itself included; `check_window`). Key
         blocks outside every query's window are never visited: ``O(q_len * W)`` work.
       scale: logit scale, a Python number; default ``1/sqrt(head_dim)``.
+      chunk: optional positive int C, only with ``causal=True`` and no window: query ``i``
+        sees key ``j`` iff ``j <= i`` and ``j // C == i // C`` (`check_chunk`). Key blocks of
+        other chunks are never visited: ``O(q_len * C)`` work.
       block_q, block_k: block sizes, clipped to the lengths. Lengths that are not a multiple
         are padded, and the padding is masked.
       sinks: optional float ``[heads]`` sink logits (gpt-oss): an extra softmax column per
@@ -131,6 +139,7 @@ def chunked_attention(
     keep_first = check_keep_first(keep_first, window)
     sinks_N = check_sinks(sinks, q.shape[2])
     forget_prefix = check_forget_prefix(forget_prefix, q.shape, k.shape[1])
+    chunk = check_chunk(chunk, causal, window)
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
     block_q = check_positive_int("block_q", block_q)
@@ -170,6 +179,7 @@ def chunked_attention(
         mask_k=mask_BNTS is not None and mask_BNTS.shape[3] > 1,
         window=window or 0,
         keep_first=keep_first or 0,
+        chunk=chunk or 0,
     )
     # [b, L, h, d] -> [b, h, L_padded, d]: blocks are slices along axis 2.
     q_BNTH = _pad_axis(jnp.swapaxes(q, 1, 2), 2, nq * q_block_len, 0)
@@ -203,6 +213,7 @@ def kv_blocks_visited(
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
     keep_first: int | None = None,
+    chunk: int | None = None,
 ) -> list[int]:
     """Number of key blocks the forward pass visits for each query block (for docs/tests).
 
@@ -212,11 +223,13 @@ def kv_blocks_visited(
     query block needs keys ``i * bq - W + 1 .. (i + 1) * bq - 1``, which lie in at most
     ``(bq + W - 3) // bk + 2`` key blocks whatever the length, so the total is
     ``O(q_len * W / bk)`` (at ``bq = bk = W = 512``: 2 per query block, 1 for the first).
-    With ``keep_first`` k (StreamingLLM) the blocks before the window that hold keys ``j <
-    k`` are visited too (`_first_blocks`).
+    With a ``chunk`` C the blocks before the one holding ``floor(i * bq / C) * C`` (the
+    first key of the first query's chunk) are skipped. With ``keep_first`` k (StreamingLLM)
+    the blocks before the window that hold keys ``j < k`` are visited too (`_first_blocks`).
     """
     window = check_window(window, causal)
     keep_first = check_keep_first(keep_first, window)
+    chunk = check_chunk(chunk, causal, window)
     q_block_len, k_block_len = min(block_q, q_len), min(block_k, kv_len)
     nq, nk = -(-q_len // q_block_len), -(-kv_len // k_block_len)
     cfg = _Config(
@@ -230,6 +243,7 @@ def kv_blocks_visited(
         1.0,
         window=window or 0,
         keep_first=keep_first or 0,
+        chunk=chunk or 0,
     )
     return [
         max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) + int(_first_blocks(cfg, i))
@@ -273,6 +287,29 @@ def check_keep_first(keep_first, window: int | None) -> int | None:
     return keep_first
 
 
+def check_chunk(chunk, causal: bool, window: int | None = None) -> int | None:
+    """``chunk`` as an int (or None): a positive int, only with ``causal=True`` and without a
+    ``window`` (a layer's attention is either sliding-window or block-local).
+
+    The one rule for every implementation: with chunk C, query ``i`` attends to key ``j``
+    iff ``j <= i`` and ``floor(j / C) == floor(i / C)`` (Llama 4's chunked attention).
+    """
+    if chunk is None:
+        return None
+    chunk = check_positive_int("chunk", chunk)
+    if not causal:
+        raise ValueError(
+            f"chunk={chunk}: block-local attention needs causal=True (query i sees keys j <= i "
+            "of its own chunk)"
+        )
+    if window is not None:
+        raise ValueError(
+            f"chunk={chunk} and window={window}: give one of them (sliding-window or "
+            "block-local attention)"
+        )
+    return chunk
+
+
 # --------------------------------------------------------------------------- implementation
 
 
@@ -291,6 +328,7 @@ class _Config(NamedTuple):
     mask_k: bool = False
     window: int = 0  # sliding window W (causal only): query i sees keys i - W < j <= i; 0 = none
     keep_first: int = 0  # StreamingLLM (with a window): keys j < keep_first are seen too
+    chunk: int = 0  # block-local C (causal only): query i sees j <= i with j // C == i // C
 
     @property
     def kv_padded(self) -> bool:
@@ -301,6 +339,11 @@ class _Config(NamedTuple):
         """Key blocks holding the first ``keep_first`` keys (0 without StreamingLLM's mask)."""
         return min(self.nk, -(-self.keep_first // self.k_block_len))
 
+    @property
+    def local(self) -> bool:
+        """A window or a chunk: some key blocks below the diagonal are skipped or masked."""
+        return bool(self.window or self.chunk)
+
 
 def _first_blocks(cfg: _Config, i):
     """StreamingLLM: key blocks ``[0, n)`` before the window's first block (`_kv_start`)
@@ -310,12 +353,22 @@ def _first_blocks(cfg: _Config, i):
     return jnp.minimum(cfg.nk_first, _kv_start(cfg, i))
 
 
+def _lowest_key(cfg: _Config, i):
+    """The lowest key query ``i`` sees (0 without a window or chunk): ``i - W + 1``, or the
+    first key of its chunk ``floor(i / C) * C``."""
+    if cfg.window:
+        return i - cfg.window + 1
+    if cfg.chunk:
+        return (i // cfg.chunk) * cfg.chunk
+    return 0
+
+
 def _kv_start(cfg: _Config, i):
-    """First key block query block ``i`` needs: 0, or with a window the block holding key
-    ``i * bq - W + 1`` (the lowest key its first query sees)."""
-    if not cfg.window:
+    """First key block query block ``i`` needs: 0, or with a window or chunk the block
+    holding the lowest key its first query ``i * bq`` sees (`_lowest_key`)."""
+    if not cfg.local:
         return 0
-    return jnp.maximum(0, (i * cfg.q_block_len - cfg.window + 1) // cfg.k_block_len)
+    return jnp.maximum(0, _lowest_key(cfg, i * cfg.q_block_len) // cfg.k_block_len)
 
 
 def _kv_end(cfg: _Config, i):
@@ -329,16 +382,19 @@ def _kv_full(cfg: _Config, i):
     """Key blocks ``[lo, hi)`` every query of block ``i`` sees whole, without index masking.
 
     ``hi``: the blocks entirely at or below the diagonal (a padded last block is masked);
-    ``lo``: with a window, the first block entirely inside the last query's window, i.e.
-    whose first key ``j * bk > (i + 1) * bq - 1 - W``. The range may be empty (``lo >= hi``).
+    ``lo``: with a window or chunk, the first block entirely inside what the last query sees,
+    i.e. whose first key ``j * bk >= _lowest_key((i + 1) * bq - 1)`` (a query block that
+    spans two chunks has none: its first query is below the last query's chunk, and the
+    blocks of that chunk are above it). The range may be empty (``lo >= hi``).
     """
     last = cfg.nk - 1 if cfg.kv_padded else cfg.nk  # a padded last key block is masked
     if not cfg.causal:
         return 0, last
     hi = jnp.minimum(last, (i * cfg.q_block_len + 1) // cfg.k_block_len)
-    if not cfg.window:
+    if not cfg.local:
         return 0, hi
-    return jnp.maximum(0, -(-((i + 1) * cfg.q_block_len - cfg.window) // cfg.k_block_len)), hi
+    lowest = _lowest_key(cfg, (i + 1) * cfg.q_block_len - 1)
+    return jnp.maximum(0, -(-lowest // cfg.k_block_len)), hi
 
 
 def _q_start(cfg: _Config, j):
@@ -346,20 +402,31 @@ def _q_start(cfg: _Config, j):
     return (j * cfg.k_block_len) // cfg.q_block_len if cfg.causal else 0
 
 
+def _highest_query(cfg: _Config, j):
+    """The highest query that sees key ``j`` (with a window or chunk): ``j + W - 1``, or the
+    last position of its chunk ``floor(j / C) * C + C - 1``."""
+    if cfg.window:
+        return j + cfg.window - 1
+    return (j // cfg.chunk) * cfg.chunk + cfg.chunk - 1
+
+
 def _q_end(cfg: _Config, j):
-    """Query blocks ``[start, end)`` see key block ``j``: all, or with a window those up to
-    the one holding query ``(j + 1) * bk - 1 + W - 1`` (the last one whose window reaches
-    the block's last key; inverse of `_kv_start`)."""
-    if not cfg.window:
+    """Query blocks ``[start, end)`` see key block ``j``: all, or with a window or chunk
+    those up to the one holding the highest query that sees the block's last key
+    (`_highest_query`; the inverse of `_kv_start`)."""
+    if not cfg.local:
         return cfg.nq
-    return jnp.minimum(cfg.nq, ((j + 1) * cfg.k_block_len + cfg.window - 2) // cfg.q_block_len + 1)
+    last_key = (j + 1) * cfg.k_block_len - 1
+    return jnp.minimum(cfg.nq, _highest_query(cfg, last_key) // cfg.q_block_len + 1)
 
 
 def _q_full(cfg: _Config, j):
     """Query blocks ``[lo, hi)`` see all of key block ``j`` without index masking.
 
     ``lo``: the blocks entirely at or below the diagonal; ``hi``: with a window, the blocks
-    whose last query ``(i + 1) * bq - 1 < j * bk + W`` still sees the block's first key.
+    whose last query ``(i + 1) * bq - 1 < j * bk + W`` still sees the block's first key; with
+    a chunk, those whose last query is in the chunk of the block's first key, and none when
+    the key block spans two chunks.
     """
     if cfg.causal:
         lo = jnp.minimum(cfg.nq, -(-((j + 1) * cfg.k_block_len - 1) // cfg.q_block_len))
@@ -367,9 +434,14 @@ def _q_full(cfg: _Config, j):
         lo = jnp.asarray(0)
     if cfg.kv_padded:
         lo = jnp.where(j == cfg.nk - 1, cfg.nq, lo)
-    if not cfg.window:
+    if not cfg.local:
         return lo, cfg.nq
-    return lo, jnp.minimum(cfg.nq, (j * cfg.k_block_len + cfg.window) // cfg.q_block_len)
+    first_key = j * cfg.k_block_len
+    hi = jnp.minimum(cfg.nq, (_highest_query(cfg, first_key) + 1) // cfg.q_block_len)
+    if cfg.chunk:
+        last_key = first_key + cfg.k_block_len - 1
+        hi = jnp.where(first_key // cfg.chunk == last_key // cfg.chunk, hi, 0)
+    return lo, hi
 
 
 def _split(start, lo, hi, end):
@@ -422,6 +494,8 @@ def _logits(
                 if cfg.keep_first:  # StreamingLLM: the first keys stay visible
                     recent_ts = recent_ts | (k_idx_s < cfg.keep_first)
                 idx_valid_ts = idx_valid_ts & recent_ts
+            if cfg.chunk:
+                idx_valid_ts = idx_valid_ts & (k_idx_s // cfg.chunk == q_idx_t // cfg.chunk)
         if cfg.kv_padded:
             in_range = k_idx_s < cfg.kv_len
             idx_valid_ts = in_range if idx_valid_ts is None else idx_valid_ts & in_range
@@ -473,10 +547,11 @@ def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, ma
     """Output ``[b, h, nq*bq, d]`` (v.dtype) and float32 log-sum-exp ``[b, h, nq*bq]``.
 
     Query block ``i`` visits key blocks ``[start, end)`` (`_kv_start`, `_kv_end`): those cut
-    by the window's lower edge and by the diagonal with the index mask, those in between
-    (`_kv_full`) without it; with StreamingLLM's ``keep_first`` also ``[0, first)``
-    (`_first_blocks`), masked. ``extras = (sinks [h] or None, (c_q [b, h, nq*bq], c_k [b, h,
-    nk*bk]) or None)``: the sink seeds the running max ``m = s_h`` and denominator ``l = 1``.
+    by the window's (or chunk's) lower edge and by the diagonal with the index mask, those
+    in between (`_kv_full`) without it; with StreamingLLM's ``keep_first`` also ``[0,
+    first)`` (`_first_blocks`), masked. ``extras = (sinks [h] or None, (c_q [b, h, nq*bq],
+    c_k [b, h, nk*bk]) or None)``: the sink seeds the running max ``m = s_h`` and
+    denominator ``l = 1``.
     """
     b, h, _, d = q_BNTH.shape
     q_block_len = cfg.q_block_len
@@ -505,7 +580,7 @@ def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, ma
         if cfg.keep_first:  # StreamingLLM: the first keys' blocks before the window
             carry = lax.fori_loop(0, _first_blocks(cfg, i), masked, carry)
         lo, hi = _split(start, *_kv_full(cfg, i), end)
-        if cfg.window:  # blocks cut by the window's lower edge
+        if cfg.local:  # blocks cut by the window's (or chunk's) lower edge
             carry = lax.fori_loop(start, lo, masked, carry)
         carry = lax.fori_loop(lo, hi, unmasked, carry)
         m_BNt, denom_BNt, acc_BNtH = lax.fori_loop(hi, end, masked, carry)
@@ -629,13 +704,13 @@ def _backward(
         lo, hi = _split(start, *_q_full(cfg, j), end)
         dfox = None if dc_q_BNT is None else (dc_q_BNT, jnp.zeros(kv_j[3].shape, _F32))
         carry = (zeros, zeros, dq_BNTH, dconsts, dfox)
-        # Query blocks on the diagonal (and, with a window, those cut by the window's far
+        # Query blocks on the diagonal (and, with a window or chunk, those cut by its far
         # edge) need the index mask; those in between do not; the rest are skipped.
         masked = _backward_step(cfg, bias_fn, tensors, j, kv_j, True)
         unmasked = _backward_step(cfg, bias_fn, tensors, j, kv_j, False)
         carry = lax.fori_loop(start, lo, masked, carry)
         carry = lax.fori_loop(lo, hi, unmasked, carry)
-        if cfg.window:
+        if cfg.local:
             carry = lax.fori_loop(hi, end, masked, carry)
         if cfg.keep_first:  # StreamingLLM: later queries still see this block's first keys
             past = jnp.maximum(end, start)

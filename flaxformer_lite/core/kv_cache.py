@@ -35,6 +35,15 @@ registered encoding (dynamic NTK past its original length excepted, as above). U
 slots are masked out by ``valid``; the causal mask comes from positions
 (`attention.mask_from_positions`), not from slot indices.
 
+A layer that sees at most the last S positions -- a sliding window of W keys, or block-local
+attention in chunks of C (a query sees keys of its own chunk only, all among the last C
+positions) -- keeps a **ring buffer** of ``S = min(W or C, capacity)`` slots instead
+(`ring_capacity`): token ``n`` of the sequence lives in slot ``n mod S`` (`write_ring`), so
+its memory does not grow with the sequence. Such a layer attends from its new queries to the
+ring's keys followed by its new keys (`visible_mask` decides which are visible, from
+positions), then writes the new keys over the oldest slots; with positions that increase
+by one from token to token this is exactly the full pass with that window or chunk.
+
 Forgetting attention (FoX, Lin et al. 2025, arXiv 2503.02130) adds ``c_i - c_j`` to the logit
 of query ``i`` and key ``j``, ``c`` the prefix sum of the log forget gates. A cache created
 with ``forget_heads`` keeps ``c`` per slot: each step continues the sum from the last
@@ -234,18 +243,88 @@ def self_attention_mask(
     cache: KVCache,
     *,
     window: int | None = None,
+    chunk: int | None = None,
     keep_first: int | None = None,
 ) -> Array:
     """Bool ``[batch, 1, l, capacity]``: filled slots whose position is <= the query's (and,
     with a ``window`` W, > the query's position - W: the last W positions, as windowed
     causal attention over ``0..n-1`` sees them; with ``keep_first`` k also positions < k,
-    StreamingLLM's `attention.streaming_mask`)."""
+    StreamingLLM's `attention.streaming_mask`; with a ``chunk`` C, in the query's chunk).
+    `visible_mask` of the cache's slots."""
+    return visible_mask(
+        q_positions,
+        cache.positions,
+        cache.valid,
+        window=window,
+        chunk=chunk,
+        keep_first=keep_first,
+    )
+
+
+def visible_mask(
+    q_positions: Array,
+    k_positions: Array,
+    k_valid: Array,
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
+    keep_first: int | None = None,
+) -> Array:
+    """Bool ``[batch, 1, l, s]``: which of ``s`` keys each of ``l`` queries sees, from
+    positions: a valid key (``k_valid`` bool ``[batch, s]``) at position ``m <= n`` for the
+    query at ``n`` (int ``[batch, l]``; ``k_positions`` int ``[batch, s]``), and with a
+    ``window`` W also ``m > n - W`` (or, with ``keep_first`` k, ``m < k``: StreamingLLM), with
+    a ``chunk`` C also ``m // C == n // C``.
+
+    Over positions ``0..L-1`` this is `attention.causal_span_mask`: the cached twin of the
+    full pass's index-based masks."""
     keep_first = check_keep_first(keep_first, window)
-    causal_B1TS = attention.mask_from_positions(q_positions, cache.positions)
-    mask_B1TS = causal_B1TS & cache.valid[:, None, None, :]
+    mask_B1TS = attention.mask_from_positions(q_positions, k_positions)
+    mask_B1TS = mask_B1TS & k_valid[:, None, None, :]
+    q_B1T1, k_B11S = q_positions[:, None, :, None], k_positions[:, None, None, :]
     if window is not None:
-        recent_B1TS = cache.positions[:, None, None, :] > q_positions[:, None, :, None] - window
+        recent_B1TS = k_B11S > q_B1T1 - window
         if keep_first is not None:
-            recent_B1TS = recent_B1TS | (cache.positions[:, None, None, :] < keep_first)
+            recent_B1TS = recent_B1TS | (k_B11S < keep_first)
         mask_B1TS = mask_B1TS & recent_B1TS
+    if chunk is not None:
+        mask_B1TS = mask_B1TS & (k_B11S // chunk == q_B1T1 // chunk)
     return mask_B1TS
+
+
+def ring_capacity(capacity: int, span: int | None) -> int:
+    """Slots one layer's cache needs for ``capacity`` tokens: ``min(span, capacity)`` for a
+    layer that sees at most the last ``span`` positions (a window W or a chunk C), else
+    ``capacity`` (a global layer keeps every key)."""
+    capacity = check_positive_int("capacity", capacity)
+    return capacity if span is None else min(check_positive_int("span", span), capacity)
+
+
+def write_ring(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache:
+    """Store ``l`` new keys/values ``[batch, l, kv_heads, head_dim]`` at positions int
+    ``[batch, l]`` in a ring buffer of ``S = cache.capacity`` slots: the ``t``-th new token
+    goes to slot ``(index + t) mod S``, overwriting the oldest; when ``l > S`` only the last
+    ``S`` are kept. ``index`` counts every token written. Never overflows."""
+    batch, length = key.shape[:2]
+    if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
+        raise ValueError(
+            f"key {key.shape} and value {value.shape} must both be "
+            f"[batch={cache.key.shape[0]}, l, heads, head_dim]"
+        )
+    if positions.shape != (batch, length):
+        raise ValueError(
+            f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
+        )
+    slots = cache.capacity
+    kept = min(length, slots)  # static: the last `kept` new tokens survive the write
+    first = cache.index + (length - kept)
+    slot_S = (first + jnp.arange(kept, dtype=jnp.int32)) % slots  # distinct slots
+    return KVCache(
+        key=cache.key.at[:, slot_S].set(key[:, length - kept :].astype(cache.key.dtype)),
+        value=cache.value.at[:, slot_S].set(value[:, length - kept :].astype(cache.value.dtype)),
+        positions=cache.positions.at[:, slot_S].set(
+            positions[:, length - kept :].astype(jnp.int32)
+        ),
+        valid=cache.valid.at[:, slot_S].set(True),
+        index=cache.index + length,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flaxformer_lite.base.checks import ConfigError, fail
+from flaxformer_lite.base.checks import ConfigError, check_path, fail
 from flaxformer_lite.data.corpus import ByteCorpus
 from flaxformer_lite.data.registry import get_corpus, get_task
 from flaxformer_lite.data.tasks import Task
@@ -45,6 +45,8 @@ class DataConfig:
         for name in ("train_length", "batch_size"):
             if not getattr(self, name) > 0:
                 fail(f"config.data.{name}", getattr(self, name), "must be > 0")
+        for name in ("path", "cache_dir"):
+            check_path(f"config.data.{name}", getattr(self, name))
 
     def open_task(self) -> Task:
         """The synthetic task (``source="task"``); `ConfigError` for an unknown name."""
@@ -68,3 +70,6 @@ def open_dataset(cfg: DataConfig) -> ByteCorpus | Task:
         return get_corpus(cfg.corpus, **kwargs)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"config.data: {e}") from None
+    except OSError as e:  # reading a path given by the user (too long, unreadable, ...)
+        name, value = ("path", cfg.path) if cfg.corpus == "path" else ("cache_dir", cfg.cache_dir)
+        fail(f"config.data.{name}", value, f"cannot be read ({e.strerror or e})")

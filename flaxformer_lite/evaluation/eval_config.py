@@ -55,6 +55,11 @@ class EvalConfig:
                 "each multiple must be >= 1 (an eval length shorter than the training length "
                 "says nothing about extrapolation)",
             )
+        for name in ("length_multiples", "protocols", "context_multiples", "rope_scalings"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):  # each would be evaluated, and its rows, twice
+                repeated = next(v for i, v in enumerate(values) if v in values[:i])
+                bad(name, f"lists {repeated!r} twice; each value at most once")
         if any(p not in PROTOCOLS for p in self.protocols):
             bad("protocols", f"each must be one of {list(PROTOCOLS)}")
         if not 0 < self.stride_fraction <= 1:

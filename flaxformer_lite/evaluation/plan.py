@@ -107,7 +107,7 @@ class EvalCell:
     def encoding_options(self) -> dict[str, Any]:
         """The exact encoding settings of this cell, recorded in every results row."""
         m = self.model
-        out = m.encoding.settings(m.positional_options)
+        out = m.encoding_settings()
         out["randomized_positions"] = m.randomized_positions
         if m.randomized_positions:
             out["max_position"] = m.max_position
@@ -170,9 +170,8 @@ class EvalPlan:
         )
         train_seq = data.train_length if task is None else task.sequence_length(data.train_length)
         # Randomized positions already span [0, max_position): nothing to interpolate.
-        spec = model.encoding
         variants = (
-            () if model.randomized_positions else spec.evaluation_variants(eval.rope_scalings)
+            () if model.randomized_positions else model.evaluation_variants(eval.rope_scalings)
         )
         if eval.local_window:
             variants = (*variants, WINDOW)
@@ -254,28 +253,25 @@ class _CellMaker:
         )
 
     def __call__(self, variant: str, scoring: Windows | Context | TaskLength) -> EvalCell:
-        model, spec = self.model, self.model.encoding
+        model = self.model
         seq = scoring.sequence_length
         length = getattr(scoring, "context", None) or scoring.length
         cfg = attention_config(model, seq)
         if variant == WINDOW:
             cfg = cfg.replace(attention_window=self.eval.local_window)
         elif variant != BASE:
-            options = spec.variant_options(cfg.positional_options, variant, length)
-            cfg = cfg.replace(positional_options=options)
+            cfg = cfg.with_rope_scaling(variant, length)
         suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
         if self.capacity is not None and self.capacity > self.train_seq and self.name is None:
             suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
         if variant == WINDOW:
             suffix += "+window"
-        encoding = spec.label(cfg.positional_options)
-        if self.name is not None:
-            encoding = self.name + encoding[len(spec.name) :]
+        encoding = cfg.encoding_label(self.name)
         label = EvalLabel(encoding + suffix, model.positional, variant, model.randomized_positions)
         na = None
         if self.capacity is not None and seq > self.capacity:
             na = f"no position embedding past {self.capacity} (the table has {self.capacity} rows)"
-        incremental = spec.scores_incrementally(cfg.positional_options)
+        incremental = cfg.scores_incrementally()
         return EvalCell(label, cfg, scoring, incremental, na)
 
 

@@ -29,7 +29,6 @@ from flaxformer_lite.nn.model_config import ModelConfig
 # (batch index, batch size, length) -> int32 positions [batch, length]
 PositionFn = Callable[[int, int, int], np.ndarray]
 Protocol = Windows | Context | TaskLength
-_SUMS = ("loss_sum", "correct_sum", "count", "bytes")
 
 
 def arange_positions(index: int, batch: int, length: int) -> np.ndarray:
@@ -68,67 +67,91 @@ def score(
       with the file of its first target). `TaskLength`: ``exact_match``, ``accuracy``,
       ``num_scored_tokens``, its fields and ``blocks``.
     """
-    task = isinstance(protocol, TaskLength)
-    generating = task and protocol.mode == "generate"
+    generating = isinstance(protocol, TaskLength) and protocol.mode == "generate"
     evaluator = None if generating else Evaluator(model, incremental=incremental)
-    sums: dict[str, Any] = dict.fromkeys(_SUMS, 0.0)
-    blocks = BlockSums(protocol.block_size, protocol.block_unit)
-    exact = 0.0
+    tally = _Tally(protocol, data)
     total = protocol.count(data)
     bar = tqdm(total=total, desc=protocol.describe(), unit="win", disable=not progress, leave=False)
     with bar:  # closed also when interrupted: the interrupt's message gets a line of its own
         for index, batch in enumerate(protocol.batches(data, batch_size)):
             batch = dict(batch)
-            block, rows = batch.pop("block"), int(batch.pop("rows", batch_size))
-            where = {k: batch.pop(k) for k in ("target_position", "target_offset") if k in batch}
-            target_bytes = batch.pop("target_bytes", None)
-            seq = batch["inputs"].shape[1]
-            batch["positions"] = positions_fn(index, batch_size, seq)
+            targets = {k: batch.pop(k) for k in _TARGET_FIELDS if k in batch}
+            batch["positions"] = positions_fn(index, batch_size, batch["inputs"].shape[1])
             if generating:
                 out = _generated(model, protocol, data, batch)
             else:
                 out = evaluator(batch)
-            mask = batch["loss_mask"] > 0
-            for k in ("loss_sum", "correct_sum", "count"):
-                if k in out:
-                    sums[k] = sums[k] + out[k][protocol.columns]
-            if "target_position" in where:
-                blocks.note_positions(block[mask], where["target_position"][mask])
-            if "token_loss" in out:
-                blocks.add("loss", block[mask], out["token_loss"][mask])
-            blocks.add("correct", block[mask], out["token_correct"][mask])
-            blocks.add("count", block[mask], np.ones(int(mask.sum())))
-            if target_bytes is not None:
-                sums["bytes"] = sums["bytes"] + (target_bytes * mask).sum(axis=0)[protocol.columns]
-                blocks.add("bytes", block[mask], target_bytes[mask])
-            if task:
-                hits = np.asarray(data.exact_match(out["predictions"], batch), np.float64)[:rows]
-                exact += float(hits.sum())
-                blocks.add("exact", block[:rows, 0], hits)
-                blocks.add("examples", block[:rows, 0], np.ones(rows))
+            tally.add(out, batch, targets)
             bar.update(min(batch_size, total - index * batch_size))
-    if task:
-        count = float(np.sum(sums["count"]))
-        result = {
-            "exact_match": exact / protocol.num_examples,
-            "accuracy": float(np.sum(sums["correct_sum"])) / max(count, 1.0),
-            "num_scored_tokens": int(count),
-            "blocks": blocks.to_dict(),
-        }
-        return result | protocol.fields(data)
-    result = summarize(
-        sums["loss_sum"],
-        sums["correct_sum"],
-        sums["count"],
-        byte_sum=sums["bytes"],
-        train_length=getattr(protocol, "train_length", None),
-    )
-    result.update(
-        num_scored_tokens=result["tokens"],
-        blocks=blocks.to_dict(getattr(data, "document_of", None)),
-        **protocol.fields(data),
-    )
-    return result
+    return tally.result()
+
+
+_SUMS = ("loss_sum", "correct_sum", "count", "bytes")  # per position: `_Tally.sums`
+# what a protocol's batch says of its targets, beside the model's inputs
+_TARGET_FIELDS = ("block", "rows", "target_position", "target_offset", "target_bytes")
+
+
+class _Tally:
+    """The sums of one `score` call: per position (over the protocol's columns) and per
+    statistics block, and a task's exact matches."""
+
+    def __init__(self, protocol: Protocol, data: Any):
+        self.protocol, self.data = protocol, data
+        self.task = isinstance(protocol, TaskLength)
+        self.sums: dict[str, Any] = dict.fromkeys(
+            ("loss_sum", "correct_sum", "count", "bytes"), 0.0
+        )
+        self.blocks = BlockSums(protocol.block_size, protocol.block_unit)
+        self.exact = 0.0
+
+    def add(self, out: dict[str, Any], batch: dict[str, Any], targets: dict[str, Any]) -> None:
+        """Add one batch's evaluator output ``out`` (its targets described by ``targets``)."""
+        columns, block = self.protocol.columns, targets["block"]
+        mask = batch["loss_mask"] > 0
+        ids = block[mask]
+        for k in ("loss_sum", "correct_sum", "count"):
+            if k in out:
+                self.sums[k] = self.sums[k] + out[k][columns]
+        if "target_position" in targets:
+            self.blocks.note_positions(ids, targets["target_position"][mask])
+        if "token_loss" in out:
+            self.blocks.add("loss", ids, out["token_loss"][mask])
+        self.blocks.add("correct", ids, out["token_correct"][mask])
+        self.blocks.add("count", ids, np.ones(ids.shape[0]))
+        if "target_bytes" in targets:
+            nbytes = targets["target_bytes"]
+            self.sums["bytes"] = self.sums["bytes"] + (nbytes * mask).sum(axis=0)[columns]
+            self.blocks.add("bytes", ids, nbytes[mask])
+        if self.task:
+            rows = int(targets["rows"])
+            hits = np.asarray(self.data.exact_match(out["predictions"], batch), np.float64)[:rows]
+            self.exact += float(hits.sum())
+            self.blocks.add("exact", block[:rows, 0], hits)
+            self.blocks.add("examples", block[:rows, 0], np.ones(rows))
+
+    def result(self) -> dict[str, Any]:
+        """The metrics, the protocol's fields and the blocks."""
+        fields = self.protocol.fields(self.data)
+        s = self.sums
+        if self.task:
+            count = float(np.sum(s["count"]))
+            return {
+                "exact_match": self.exact / self.protocol.num_examples,
+                "accuracy": float(np.sum(s["correct_sum"])) / max(count, 1.0),
+                "num_scored_tokens": int(count),
+                "blocks": self.blocks.to_dict(),
+            } | fields
+        train_length = getattr(self.protocol, "train_length", None)
+        out = summarize(
+            s["loss_sum"],
+            s["correct_sum"],
+            s["count"],
+            byte_sum=s["bytes"],
+            train_length=train_length,
+        )
+        out["num_scored_tokens"] = out["tokens"]
+        out["blocks"] = self.blocks.to_dict(getattr(self.data, "document_of", None))
+        return out | fields
 
 
 def _generated(model: nnx.Module, protocol: TaskLength, task: Any, batch: dict) -> dict:

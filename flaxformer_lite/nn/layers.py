@@ -14,7 +14,14 @@ of LayerNorm, exact-erf GELU or SiLU, a gated feed-forward (Shazeer 2020), group
 attention (Ainslie et al. 2023: ``num_kv_heads`` key/value heads, query head ``h`` uses
 key/value head ``h // (num_heads / num_kv_heads)`` as HF transformers' ``repeat_kv``),
 per-projection biases, and the parallel residual ``x + attn(norm1 x) + ffn(norm2 x)`` of
-GPT-J / GPT-NeoX.
+GPT-J / GPT-NeoX. Gemma 3's: Gemma's RMSNorm ``x / sqrt(mean(x^2) + eps) * (1 + w)``
+(`OffsetRMSNorm`), query / key norms over ``head_dim``, "sandwich" norms around each
+sub-layer, the attention scale ``query_pre_attn_scalar ** -0.5`` and a head width other than
+``d_model / num_heads``.
+
+Each decoder layer has its own attention span and encoding (`ModelConfig.layer_kinds`): a
+`MultiHeadAttention` built for a `schedules.ResolvedLayer` applies its sliding window or
+chunk in the full pass and caches its keys in a ring buffer of that many slots.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
 from flaxformer_lite.core.positions import as_batched_positions
 from flaxformer_lite.nn.encodings.base import PositionalEncoding
 from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.schedules import ResolvedLayer
 
 Array = jax.Array
 
@@ -76,27 +84,65 @@ def _dense(
     )
 
 
-def _norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
-    """The model's norm over ``d_model`` (``cfg.norm_type``, ``cfg.norm_epsilon``).
+class OffsetRMSNorm(nnx.Module):
+    """Gemma's RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * (1 + scale)``,
+    computed in float32 and cast to the compute dtype, ``scale`` ``[dim]`` initialised to 0
+    (so the norm starts as a plain RMS normalisation).
+
+    Reference: transformers ``Gemma3RMSNorm`` (``models/gemma3/modeling_gemma3.py``), which
+    computes ``x.float()`` and multiplies by ``1.0 + weight.float()`` before casting back.
+    """
+
+    def __init__(self, dim: int, *, epsilon: float, dtype, param_dtype, axis: str, rngs: nnx.Rngs):
+        del rngs
+        self.epsilon = float(epsilon)
+        self.dtype = dtype
+        self.scale = nnx.Param(jnp.zeros((dim,), param_dtype), logical_axes=(axis,))
+
+    def __call__(self, x: Array) -> Array:
+        """``[..., dim]`` -> ``[..., dim]`` in the compute dtype."""
+        x_f32 = x.astype(jnp.float32)
+        mean_square = jnp.mean(jnp.square(x_f32), axis=-1, keepdims=True)
+        y_f32 = x_f32 * jax.lax.rsqrt(mean_square + jnp.float32(self.epsilon))
+        scale_f32 = 1.0 + self.scale[...].astype(jnp.float32)
+        y_f32 = y_f32 * scale_f32.reshape((1,) * (x.ndim - 1) + scale_f32.shape)
+        return y_f32.astype(self.dtype)
+
+
+def _norm(
+    cfg: ModelConfig, *, rngs: nnx.Rngs, dim: int | None = None, axis: str = "embed"
+) -> nnx.Module:
+    """The model's norm over ``dim`` (default ``d_model``; ``cfg.norm_type``,
+    ``cfg.norm_epsilon``), its parameters named with the logical ``axis``.
 
     "layer": LayerNorm (Ba et al. 2016), ``(x - mean) / sqrt(var + eps) * scale + bias``,
     without the bias when ``cfg.norm_bias`` is False (MPT). "rms": RMSNorm (Zhang & Sennrich
-    2019; Llama), ``x / sqrt(mean(x^2) + eps) * scale``, which has no bias. Parameters
-    ``scale`` (and ``bias``) ``[d_model]``.
+    2019; Llama), ``x / sqrt(mean(x^2) + eps) * scale``, which has no bias. "gemma_rms":
+    `OffsetRMSNorm`. Parameters ``scale`` (and ``bias``) ``[dim]``.
     """
+    dim = cfg.d_model if dim is None else dim
+    if cfg.norm_type == "gemma_rms":
+        return OffsetRMSNorm(
+            dim,
+            epsilon=cfg.norm_epsilon,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            axis=axis,
+            rngs=rngs,
+        )
     common = {
         "epsilon": cfg.norm_epsilon,
         "dtype": cfg.compute_dtype,
         "param_dtype": cfg.params_dtype,
-        "scale_metadata": {"logical_axes": ("embed",)},
+        "scale_metadata": {"logical_axes": (axis,)},
         "rngs": rngs,
     }
     if cfg.norm_type == "rms":
-        return nnx.RMSNorm(cfg.d_model, **common)
+        return nnx.RMSNorm(dim, **common)
     return nnx.LayerNorm(
-        cfg.d_model,
+        dim,
         use_bias=cfg.norm_bias,
-        bias_metadata={"logical_axes": ("embed",)},
+        bias_metadata={"logical_axes": (axis,)},
         **common,
     )
 
@@ -168,6 +214,7 @@ class _Prepared(NamedTuple):
     kv_positions: Array
     bias_fn: Callable | None
     window: int | None
+    chunk: int | None
 
 
 class MultiHeadAttention(nnx.Module):
@@ -181,21 +228,54 @@ class MultiHeadAttention(nnx.Module):
     is multi-query attention, Shazeer 2019) the key and value projections have ``KV *
     head_dim`` outputs, caches hold KV heads, and `attention.attend` shares each key/value
     head among ``H / KV`` consecutive query heads.
+
+    ``layer`` (a decoder layer's `schedules.ResolvedLayer`) gives causal self-attention its
+    sliding window or chunk; without it, ``cfg.attention_window``. ``cfg.qk_norm`` adds
+    ``q_norm`` / ``k_norm`` over ``head_dim`` (after the projection, before the rotate hook,
+    as Gemma 3); ``cfg.query_pre_attn_scalar`` sets the logit scale.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, layer: ResolvedLayer | None = None, rngs: nnx.Rngs):
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.kv_heads
         self.head_dim = cfg.head_dim
         self.implementation = cfg.attention_impl
         self.chunked_threshold = cfg.chunked_threshold
-        self.window = cfg.attention_window  # causal self-attention only
+        # causal self-attention only: a sliding window W or a chunk C (at most one)
+        self.window = cfg.attention_window if layer is None else layer.window
+        self.chunk = None if layer is None else layer.chunk
+        scalar = cfg.query_pre_attn_scalar
+        self.scale = None if scalar is None else float(scalar) ** -0.5  # None: head_dim^-0.5
         d, hd, kvd = cfg.d_model, cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         qkv_bias, out_bias = cfg.bias_of("qkv"), cfg.bias_of("out")
         self.query = _dense(cfg, d, hd, ("embed", "heads"), use_bias=qkv_bias, rngs=rngs)
         self.key = _dense(cfg, d, kvd, ("embed", "heads"), use_bias=qkv_bias, rngs=rngs)
         self.value = _dense(cfg, d, kvd, ("embed", "heads"), use_bias=qkv_bias, rngs=rngs)
         self.out = _dense(cfg, hd, d, ("heads", "embed"), use_bias=out_bias, rngs=rngs)
+        if cfg.qk_norm:
+            self.q_norm = _norm(cfg, dim=cfg.head_dim, axis="head_dim", rngs=rngs)
+            self.k_norm = _norm(cfg, dim=cfg.head_dim, axis="head_dim", rngs=rngs)
+        else:
+            self.q_norm = self.k_norm = None
+
+    @property
+    def span(self) -> int | None:
+        """The most recent positions causal self-attention sees (window W or chunk C), None
+        for global attention: its KV cache is a ring buffer of that many slots."""
+        return self.window if self.window is not None else self.chunk
+
+    def _queries(self, x: Array) -> Array:
+        """``[b, l, d_model]`` -> query heads ``[b, l, heads, head_dim]`` (+ ``q_norm``)."""
+        q_BTNH = self._split(self.query(x))
+        return q_BTNH if self.q_norm is None else self.q_norm(q_BTNH)
+
+    def _keys_values(self, kv: Array) -> tuple[Array, Array]:
+        """``[b, s, d_model]`` -> key (+ ``k_norm``) and value heads ``[b, s, kv_heads,
+        head_dim]``."""
+        k_BSKH = self._split(self.key(kv))
+        if self.k_norm is not None:
+            k_BSKH = self.k_norm(k_BSKH)
+        return k_BSKH, self._split(self.value(kv))
 
     def _split(self, x: Array) -> Array:
         """``[b, l, heads * head_dim]`` -> ``[b, l, heads, head_dim]`` (query or key/value
@@ -228,9 +308,8 @@ class MultiHeadAttention(nnx.Module):
         kv_positions = as_batched_positions(
             kv_positions, name="kv_positions", length=kv_BSD.shape[1], batch=batch
         )
-        q_BTNH = self._split(self.query(x_BTD))
-        k_BSKH = self._split(self.key(kv_BSD))
-        v_BSKH = self._split(self.value(kv_BSD))
+        q_BTNH = self._queries(x_BTD)
+        k_BSKH, v_BSKH = self._keys_values(kv_BSD)
         if pe is not None:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, q_positions, kv_positions)
         return _Prepared(
@@ -241,6 +320,7 @@ class MultiHeadAttention(nnx.Module):
             kv_positions,
             bias_fn=self._bias_fn(pe, causal),
             window=self.window if causal else None,
+            chunk=self.chunk if causal else None,
         )
 
     @staticmethod
@@ -279,6 +359,8 @@ class MultiHeadAttention(nnx.Module):
             mask=mask,
             causal=causal,
             window=p.window,
+            chunk=p.chunk,
+            scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
@@ -299,7 +381,14 @@ class MultiHeadAttention(nnx.Module):
         p = self._prepare(x, kv, q_positions, kv_positions, pe, causal)
         bias_BNTS = None if p.bias_fn is None else p.bias_fn(p.q_positions, p.kv_positions)
         return attention.attention_weights(
-            p.q_BTNH, p.k_BSKH, mask=mask, bias=bias_BNTS, causal=causal, window=p.window
+            p.q_BTNH,
+            p.k_BSKH,
+            mask=mask,
+            bias=bias_BNTS,
+            causal=causal,
+            window=p.window,
+            chunk=p.chunk,
+            scale=self.scale,
         )
 
     # ------------------------------------------------------------------ cached decoding
@@ -307,10 +396,15 @@ class MultiHeadAttention(nnx.Module):
     def init_cache(
         self, batch: int, capacity: int, *, positions: Array | None = None, dtype=jnp.float32
     ) -> KVCache:
-        """An empty self-attention `KVCache` ``[batch, capacity, kv_heads, head_dim]``
-        (``kv_heads`` = ``cfg.num_kv_heads`` or ``num_heads``)."""
+        """An empty self-attention `KVCache` ``[batch, slots, kv_heads, head_dim]``
+        (``kv_heads`` = ``cfg.num_kv_heads`` or ``num_heads``) for ``capacity`` tokens at the
+        planned ``positions`` (int ``[batch, capacity]`` or ``[capacity]``): ``slots =
+        capacity`` for global attention, ``min(W or C, capacity)`` for a sliding window or
+        chunk (a ring buffer, `core.kv_cache.ring_capacity`)."""
+        slots = kv_cache.ring_capacity(capacity, self.span)
+        positions = kv_cache.slot_positions(batch, capacity, positions)[:, :slots]
         return kv_cache.init_kv_cache(
-            batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, positions=positions
+            batch, slots, self.num_kv_heads, self.head_dim, dtype=dtype, positions=positions
         )
 
     def decode_step(
@@ -338,7 +432,10 @@ class MultiHeadAttention(nnx.Module):
           full forward pass, exactly as in HF.
 
         Otherwise equal to `__call__` with ``causal=True`` over all tokens written so far
-        (see `flaxformer_lite.core.kv_cache`).
+        (see `flaxformer_lite.core.kv_cache`). A layer with a sliding window or chunk keeps a
+        ring buffer (`init_cache`): its new queries attend to the ring's keys followed by the
+        new keys (`core.kv_cache.visible_mask`), then the new keys overwrite the oldest slots
+        (`core.kv_cache.write_ring`), so prefills of any length fit it.
 
         Args:
           x: ``[batch, l, d_model]`` (``l = prompt length`` to prefill, 1 per step).
@@ -353,24 +450,37 @@ class MultiHeadAttention(nnx.Module):
             positions, name="q_positions", length=x.shape[1], batch=x.shape[0]
         )
         positions = jnp.broadcast_to(positions, x.shape[:2])
-        q_BTNH = self._split(self.query(x))
-        k_new_BTKH, v_new_BTKH = self._split(self.key(x)), self._split(self.value(x))
+        q_BTNH = self._queries(x)
+        k_new_BTKH, v_new_BTKH = self._keys_values(x)
         rotate_new = pe is not None and pe.caches_rotated_keys
         if rotate_new:
             q_BTNH, k_new_BTKH = pe.rotate(q_BTNH, k_new_BTKH, positions, positions)
-        cache = kv_cache.write(cache, k_new_BTKH, v_new_BTKH, positions)
-        k_BSKH = cache.key
+        if self.span is None:
+            cache = kv_cache.write(cache, k_new_BTKH, v_new_BTKH, positions)
+            k_BSKH, v_BSKH = cache.key, cache.value
+            k_positions, k_valid = cache.positions, cache.valid
+        else:  # ring buffer: attend over the ring and the new keys, then overwrite the oldest
+            dtype = cache.key.dtype
+            k_BSKH = jnp.concatenate([cache.key, k_new_BTKH.astype(dtype)], axis=1)
+            v_BSKH = jnp.concatenate([cache.value, v_new_BTKH.astype(dtype)], axis=1)
+            k_positions = jnp.concatenate([cache.positions, positions.astype(jnp.int32)], axis=1)
+            k_valid = jnp.concatenate([cache.valid, jnp.ones(positions.shape, bool)], axis=1)
+            cache = kv_cache.write_ring(cache, k_new_BTKH, v_new_BTKH, positions)
         if pe is not None and not rotate_new:
-            q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, positions, cache.positions)
+            q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, positions, k_positions)
+        mask_B1TS = kv_cache.visible_mask(
+            positions, k_positions, k_valid, window=self.window, chunk=self.chunk
+        )
         out_BTNH = attention.attend(
             q_BTNH,
             k_BSKH,
-            cache.value,
+            v_BSKH,
             q_positions=positions,
-            k_positions=cache.positions,
+            k_positions=k_positions,
             bias_fn=self._bias_fn(pe, True),
-            mask=kv_cache.self_attention_mask(positions, cache, window=self.window),
+            mask=mask_B1TS,
             causal=False,  # the causal mask is built from positions above, not from indices
+            scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
@@ -388,9 +498,10 @@ class MultiHeadAttention(nnx.Module):
             kv_positions, name="kv_positions", length=kv.shape[1], batch=kv.shape[0]
         )
         valid = jnp.ones(kv.shape[:2], bool) if kv_valid is None else jnp.asarray(kv_valid, bool)
+        key_BSKH, value_BSKH = self._keys_values(kv)
         return CrossKVCache(
-            key=self._split(self.key(kv)),
-            value=self._split(self.value(kv)),
+            key=key_BSKH,
+            value=value_BSKH,
             positions=jnp.broadcast_to(kv_positions, kv.shape[:2]).astype(jnp.int32),
             valid=valid,
         )
@@ -402,12 +513,13 @@ class MultiHeadAttention(nnx.Module):
         positional encoding, as in cross-attention); returns ``[batch, l, d_model]``.
         """
         out_BTNH = attention.attend(
-            self._split(self.query(x)),
+            self._queries(x),
             cache.key,
             cache.value,
             q_positions=positions,
             k_positions=cache.positions,
             mask=cache.valid[:, None, None, :],
+            scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
         )
@@ -448,20 +560,30 @@ class FeedForward(nnx.Module):
 
 
 class AddNorm(nnx.Module):
-    """Residual connection + norm around one sub-layer, post-LN or pre-LN (`_norm`)."""
+    """Residual connection + norm around one sub-layer, post-LN or pre-LN (`_norm`).
+
+    With ``cfg.sandwich_norm`` (pre-LN only) a second norm ``post_norm`` normalises the
+    sub-layer's output before the residual add, ``x + Dropout(post_norm(f(norm(x))))``
+    (Gemma 2/3's ``post_attention_layernorm`` / ``post_feedforward_layernorm``).
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.pre = cfg.norm == "pre"
         self.norm = _norm(cfg, rngs=rngs)
+        self.post_norm = _norm(cfg, rngs=rngs) if cfg.sandwich_norm else None
         self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
 
     def branch(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
-        """The residual branch of pre-LN alone, ``Dropout(f(norm(x)))`` (parallel residual)."""
-        return self.dropout(sublayer(self.norm(x)), deterministic=deterministic)
+        """The residual branch of pre-LN alone, ``Dropout(f(norm(x)))`` (parallel residual;
+        ``Dropout(post_norm(f(norm(x))))`` with sandwich norms)."""
+        y = sublayer(self.norm(x))
+        if self.post_norm is not None:
+            y = self.post_norm(y)
+        return self.dropout(y, deterministic=deterministic)
 
     def __call__(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
         if self.pre:
-            return x + self.dropout(sublayer(self.norm(x)), deterministic=deterministic)
+            return x + self.branch(x, sublayer, deterministic=deterministic)
         return self.norm(x + self.dropout(sublayer(x), deterministic=deterministic))
 
 
@@ -501,9 +623,20 @@ class DecoderBlock(nnx.Module):
     ``cfg.residual="parallel"`` (GPT-J; GPT-NeoX / Pythia ``use_parallel_residual``): ``x +
     Dropout(attn(norm1 x)) + Dropout(ffn(norm2 x))``, norm1 = ``self_attention_norm.norm``,
     norm2 = ``ffn_norm.norm``; pre-LN and no cross-attention only.
+
+    ``layer``: this layer's `schedules.ResolvedLayer` (its self-attention's window or
+    chunk); when its encoding is built per layer (`EncodingSpec.per_layer`), the block owns
+    it as ``pe`` and the stack hands it back to the block's calls.
     """
 
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        cross_attention: bool,
+        layer: ResolvedLayer | None = None,
+        rngs: nnx.Rngs,
+    ):
         self.parallel = cfg.residual == "parallel"
         if self.parallel and cross_attention:
             raise ValueError(
@@ -511,8 +644,10 @@ class DecoderBlock(nnx.Module):
                 "decoder blocks without cross-attention (DecoderOnlyLM); use "
                 "residual='sequential' with cross-attention"
             )
-        self.self_attention = MultiHeadAttention(cfg, rngs=rngs)
+        self.self_attention = MultiHeadAttention(cfg, layer=layer, rngs=rngs)
         self.self_attention_norm = AddNorm(cfg, rngs=rngs)
+        if layer is not None and layer.encoding.per_layer:
+            self.pe = layer.encoding.build_with(cfg.dims, layer.positional_options, rngs=rngs)
         if cross_attention:
             self.cross_attention = MultiHeadAttention(cfg, rngs=rngs)
             self.cross_attention_norm = AddNorm(cfg, rngs=rngs)

@@ -6,9 +6,11 @@ sinusoidal positions. The vocabulary defaults to 256 bytes (this library is byte
 paper used a shared 37k BPE vocabulary).
 
 The architectural differences of the pretrained families people study (GPT-2, OPT, XGLM,
-GPT-NeoX/Pythia, Llama, Qwen2, BLOOM, MPT) are options here too (DESIGN.md §8): the norm's kind,
-epsilon and bias, the activation, a gated feed-forward, grouped-query attention, per-projection
-biases, a parallel residual and an embedding norm. Their defaults keep the base Transformer.
+GPT-NeoX/Pythia, Llama, Qwen2, BLOOM, MPT, Gemma 3) are options here too (DESIGN.md §8): the
+norm's kind, epsilon and bias, the activation, a gated feed-forward, grouped-query attention,
+an explicit head width, per-projection biases, a parallel residual, an embedding norm, query /
+key norms, "sandwich" norms around each sub-layer and the attention scale. Their defaults
+keep the base Transformer.
 
 The positional encoding is chosen by name (``positional``) from the registry; its own
 settings are ``positional_options``, the frozen options dataclass its registry entry declares
@@ -16,27 +18,38 @@ settings are ``positional_options``, the frozen options dataclass its registry e
 
     ModelConfig(positional="rope", positional_options={"base": 500000.0, "fraction": 0.5})
 
+Decoder layers may differ in their encoding and attention span: ``layer_pattern`` is a tuple
+of `flaxformer_lite.nn.schedules.LayerKind` cycled over the layers, each field None meaning
+"the model's" (`ModelConfig.layer_kinds` resolves them)::
+
+    ModelConfig(positional="rope", layer_pattern=schedules.gemma3(window=512))
+
 Every error names the field, the value and what is allowed, e.g.::
 
     ModelConfig.num_heads=3: d_model=512 must be divisible by num_heads
     ModelConfig.positional_options.base=1.0: must be a number > 1
+    ModelConfig.layer_pattern[2].window=0: must be a positive int
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 
 from flaxformer_lite.base.checks import ConfigError, check_positive_int, fail, is_int, is_number
 from flaxformer_lite.core import attention
+from flaxformer_lite.nn import schedules
 from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims
+from flaxformer_lite.nn.schedules import LayerKind, ResolvedLayer
 
 NORM_POSITIONS = ("post", "pre")
-NORM_TYPES = ("layer", "rms")
+# "layer": LayerNorm; "rms": RMSNorm x / sqrt(mean(x^2) + eps) * w; "gemma_rms": Gemma's
+# RMSNorm x / sqrt(mean(x^2) + eps) * (1 + w), computed in float32, w initialised to 0
+NORM_TYPES = ("layer", "rms", "gemma_rms")
 # "gelu" is the tanh approximation (Hendrycks & Gimpel 2016; HF "gelu_new" /
 # "gelu_pytorch_tanh"), "gelu_exact" the erf form (HF "gelu"), "silu" x * sigmoid(x)
 # (Elfwing et al. 2018; HF "silu" / "swish")
@@ -52,13 +65,17 @@ class ModelConfig:
 
     vocab_size: int = 256  # output classes / input tokens (256 = raw bytes)
     d_model: int = 512  # residual stream width
-    num_heads: int = 8  # attention heads; head_dim = d_model // num_heads
+    num_heads: int = 8  # attention heads; head_dim = head_size or d_model // num_heads
+    # width of each attention head when it is not d_model // num_heads (Gemma 3 270M: d_model
+    # 640, 4 heads of 256; HF head_dim); None: d_model // num_heads
+    head_size: int | None = None
     d_ff: int = 2048  # hidden width of the position-wise feed-forward block
     num_encoder_layers: int = 6  # blocks in the Encoder (EncoderDecoder, Encoder)
     num_decoder_layers: int = 6  # blocks in the Decoder (EncoderDecoder, DecoderOnlyLM)
     dropout_rate: float = 0.1  # residual and embedding dropout (0 disables)
     norm: str = "post"  # "post": LN(x + f(x)) as in the paper; "pre": x + f(LN(x))
-    # "layer": LayerNorm (Ba et al. 2016); "rms": RMSNorm (Zhang & Sennrich 2019; Llama, Qwen2)
+    # "layer": LayerNorm (Ba et al. 2016); "rms": RMSNorm (Zhang & Sennrich 2019; Llama, Qwen2);
+    # "gemma_rms": x / sqrt(mean(x^2) + eps) * (1 + w) in float32, w initialised 0 (Gemma)
     norm_type: str = "layer"
     norm_epsilon: float = 1e-6  # epsilon of every norm (GPT-2/OPT/NeoX 1e-5, Llama 1e-5/1e-6)
     norm_bias: bool = True  # LayerNorm has a bias (MPT: False); RMSNorm never has one
@@ -78,6 +95,15 @@ class ModelConfig:
     # (GPT-J, GPT-NeoX / Pythia; pre-LN, blocks without cross-attention)
     residual: str = "sequential"
     embedding_norm: bool = False  # a norm on the embeddings before the first block (BLOOM)
+    # a norm (norm_type) over head_dim on queries and keys after their projection, before the
+    # positional rotation (Gemma 3 q_norm / k_norm; Qwen3)
+    qk_norm: bool = False
+    # pre-LN plus a norm on each sub-layer's output before the residual add, x + n2(f(n1(x)))
+    # ("sandwich" norms: Gemma 2/3 post_attention_layernorm and post_feedforward_layernorm)
+    sandwich_norm: bool = False
+    # attention logits scaled by query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5
+    # (Gemma 2/3); None: head_dim ** -0.5
+    query_pre_attn_scalar: float | None = None
     tie_embeddings: bool = True  # output logits use the transposed token embedding
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper §3.4)
     positional: str = "sinusoidal"  # registry name, see encodings.positional_encoding_names()
@@ -90,6 +116,11 @@ class ModelConfig:
     attention_impl: str = "xla"  # attention implementation, see core.attention.IMPLEMENTATIONS
     # causal self-attention sees at most the last W keys (sliding window); None: all of them
     attention_window: int | None = None
+    # per-layer encodings and spans (`schedules.LayerKind`), cycled over the decoder layers:
+    # layer i is layer_pattern[i % len]; a kind's None fields are the model's (positional,
+    # positional_options, attention_window). (): every layer is the model-wide one. Decoder
+    # stacks only (an Encoder refuses it); named patterns: schedules.gemma3, cohere2, ...
+    layer_pattern: tuple[LayerKind, ...] = ()
     chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
     # this many keys: "auto" in training and inference, and every evaluation length
     dtype: str = "float32"  # compute dtype of activations and matmuls
@@ -100,7 +131,8 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        """Width of one attention head: ``head_size``, or ``d_model // num_heads``."""
+        return self.d_model // self.num_heads if self.head_size is None else self.head_size
 
     @property
     def kv_heads(self) -> int:
@@ -130,6 +162,165 @@ class ModelConfig:
     def encoding(self) -> registry.EncodingSpec:
         """The registry entry of ``positional``."""
         return registry.get_positional_encoding(self.positional)
+
+    def layer_kinds(self) -> tuple[ResolvedLayer, ...]:
+        """One `schedules.ResolvedLayer` per decoder layer: its window, chunk, encoding name
+        and options, with ``layer_pattern`` cycled and its None fields filled from the model
+        (`schedules.resolve`, the one place inheritance is decided). Without a pattern every
+        layer is ``(attention_window, None, positional, positional_options)``."""
+        pattern = self.layer_pattern or (LayerKind(),)
+        model = {
+            "window": self.attention_window,
+            "positional": self.positional,
+            "positional_options": self.positional_options,
+        }
+        kinds = tuple(schedules.resolve(k, **model) for k in pattern)
+        return schedules.cycle(kinds, self.num_decoder_layers)
+
+    def pattern_kinds(self) -> tuple[ResolvedLayer, ...]:
+        """One `schedules.ResolvedLayer` per kind of ``layer_pattern`` (one cycle of it; the
+        model-wide layer alone without a pattern)."""
+        model = {
+            "window": self.attention_window,
+            "positional": self.positional,
+            "positional_options": self.positional_options,
+        }
+        return tuple(schedules.resolve(k, **model) for k in (self.layer_pattern or (LayerKind(),)))
+
+    def kv_cache_slots(self, capacity: int) -> int:
+        """Key/value slots the decoder's cache holds for ``capacity`` tokens, summed over its
+        layers: ``capacity`` per global layer, ``min(W or C, capacity)`` per layer with a
+        sliding window or chunk (a ring buffer, `core.kv_cache.ring_capacity`)."""
+        kinds, n = self.pattern_kinds(), self.num_decoder_layers
+        return sum(
+            (n // len(kinds) + (j < n % len(kinds)))  # the layers cycling to kind j
+            * (capacity if kind.span is None else min(kind.span, capacity))
+            for j, kind in enumerate(kinds)
+        )
+
+    def evaluation_variants(self, requested: Sequence[str]) -> tuple[str, ...]:
+        """The requested evaluation-time RoPE scalings (``EvalConfig.rope_scalings``) that
+        apply to this model: all of them when some global layer's encoding takes a scaling
+        (`EncodingSpec.rope_scaling`; every layer of a model without a pattern is global),
+        else none."""
+        if any(layer.encoding.rope_scaling for layer in self._scalable_layers()):
+            return tuple(requested)
+        return ()
+
+    def _scalable_layers(self) -> tuple[ResolvedLayer, ...]:
+        """The layers an evaluation-time RoPE scaling applies to: the global ones of a
+        pattern whose encoding takes one (a window or chunk never sees a distance past W or
+        C: Gemma 3 scales its global layers only); the model-wide layer without a pattern."""
+        if not self.layer_pattern:
+            return self.pattern_kinds()
+        return tuple(k for k in self.pattern_kinds() if k.is_global and k.encoding.rope_scaling)
+
+    def with_rope_scaling(self, scaling: str, eval_length: int) -> ModelConfig:
+        """The config that evaluates trained parameters at ``eval_length`` under the RoPE
+        scaling ``scaling`` (`EncodingSpec.variant_options`, e.g.
+        `encodings.rotary.rope_at_length`).
+
+        Without a pattern: the model's ``positional_options`` (an encoding without RoPE
+        scaling raises). With one: the global layers whose encoding takes a scaling
+        (`evaluation_variants`); the sliding-window and block-local layers keep theirs, as
+        Gemma 3 does (only its global layers carry ``rope_scaling``). The scaled kinds of
+        the returned pattern name their encoding and options explicitly.
+        """
+        if not self.layer_pattern:
+            options = self.encoding.variant_options(self.positional_options, scaling, eval_length)
+            return self.replace(positional_options=options)
+        scaled = self._scalable_layers()
+        if not scaled:
+            raise ValueError(
+                f"ModelConfig.layer_pattern has no global layer whose encoding takes a RoPE "
+                f"scaling ({scaling!r} applies to global layers only)"
+            )
+        kinds = []
+        layers = self.pattern_kinds()
+        for i, (kind, layer) in enumerate(zip(self.layer_pattern, layers, strict=True)):
+            if layer in scaled:
+                try:
+                    options = layer.encoding.variant_options(
+                        layer.positional_options, scaling, eval_length
+                    )
+                except ValueError as e:  # name the kind's options, not the model's
+                    path = f"{schedules.PATTERN_PATH}[{i}].positional_options"
+                    raise ConfigError(str(e).replace(OPTIONS_PATH, path)) from None
+                kind = dataclasses.replace(
+                    kind, positional=layer.positional, positional_options=options
+                )
+            kinds.append(kind)
+        return self.replace(layer_pattern=tuple(kinds))
+
+    def with_original_length(self, length: int) -> ModelConfig:
+        """A copy whose RoPE-scalable options (`EncodingSpec.rope_scaling`: the model-wide
+        ones and each pattern kind's) that have ``original_length`` None get ``length``:
+        the training length evaluation-time scalings extend from. Changes no number of the
+        model as it is."""
+
+        def fill(spec: registry.EncodingSpec, options: Any) -> Any:
+            if spec.rope_scaling and getattr(options, "original_length", 0) is None:
+                return dataclasses.replace(options, original_length=length)
+            return options
+
+        kinds = []
+        for kind in self.layer_pattern:  # validated: options are set where a kind names any
+            if kind.positional_options is not None:
+                spec = registry.get_positional_encoding(kind.positional or self.positional)
+                options = fill(spec, kind.positional_options)
+                kind = dataclasses.replace(kind, positional_options=options)
+            kinds.append(kind)
+        return self.replace(
+            positional_options=fill(self.encoding, self.positional_options),
+            layer_pattern=tuple(kinds),
+        )
+
+    def current_rope_scaling(self) -> str:
+        """The RoPE scaling the model has (``"none"`` when none; with a pattern, that of its
+        first layer where scalings apply)."""
+        layers = self._scalable_layers()
+        options = layers[0].positional_options if layers else self.positional_options
+        return getattr(options, "scaling", "none")
+
+    def encoding_label(self, name: str | None = None) -> str:
+        """The encoding's name in results rows.
+
+        Without a pattern: the registry label (``"rope"``, ``"rope+pi"`` for RoPE with
+        ``scaling="pi"``). With one: the pattern's name (`schedules.pattern_name`,
+        ``"gemma3"``), after the model's encoding when some kind inherits it
+        (``"rope+gpt_oss"``), then the distinct suffixes of the layers' options
+        (``"gemma3+yarn"``). ``name`` replaces everything before the suffixes (a pretrained
+        model's row name: ``"gemma-3-270m+yarn"``).
+        """
+        layers = self.pattern_kinds()
+        suffixes = []
+        for layer in layers:
+            suffix = layer.encoding.label(layer.positional_options)[len(layer.positional) :]
+            if suffix and suffix not in suffixes:
+                suffixes.append(suffix)
+        if not self.layer_pattern:
+            base = self.positional
+        else:
+            base = schedules.pattern_name(self.layer_pattern)
+            if any(k.positional is None for k in self.layer_pattern):
+                base = f"{self.positional}+{base}"
+        return (base if name is None else name) + "".join(suffixes)
+
+    def scores_incrementally(self) -> bool:
+        """Whether some layer's encoding must be scored token by token
+        (`EncodingSpec.scores_incrementally`: dynamic NTK, LongRoPE)."""
+        return any(
+            k.encoding.scores_incrementally(k.positional_options) for k in self.pattern_kinds()
+        )
+
+    def encoding_settings(self) -> dict[str, Any]:
+        """The exact encoding as a plain dict for results rows: ``{"positional": name,
+        **options}`` (`EncodingSpec.settings`), plus ``layer_pattern`` (each kind as a dict)
+        when there is one."""
+        out = self.encoding.settings(self.positional_options)
+        if self.layer_pattern:
+            out["layer_pattern"] = [dataclasses.asdict(k) for k in self.layer_pattern]
+        return out
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes`` applied (validated again).
@@ -183,24 +374,24 @@ def rope_scaling_variant(
 ) -> ModelConfig:
     """The config that evaluates a trained model at ``eval_length`` under a RoPE context
     extension ``scaling`` (default: the one it has), for an encoding where RoPE scaling
-    applies (`EncodingSpec.rope_scaling`).
+    applies (`EncodingSpec.rope_scaling`); with a ``layer_pattern``, its global layers only
+    (`ModelConfig.with_rope_scaling`).
 
     ``s = max(1, eval_length / original_length)`` for ``"pi"``, ``"ntk"`` and ``"yarn"``;
     ``"none"`` and ``"dynamic_ntk"`` keep ``scale = 1``. RoPE has no parameters: build the
     model from the returned config and reuse the trained state. Name the results row with
     `encoding_row_name`.
     """
-    spec, options = cfg.encoding, cfg.positional_options
     if scaling is None:
-        scaling = getattr(options, "scaling", "none")
-    return cfg.replace(positional_options=spec.variant_options(options, scaling, eval_length))
+        scaling = cfg.current_rope_scaling()
+    return cfg.with_rope_scaling(scaling, eval_length)
 
 
 def encoding_row_name(cfg: ModelConfig) -> str:
     """The encoding's name in results rows: ``cfg.positional``, plus what its options select
-    (``"rope+pi"`` for RoPE with ``scaling="pi"``). The exact settings are
-    ``cfg.encoding.settings(cfg.positional_options)``."""
-    return cfg.encoding.label(cfg.positional_options)
+    (``"rope+pi"`` for RoPE with ``scaling="pi"``), or the layer pattern's name
+    (`ModelConfig.encoding_label`). The exact settings are ``cfg.encoding_settings()``."""
+    return cfg.encoding_label()
 
 
 def _to_plain(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,8 +430,13 @@ def _validate(cfg: ModelConfig) -> None:
         value = getattr(cfg, name)
         if not is_int(value) or value < 0:
             bad(name, "must be an int >= 0")
-    if cfg.d_model % cfg.num_heads:
-        bad("num_heads", f"d_model={cfg.d_model} must be divisible by num_heads")
+    if cfg.head_size is not None:
+        check_positive_int("ModelConfig.head_size", cfg.head_size, error=ConfigError)
+    elif cfg.d_model % cfg.num_heads:
+        bad(
+            "num_heads",
+            f"d_model={cfg.d_model} must be divisible by num_heads (or set head_size)",
+        )
     if not is_number(cfg.dropout_rate) or not 0.0 <= cfg.dropout_rate < 1.0:
         bad("dropout_rate", "must be in [0, 1)")
     for name, allowed in (
@@ -254,9 +450,26 @@ def _validate(cfg: ModelConfig) -> None:
     ):
         if getattr(cfg, name) not in allowed:
             bad(name, f"allowed values: {list(allowed)}")
-    for name in ("randomized_positions", "norm_bias", "ffn_gated", "embedding_norm", "use_bias"):
+    for name in (
+        "randomized_positions",
+        "norm_bias",
+        "ffn_gated",
+        "embedding_norm",
+        "use_bias",
+        "qk_norm",
+        "sandwich_norm",
+    ):
         if not isinstance(getattr(cfg, name), bool):
             bad(name, "must be a bool")
+    if cfg.sandwich_norm and cfg.norm != "pre":
+        bad(
+            "sandwich_norm",
+            f"norms around each sub-layer, x + n2(f(n1(x))), need norm='pre'; got "
+            f"norm={cfg.norm!r}",
+        )
+    scalar = cfg.query_pre_attn_scalar
+    if scalar is not None and (not is_number(scalar) or not 0 < scalar < float("inf")):
+        bad("query_pre_attn_scalar", "must be a finite number > 0 or None (None: head_dim)")
     for name in ("qkv_bias", "out_bias", "ffn_bias", "head_bias"):
         if getattr(cfg, name) is not None and not isinstance(getattr(cfg, name), bool):
             bad(name, "must be a bool or None (None: use_bias)")
@@ -290,6 +503,10 @@ def _validate(cfg: ModelConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     object.__setattr__(cfg, "positional_options", options)  # normalised: the dataclass
+    pattern = schedules.check_pattern(
+        cfg.layer_pattern, positional=cfg.positional, dims=cfg.dims, hook=spec.hook
+    )
+    object.__setattr__(cfg, "layer_pattern", pattern)  # normalised: LayerKind, options dataclasses
     capacity = spec.capacity(options)
     if cfg.randomized_positions and capacity is not None and cfg.max_position > capacity:
         value = getattr(options, spec.capacity_field, capacity)

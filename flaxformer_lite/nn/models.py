@@ -7,7 +7,11 @@ flags ``[batch, length]`` (True = real token) mark padding. Logits are float32
 ``[batch, length, vocab]``.
 
 The positional encoding is built from the registry by ``cfg.positional``; each stack owns
-one instance and hands it to its blocks, which call its hooks (DESIGN.md §3).
+one instance and hands it to its blocks, which call its hooks (DESIGN.md §3). A decoder with
+a ``cfg.layer_pattern`` gives each layer its own encoding and attention span
+(`ModelConfig.layer_kinds`): every distinct (encoding, options) is built once, shared by the
+layers that use it -- the model-wide one stays ``pe``, the others are ``layer_pe[i]`` -- and
+an encoding built per layer (`EncodingSpec.per_layer`) lives in its block (``blocks[i].pe``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from flax import nnx
 from flaxformer_lite.core import attention
 from flaxformer_lite.core.kv_cache import CrossKVCache, DecoderCache, KVCache, slot_positions
 from flaxformer_lite.core.positions import as_batched_positions
+from flaxformer_lite.nn.encodings.base import PositionalEncoding
 from flaxformer_lite.nn.layers import DecoderBlock, EncoderBlock, TokenEmbedding, _norm
 from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.schedules import ResolvedLayer
 
 Array = jax.Array
 
@@ -56,14 +62,47 @@ class _Stack(nnx.Module):
     """Shared plumbing: embedding + positional encoding (+ embedding norm) + dropout, final
     norm for pre-LN."""
 
-    def _init_stack(self, cfg: ModelConfig, embed: TokenEmbedding | None, rngs: nnx.Rngs):
+    def _init_stack(
+        self,
+        cfg: ModelConfig,
+        embed: TokenEmbedding | None,
+        rngs: nnx.Rngs,
+        layers: tuple[ResolvedLayer, ...] = (),
+    ):
+        """``layers``: the decoder's resolved layers (`ModelConfig.layer_kinds`); their
+        encodings other than the model-wide one are built here, once per distinct (name,
+        options), in ``layer_pe`` (None when there are none)."""
         self.cfg = cfg
         self.embed = TokenEmbedding(cfg, rngs=rngs) if embed is None else embed
-        self.pe = cfg.encoding.build(cfg, rngs=rngs)
+        # the model-wide encoding: the embeddings' add hook and the layers that inherit it;
+        # one built per layer has no stack-wide instance (the identity at every hook)
+        spec = cfg.encoding
+        self.pe = PositionalEncoding() if spec.per_layer else spec.build(cfg, rngs=rngs)
+        model_wide = (cfg.positional, cfg.positional_options)
+        shared: dict[tuple, int] = {} if spec.per_layer else {model_wide: 0}
+        extra, index = [], []
+        for layer in layers:
+            key = (layer.positional, layer.positional_options)
+            if layer.encoding.per_layer:
+                index.append(None)  # the block builds and owns it
+                continue
+            if key not in shared:
+                shared[key] = len(extra) + 1
+                extra.append(layer.encoding.build_with(cfg.dims, key[1], rngs=rngs))
+            index.append(shared[key])
+        self.layer_pe = nnx.List(extra) if extra else None
+        self.layer_pe_index = tuple(index)  # per layer: 0 = pe, i = layer_pe[i-1], None = own
         # BLOOM's word_embeddings_layernorm: a norm of the embeddings before the first block
         self.embed_norm = _norm(cfg, rngs=rngs) if cfg.embedding_norm else None
         self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
         self.final_norm = _norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
+
+    def layer_encoding(self, i: int) -> PositionalEncoding:
+        """The positional encoding block ``i`` calls the hooks of."""
+        j = self.layer_pe_index[i] if self.layer_pe_index else 0
+        if j is None:
+            return self.blocks[i].pe
+        return self.pe if j == 0 else self.layer_pe[j - 1]
 
     def _embed(self, tokens: Array, positions: Array, deterministic: bool) -> Array:
         """Embed (scaled), add the add-hook encoding, embedding norm, dropout."""
@@ -89,6 +128,16 @@ class Encoder(_Stack):
             raise ValueError(
                 f"ModelConfig.attention_window={cfg.attention_window}: a window applies to "
                 "causal self-attention only, not to a bidirectional Encoder"
+            )
+        if cfg.layer_pattern:
+            raise ValueError(
+                "ModelConfig.layer_pattern: per-layer schedules apply to causal decoder stacks "
+                "(DecoderOnlyLM), not to a bidirectional Encoder"
+            )
+        if cfg.encoding.per_layer:
+            raise ValueError(
+                f"ModelConfig.positional={cfg.positional!r} is built per decoder layer; an "
+                "Encoder takes an encoding shared by its blocks"
             )
         self._init_stack(cfg, embed, rngs)
         self.blocks = nnx.List(
@@ -125,12 +174,13 @@ class Decoder(_Stack):
         embed: TokenEmbedding | None = None,
         rngs: nnx.Rngs,
     ):
-        self._init_stack(cfg, embed, rngs)
+        layers = cfg.layer_kinds()
+        self._init_stack(cfg, embed, rngs, layers)
         self.has_cross_attention = cross_attention
         self.blocks = nnx.List(
             [
-                DecoderBlock(cfg, cross_attention=cross_attention, rngs=rngs)
-                for _ in range(cfg.num_decoder_layers)
+                DecoderBlock(cfg, cross_attention=cross_attention, layer=layer, rngs=rngs)
+                for layer in layers
             ]
         )
 
@@ -164,11 +214,11 @@ class Decoder(_Stack):
                 q_valid = jnp.ones(tokens.shape, bool) if valid is None else valid
                 cross_mask_B1TS = attention.padding_mask(q_valid, encoded_valid)
         x_BTD = self._embed(tokens, positions, deterministic)
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             x_BTD = block(
                 x_BTD,
                 positions,
-                pe=self.pe,
+                pe=self.layer_encoding(i),
                 mask=mask_B1TS,
                 encoded=encoded,
                 encoded_positions=encoded_positions,
@@ -182,9 +232,11 @@ class Decoder(_Stack):
     def init_cache(
         self, batch: int, capacity: int, *, positions: Array | None = None
     ) -> tuple[KVCache, ...]:
-        """Empty self-attention caches, one per block, of ``capacity`` slots each.
+        """Empty self-attention caches, one per block, for ``capacity`` tokens: ``capacity``
+        slots for a global layer, ``min(W or C, capacity)`` (a ring buffer) for a layer with a
+        sliding window W or chunk C.
 
-        ``positions``: the positions the slots will hold, int ``[batch, capacity]`` or
+        ``positions``: the positions the tokens will have, int ``[batch, capacity]`` or
         ``[capacity]`` (default ``0..capacity-1``); see `flaxformer_lite.core.kv_cache`.
         """
         positions = slot_positions(batch, capacity, positions)
@@ -235,11 +287,11 @@ class Decoder(_Stack):
         cross = cache.cross_attention or (None,) * len(self.blocks)
         x_BTD = self._embed(tokens, positions, True)
         layers = []
-        for block, layer_cache, layer_cross in zip(
-            self.blocks, cache.self_attention, cross, strict=True
+        for i, (block, layer_cache, layer_cross) in enumerate(
+            zip(self.blocks, cache.self_attention, cross, strict=True)
         ):
             x_BTD, layer_cache = block.decode_step(
-                x_BTD, positions, layer_cache, pe=self.pe, cross=layer_cross
+                x_BTD, positions, layer_cache, pe=self.layer_encoding(i), cross=layer_cross
             )
             layers.append(layer_cache)
         return self._finish(x_BTD), cache._replace(self_attention=tuple(layers))

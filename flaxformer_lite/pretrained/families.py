@@ -20,6 +20,12 @@ qwen2     Qwen2ForCausalLM       rope        as llama, with q/k/v biases
 bloom     BloomForCausalLM       alibi       LayerNorm on the embeddings, fused per-head
                                              q|k|v, tanh GELU
 mpt       MptForCausalLM         alibi       MPT's ALiBi slopes, no biases, exact GELU
+gemma3_   Gemma3ForCausalLM      rope        a layer pattern (5 sliding-window layers, RoPE
+text                                         base 1e4, then 1 global, base 1e6, scalings on
+                                             the global ones), Gemma's RMSNorm (1 + w), q/k
+                                             norms, sandwich norms, head_dim apart from d /
+                                             heads, query_pre_attn_scalar, tanh GeGLU,
+                                             embeddings x sqrt(d), GQA, tied head
 ========  =====================  ==========  ==============================================
 
 A config field that would change the model's function and that the library does not
@@ -30,13 +36,16 @@ that do not change the function (dropout, initialisation, token ids, dtypes) are
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from flaxformer_lite.base.checks import is_number
 from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.schedules import LayerKind
 from flaxformer_lite.pretrained.files import CheckpointFiles, PretrainedError
 from flaxformer_lite.pretrained.hf_rope import rope_options_from_hf
 
@@ -105,11 +114,20 @@ class Fields:
 
     def float(self, name: str, default: float | None = None) -> float:
         value = self.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        if not is_number(value) or not 0 < value < math.inf:
             raise PretrainedError(
-                f"{self.family} config.json: {name}={value!r} must be a positive number"
+                f"{self.family} config.json: {name}={value!r} must be a finite positive number"
             )
         return float(value)
+
+    def number(self, name: str) -> float | None:
+        """A finite number, or None when the field is absent or null."""
+        value = self.config.get(name)
+        if value is not None and (not is_number(value) or not math.isfinite(value)):
+            raise PretrainedError(
+                f"{self.family} config.json: {name}={value!r} must be a finite number or null"
+            )
+        return None if value is None else float(value)
 
     def bool(self, name: str, default: bool) -> bool:
         value = self.get(name, default)
@@ -119,7 +137,7 @@ class Fields:
 
     def activation(self, name: str, default: str) -> str:
         value = self.get(name, default)
-        if value not in _ACTIVATIONS:
+        if not isinstance(value, str) or value not in _ACTIVATIONS:
             raise PretrainedError(
                 f"{self.family} config.json: {name}={value!r} is not supported; supported: "
                 f"{sorted(_ACTIVATIONS)}"
@@ -511,9 +529,10 @@ def _mpt_config(f: Fields) -> ModelConfig:
     sub.refuse("prefix_lm", lambda v: not v, False, "causal models only")
     d, h = f.int("d_model"), f.int("n_heads")
     head_dim = f.heads(d, h)
+    scale = sub.number("softmax_scale")
     sub.refuse(
         "softmax_scale",
-        lambda v: v is None or abs(v - head_dim**-0.5) < 1e-12,
+        lambda v: scale is None or abs(scale - head_dim**-0.5) < 1e-12,
         None,
         "attention scaled by 1/sqrt(head_dim)",
     )
@@ -558,6 +577,137 @@ def _mpt_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
         yield from _linear(files, f"{src}.ffn.up_proj", f"{dst}.ffn.wi", bias=bias)
         yield from _linear(files, f"{src}.ffn.down_proj", f"{dst}.ffn.wo", bias=bias)
     yield from _norm(files, "norm_f", "decoder.final_norm", bias=bias)
+    yield from _head(files, cfg)
+
+
+# ------------------------------------------------------------------------- Gemma 3 (text)
+
+_GEMMA3_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gemma3_layer_types(f: Fields, layers: int) -> list[str]:
+    """``layer_types``, or the older ``sliding_window_pattern`` (layer i slides unless
+    ``(i + 1) % pattern == 0``, default 6), as ``Gemma3TextConfig.__post_init__``."""
+    types = f.config.get("layer_types")
+    if types is None:
+        pattern = f.config.get("sliding_window_pattern", f.config.get("_sliding_window_pattern"))
+        pattern = 6 if pattern is None else pattern
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
+            raise PretrainedError(
+                f"{f.family} config.json: sliding_window_pattern={pattern!r} must be a positive int"
+            )
+        return [_GEMMA3_TYPES[(i + 1) % pattern == 0] for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or set(types) - set(_GEMMA3_TYPES):
+        raise PretrainedError(
+            f"{f.family} config.json: layer_types={types!r} must list one of "
+            f"{list(_GEMMA3_TYPES)} per layer (num_hidden_layers={layers})"
+        )
+    return types
+
+
+def _gemma3_rope(f: Fields, head_dim: int) -> dict[str, Any]:
+    """The RoPE options of each layer type, read as ``Gemma3TextConfig.
+    convert_rope_params_to_dict`` does: ``rope_parameters`` per layer type (transformers 5),
+    or ``rope_theta`` (global layers, default 1e6), ``rope_local_base_freq`` (sliding
+    layers, default 1e4) and ``rope_scaling`` (global layers only)."""
+    params = f.config.get("rope_parameters") or {}
+    if not isinstance(params, Mapping) or not all(isinstance(v, Mapping) for v in params.values()):
+        raise PretrainedError(
+            f"{f.family} config.json: rope_parameters={params!r} must map layer types "
+            f"{list(_GEMMA3_TYPES)} to RoPE parameters"
+        )
+    per_type = {t: dict(params.get(t) or {"rope_type": "default"}) for t in _GEMMA3_TYPES}
+    if f.config.get("rope_scaling"):
+        per_type["full_attention"].update(f.config["rope_scaling"])
+    defaults = {
+        "full_attention": ("rope_theta", 1e6),
+        "sliding_attention": ("rope_local_base_freq", 1e4),
+    }
+    for layer_type, (field, default) in defaults.items():
+        theta = f.config.get(field)
+        per_type[layer_type].setdefault("rope_theta", default if theta is None else theta)
+    common = {
+        k: f.config[k]
+        for k in ("max_position_embeddings", "original_max_position_embeddings", "model_type")
+        if k in f.config
+    }
+    return {
+        t: rope_options_from_hf(common | {"rope_parameters": p}, head_dim=head_dim)
+        for t, p in per_type.items()
+    }
+
+
+def _gemma3_config(f: Fields) -> ModelConfig:
+    f.refuse("use_bidirectional_attention", lambda v: not v, False, "causal models only")
+    f.refuse("attn_logit_softcapping", lambda v: v is None, None, "attention logit soft-capping")
+    f.refuse("final_logit_softcapping", lambda v: v is None, None, "final logit soft-capping")
+    f.refuse("attention_bias", lambda v: not v, False, "q/k/v/o projection biases")
+    d, h = f.int("hidden_size"), f.int("num_attention_heads")
+    head_dim = f.int("head_dim", 256)  # Gemma3TextConfig's default
+    layers = f.int("num_hidden_layers")
+    types = _gemma3_layer_types(f, layers)
+    # the shortest prefix of the layer types that cycles to all of them (6 for 5:1)
+    period = next(
+        p for p in range(1, layers + 1) if all(t == types[i % p] for i, t in enumerate(types))
+    )
+    rope = _gemma3_rope(f, head_dim)
+    window = f.int("sliding_window", 4096) if "sliding_attention" in types else None
+    kinds = {
+        "sliding_attention": LayerKind(
+            window=window,
+            positional="rope",
+            positional_options=rope["sliding_attention"],
+            name="gemma3.local",
+        ),
+        "full_attention": LayerKind(
+            positional="rope", positional_options=rope["full_attention"], name="gemma3.global"
+        ),
+    }
+    return _base(
+        f,
+        vocab_size=f.int("vocab_size"),
+        d_model=d,
+        num_heads=h,
+        num_kv_heads=f.int("num_key_value_heads", h),
+        head_size=head_dim,
+        d_ff=f.int("intermediate_size"),
+        num_decoder_layers=layers,
+        norm="pre",
+        norm_type="gemma_rms",
+        norm_epsilon=f.float("rms_norm_eps", 1e-6),
+        activation=f.activation("hidden_activation", "gelu_pytorch_tanh"),
+        ffn_gated=True,
+        use_bias=False,
+        qk_norm=True,
+        sandwich_norm=True,
+        query_pre_attn_scalar=f.float("query_pre_attn_scalar", 256),
+        scale_embeddings=True,  # Gemma3TextScaledWordEmbedding: x sqrt(hidden), compute dtype
+        positional="rope",
+        positional_options=rope["full_attention"],
+        layer_pattern=tuple(kinds[t] for t in types[:period]),
+    )
+
+
+def _gemma3_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
+    yield "decoder.embed.embed.embedding", files.get("embed_tokens.weight")
+    for i in range(cfg.num_decoder_layers):
+        src, dst = f"layers.{i}", f"decoder.blocks.{i}"
+        att = f"{dst}.self_attention"
+        for hf, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+            yield from _linear(files, f"{src}.self_attn.{hf}", f"{att}.{ours}", bias=False)
+        yield from _linear(files, f"{src}.self_attn.o_proj", f"{att}.out", bias=False)
+        yield from _norm(files, f"{src}.self_attn.q_norm", f"{att}.q_norm", bias=False)
+        yield from _norm(files, f"{src}.self_attn.k_norm", f"{att}.k_norm", bias=False)
+        for hf, ours in (
+            ("input_layernorm", "self_attention_norm.norm"),
+            ("post_attention_layernorm", "self_attention_norm.post_norm"),
+            ("pre_feedforward_layernorm", "ffn_norm.norm"),
+            ("post_feedforward_layernorm", "ffn_norm.post_norm"),
+        ):
+            yield from _norm(files, f"{src}.{hf}", f"{dst}.{ours}", bias=False)
+        for hf, ours in (("gate_proj", "wi"), ("up_proj", "wu"), ("down_proj", "wo")):
+            yield from _linear(files, f"{src}.mlp.{hf}", f"{dst}.ffn.{ours}", bias=False)
+    yield from _norm(files, "norm", "decoder.final_norm", bias=False)
     yield from _head(files, cfg)
 
 
@@ -642,6 +792,16 @@ FAMILIES: tuple[Family, ...] = (
         prefixes=("transformer.",),
         buffers=(r"lm_head\.weight",),
     ),
+    Family(
+        "gemma3_text",
+        ("gemma3_text",),
+        ("Gemma3ForCausalLM",),
+        "rope",
+        _gemma3_config,
+        _gemma3_weights,
+        prefixes=("model.",),
+        buffers=(r"lm_head\.weight",),
+    ),
 )
 
 
@@ -650,9 +810,9 @@ def family_of(config: Mapping[str, Any], *, where: str = "config.json") -> Famil
     ``architectures``); one line naming what is supported otherwise."""
     model_type = config.get("model_type")
     for family in FAMILIES:
-        if model_type in family.model_types:
+        if isinstance(model_type, str) and model_type in family.model_types:
             archs = config.get("architectures") or list(family.architectures)
-            if not isinstance(archs, list) or not set(archs) & set(family.architectures):
+            if not isinstance(archs, list) or not set(map(str, archs)) & set(family.architectures):
                 raise PretrainedError(
                     f"{where}: architectures={archs!r} is not a causal LM of the "
                     f"{family.name} family; supported: {list(family.architectures)}"

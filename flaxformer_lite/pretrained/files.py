@@ -48,15 +48,56 @@ class PretrainedError(ValueError):
     """A checkpoint folder or config that cannot be loaded; the message is one line."""
 
 
+# The deepest nesting a model folder's JSON may have (a config.json is 3 or 4 levels deep).
+MAX_JSON_DEPTH = 32
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which JSON does not allow (a number must be finite)")
+
+
+def read_json(path: Path, what: str = "JSON file") -> Any:
+    """The JSON value in ``path``, read as untrusted input: one-line `PretrainedError` for an
+    unreadable file, invalid JSON, ``NaN`` / ``Infinity`` (not JSON), or nesting deeper than
+    `MAX_JSON_DEPTH` (checked without recursion)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        value = None
+        problem = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise PretrainedError(f"{path}: not a readable {what} ({e})") from None
+    else:
+        problem = (
+            None
+            if json_depth(value) <= MAX_JSON_DEPTH
+            else (f"nested deeper than {MAX_JSON_DEPTH} levels")
+        )
+    if problem is not None:
+        raise PretrainedError(f"{path}: not a usable {what} ({problem})")
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+    return deepest
+
+
 def read_config(folder: Path) -> dict[str, Any]:
-    """``config.json`` of ``folder`` as a dict (one-line errors for a missing or bad file)."""
+    """``config.json`` of ``folder`` as a dict (one-line errors for a missing or bad file,
+    `read_json`); the families check each field's type as they read it."""
     path = folder / CONFIG
     if not path.is_file():
         raise PretrainedError(f"{folder}: no {CONFIG} (a Hugging Face model folder has one)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PretrainedError(f"{path}: not a readable JSON file ({e})") from None
+    config = read_json(path)
     if not isinstance(config, dict):
         raise PretrainedError(f"{path}: must hold a JSON object, not {type(config).__name__}")
     return config
@@ -64,37 +105,88 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 def _header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file: ``{name: {dtype, shape, data_offsets}}``, each
-    entry checked against the file's size, plus ``start``: where the data begins."""
+    entry checked by shape (an object with a known dtype, a shape of non-negative ints,
+    ``data_offsets`` two ints ``0 <= begin <= end`` whose span is exactly the tensor's bytes,
+    inside the file), no two tensors sharing bytes (the format forbids overlap), plus
+    ``start``: where each tensor's data begins in the file."""
     try:
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
             total = path.stat().st_size
             if not 0 < size <= min(total - 8, 100 * 2**20):
                 raise PretrainedError(f"{path}: not a safetensors file (header size {size})")
-            header = json.loads(f.read(size))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            header = json.loads(f.read(size), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise PretrainedError(
+            f"{path}: not a safetensors file (its header nests too deeply)"
+        ) from None
+    except (OSError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError are ValueErrors
         raise PretrainedError(f"{path}: not a readable safetensors file ({e})") from None
-    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise PretrainedError(
+            f"{path}: not a safetensors file (its header is a JSON {type(header).__name__}, "
+            "not an object)"
+        )
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise PretrainedError(f"{path}: __metadata__ must be an object, not {metadata!r:.80}")
+    data_size = total - 8 - size
+    spans = []
     for name, info in header.items():
-        shape, dtype = info.get("shape"), info.get("dtype")
-        if dtype not in _DTYPES or not isinstance(shape, list):
-            raise PretrainedError(f"{path}: tensor {name!r} has dtype {dtype!r}, shape {shape!r}")
-        begin, end = info.get("data_offsets", (0, -1))
-        nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
-        if end - begin != nbytes or begin < 0 or end + 8 + size > total:
-            raise PretrainedError(f"{path}: tensor {name!r} does not fit its byte range")
+        problem = _entry_problem(info, data_size)
+        if problem:
+            raise PretrainedError(f"{path}: tensor {name!r:.80} {problem}")
+        begin, end = info["data_offsets"]
         info["start"] = 8 + size + begin
+        if end > begin:
+            spans.append((begin, end, name))
+    reach, first = 0, None  # the furthest end so far, and whose it is
+    for begin, end, name in sorted(spans):
+        if begin < reach:
+            raise PretrainedError(
+                f"{path}: tensors {first!r:.80} and {name!r:.80} share bytes (the safetensors "
+                "format forbids overlapping tensors)"
+            )
+        reach, first = end, name
     return header
+
+
+def _entry_problem(info: Any, data_size: int) -> str | None:
+    """Why a safetensors header entry is not ``{dtype, shape, data_offsets}`` describing
+    bytes inside a data section of ``data_size`` bytes (None: it is)."""
+    if not isinstance(info, dict):
+        return f"is described by a JSON {type(info).__name__}, not an object"
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        return f"has dtype {dtype!r:.80}; allowed: {sorted(_DTYPES)}"
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        return f"has shape {shape!r:.80}; a shape is a list of non-negative ints"
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_count(n) for n in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        return f"has data_offsets {offsets!r:.80}; they are two ints [begin, end], begin <= end"
+    begin, end = offsets
+    nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
+    if end - begin != nbytes:
+        return f"of {dtype}{shape} needs {nbytes} bytes, its data_offsets span {end - begin}"
+    if end > data_size:
+        return f"ends at byte {end}, past the file's {data_size} bytes of data"
+    return None
+
+
+def _is_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of ``folder``: ``model.safetensors``, or the shards its index
     names (plain names inside the folder only). Pickled weights alone are refused."""
     if (folder / INDEX).is_file():
-        try:
-            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise PretrainedError(f"{folder / INDEX}: not a safetensors index ({e})") from None
+        index = read_json(folder / INDEX, "safetensors index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, Mapping):
             raise PretrainedError(f"{folder / INDEX}: weight_map must be an object")
         files = []
@@ -184,6 +276,31 @@ class CheckpointFiles:
         return sorted(set(self.where) - self.used)
 
 
+def non_finite(files: CheckpointFiles, parameter: str, value: np.ndarray) -> str:
+    """Why ``value`` (parameter ``parameter`` as placed, with a NaN or Inf in it) is refused:
+    the first stored tensor read so far that holds a non-finite value, with its file, index
+    and value; or, when every stored value is finite, the cast that overflowed."""
+    for name in sorted(files.used):
+        stored = np.asarray(files.get(name))
+        if stored.dtype.kind != "f" and stored.dtype != _DTYPES["BF16"]:
+            continue
+        bad = ~np.isfinite(stored)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            path, key = files.where[name]
+            return (
+                f"{path}: tensor {key!r} {tuple(stored.shape)} holds {int(bad.sum())} non-finite "
+                f"value(s), the first {stored[index]} at index {index}; a model with NaN or Inf "
+                "weights gives no scores"
+            )
+    index = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
+    return (
+        f"parameter {parameter} holds {value[index]} at index {index} once cast to "
+        f"{value.dtype} (its stored values are out of that dtype's range); load it in a wider "
+        "param_dtype"
+    )
+
+
 def content_hash(paths: list[Path]) -> str:
     """``sha256:<hex>`` over the files' contents in order (the hub cache's blob names are
     the sha256 of each file, so linked blobs are read once more only to be sure)."""
@@ -193,6 +310,17 @@ def content_hash(paths: list[Path]) -> str:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 digest.update(chunk)
     return "sha256:" + digest.hexdigest()
+
+
+def file_stats(folder: Path, paths: list[Path]) -> dict[str, list[int]]:
+    """``{name inside folder: [size, mtime_ns]}`` of ``paths`` (links followed, as they are
+    read): what a resume compares before hashing the files again (`content_hash`); the names
+    are relative, so a folder moved as a whole keeps them."""
+    out = {}
+    for path in paths:
+        info = path.stat()
+        out[str(path.relative_to(folder))] = [info.st_size, info.st_mtime_ns]
+    return out
 
 
 def iter_headers(folder: Path) -> Iterator[tuple[str, str, tuple[int, ...]]]:

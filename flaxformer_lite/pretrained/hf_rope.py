@@ -124,8 +124,8 @@ def rope_options_from_hf(
         )
 
     base = params.get("rope_theta")
-    if not is_number(base) or not base > 1:
-        raise ValueError(f"rope_theta={base!r}: must be a number > 1")
+    if not is_number(base) or not 1 < base < math.inf:
+        raise ValueError(f"rope_theta={base!r}: must be a finite number > 1")
     fraction = _fraction(config, params, head_dim)
     opts: dict[str, Any] = dict(base=float(base), layout=layout, fraction=fraction)
     max_pos = config.get("max_position_embeddings")
@@ -262,26 +262,29 @@ def _yarn(params: Mapping[str, Any], original: int, max_pos: Any) -> dict[str, A
         raise ValueError("rope_type='yarn' needs rope_parameters.factor")
     factor = _implied_factor(params, original, max_pos, "yarn")
     scale = _factor({"factor": factor}, "yarn")
-    beta_fast = params.get("beta_fast") or 32  # HF: `or`, so 0 and None mean the default
-    beta_slow = params.get("beta_slow") or 1
-    if not (is_number(beta_fast) and is_number(beta_slow)) or not 0 <= beta_slow < beta_fast:
+    beta_fast = _number(params, "beta_fast") or 32.0  # HF: `or`, so 0 and None: the default
+    beta_slow = _number(params, "beta_slow") or 1.0
+    if not 0 <= beta_slow < beta_fast:
+        slow, fast = params.get("beta_slow") or 1, params.get("beta_fast") or 32  # as given
         raise ValueError(
-            f"rope_parameters.beta_slow={beta_slow!r}, beta_fast={beta_fast!r}: flaxformer_lite "
-            "needs numbers with 0 <= beta_slow < beta_fast"
+            f"rope_parameters.beta_slow={slow!r}, beta_fast={fast!r}: flaxformer_lite needs "
+            "numbers with 0 <= beta_slow < beta_fast"
         )
-    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    mscale, mscale_all_dim = _number(params, "mscale"), _number(params, "mscale_all_dim")
     if not (mscale and mscale_all_dim):  # HF uses them only when both are set and non-zero
         mscale = mscale_all_dim = None
-    attention = params.get("attention_factor")
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ValueError(f"rope_parameters.truncate={truncate!r}: must be true or false")
     return dict(
         scale=scale,
-        yarn_alpha=float(beta_slow),
-        yarn_beta=float(beta_fast),
+        yarn_alpha=beta_slow,
+        yarn_beta=beta_fast,
         yarn_variant="hf",
-        yarn_truncate=bool(params.get("truncate", True)),
-        yarn_mscale=None if mscale is None else float(mscale),
-        yarn_mscale_all_dim=None if mscale_all_dim is None else float(mscale_all_dim),
-        attention_factor=None if attention is None else float(attention),
+        yarn_truncate=truncate,
+        yarn_mscale=mscale,
+        yarn_mscale_all_dim=mscale_all_dim,
+        attention_factor=_number(params, "attention_factor"),
     )
 
 
@@ -291,8 +294,8 @@ def _llama3(params: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"rope_type='llama3' needs rope_parameters.{key}; got None")
     return dict(
         scale=_factor(params, "llama3"),
-        llama3_low_freq_factor=float(params["low_freq_factor"]),
-        llama3_high_freq_factor=float(params["high_freq_factor"]),
+        llama3_low_freq_factor=_number(params, "low_freq_factor"),
+        llama3_high_freq_factor=_number(params, "high_freq_factor"),
     )
 
 
@@ -300,13 +303,25 @@ def _longrope(params: Mapping[str, Any], original: int, max_pos: Any) -> dict[st
     out: dict[str, Any] = {}
     for key in ("short_factor", "long_factor"):
         value = params.get(key)
-        if not isinstance(value, list | tuple) or not all(is_number(v) for v in value):
-            raise ValueError(f"rope_parameters.{key}={value!r}: must be a list of numbers")
+        if not isinstance(value, list | tuple) or not all(
+            is_number(v) and math.isfinite(v) for v in value
+        ):
+            raise ValueError(f"rope_parameters.{key}={value!r}: must be a list of finite numbers")
         out[f"longrope_{key}"] = tuple(float(v) for v in value)
     factor = _implied_factor(params, original, max_pos, "longrope")
     if not is_number(factor) or not 0 < factor < math.inf:
         raise ValueError(f"rope_parameters.factor={factor!r}: must be a finite number > 0")
     out["scale"] = max(1.0, float(factor))  # HF: attention factor 1 for factor <= 1
-    attention = params.get("attention_factor")
-    out["attention_factor"] = None if attention is None else float(attention)
+    out["attention_factor"] = _number(params, "attention_factor")
     return out
+
+
+def _number(params: Mapping[str, Any], key: str) -> float | None:
+    """``rope_parameters[key]`` as a float, None when absent or null; a value of another JSON
+    type (a list, a string) or a non-finite one is refused in one line naming the key."""
+    value = params.get(key)
+    if value is None:
+        return None
+    if not is_number(value) or not math.isfinite(value):
+        raise ValueError(f"rope_parameters.{key}={value!r}: must be a finite number")
+    return float(value)

@@ -11,6 +11,7 @@ must be used (or be a known buffer): nothing is left at a random initialisation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -23,17 +24,25 @@ import numpy as np
 from flax import nnx
 
 from flaxformer_lite.base.memory import format_bytes, host_available
+from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.nn.param_count import count_parameters
-from flaxformer_lite.pretrained import families
+from flaxformer_lite.pretrained import families, gguf, gguf_tokenizer
 from flaxformer_lite.pretrained.files import (
     CheckpointFiles,
     PretrainedError,
     content_hash,
+    non_finite,
     read_config,
+    weight_files,
 )
-from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer
+from flaxformer_lite.pretrained.tokenizer import (
+    Tokenizer,
+    check_vocabulary,
+    load_tokenizer,
+    tokenizer_files,
+)
 
 HUB_FILES = [
     "config.json",
@@ -57,7 +66,21 @@ class PretrainedInfo:
     revision: str | None  # the hub commit, when loaded from the hub
     weights_sha256: str  # "sha256:..." of the safetensors files, in order
     tokenizer_sha256: str | None  # "sha256:..." of the tokenizer files, None without one
-    hf_config: dict[str, Any]  # config.json as read
+    hf_config: dict[str, Any]  # config.json as read (for a GGUF file: mapped from its metadata)
+    # "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"
+    weights_format: str = "safetensors"
+
+    def record(self) -> dict[str, Any]:
+        """What a results row says of the model: id, family, revision, weights and tokenizer
+        sha256, and the weights' stored format."""
+        return {
+            "model_id": self.model_id,
+            "family": self.family,
+            "revision": self.revision,
+            "weights_sha256": self.weights_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "weights_format": self.weights_format,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +130,166 @@ def resolve(source: str | os.PathLike, *, revision: str | None = None) -> tuple[
     raise PretrainedError(
         f"{repo}: not in the local cache and not downloadable ({errors[-1]}); {how}"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A pretrained model's files, resolved and read once: the folder, ``config.json`` and
+    the `ModelConfig` it maps to (`families`). `open_checkpoint` makes it; `load` places the
+    weights into a model of a given config (the mapped one, or the same architecture with
+    other compute settings or an evaluation-time RoPE scaling).
+
+    Attributes:
+      source: the hub id or folder it was opened from.
+      folder: the local folder read.
+      revision: the hub commit, when it came from the hub.
+      hf_config: ``config.json`` as read.
+      family: its `families.Family`.
+      config: the mapped `ModelConfig` (float32, the family's defaults).
+      gguf: for a llama.cpp GGUF file, the opened file (`gguf.GGUFFile`: its metadata is
+        ``hf_config``, its tensors and tokenizer are read from it); None for a folder.
+    """
+
+    source: str
+    folder: Path
+    revision: str | None
+    hf_config: dict[str, Any]
+    family: families.Family
+    config: ModelConfig
+    gguf: gguf.GGUFFile | None = None
+
+    def files(self) -> CheckpointFiles:
+        """The stored tensors under their Hugging Face names (a GGUF file's dequantized)."""
+        if self.gguf is not None:
+            return self.gguf.checkpoint(strip=self.family.prefixes)
+        return CheckpointFiles(self.folder, strip=self.family.prefixes)
+
+    def content_files(self) -> tuple[list[Path], list[Path]]:
+        """``(weight files, tokenizer files)``: what a run's identity hashes (a GGUF file holds
+        both)."""
+        if self.gguf is not None:
+            return [self.gguf.path], []
+        return weight_files(self.folder), tokenizer_files(self.folder)
+
+    @property
+    def weights_format(self) -> str:
+        """ "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"."""
+        if self.gguf is None:
+            return "safetensors"
+        return f"gguf {self.files().quantization()} dequantized to float32"
+
+    def load(self, cfg: ModelConfig | None = None, *, shardings=None) -> DecoderOnlyLM:
+        """The model of ``cfg`` (default `config`) with the checkpoint's weights: memory
+        checked first (the config's count, then the stored tensors' sizes), every parameter
+        taken from the checkpoint and every stored tensor used (`_mapped`, `_fill`).
+        ``shardings(abstract params)`` places each parameter on its devices (None: the
+        default device). Refuses, in one line, a ``cfg`` whose parameters differ from the
+        checkpoint's."""
+        cfg = self.config if cfg is None else cfg
+        name = self.family.name
+        _check_memory(name, cfg, None)
+        files = self.files()
+        _check_memory(name, cfg, files)
+        arrays = _mapped(self.family, files, cfg)
+        graphdef, abstract, rest = _abstract(cfg)
+        params = _fill(self.family, abstract, arrays, cfg.params_dtype, shardings, files)
+        return nnx.merge(graphdef, params, rest)
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The folder's tokenizer (`tokenizer.load_tokenizer`), read once; refused in one line
+        when its ids reach past the model's embedding (`tokenizer.check_vocabulary`)."""
+        if self.gguf is not None:
+            tok = gguf_tokenizer.load_tokenizer(self.gguf)
+        else:
+            tok = load_tokenizer(self.folder)
+        check_vocabulary(tok, self.config.vocab_size, where=f"{self.family.name} {self.folder}")
+        return tok
+
+    @property
+    def separator_id(self) -> int:
+        """The token that joins documents when the model scores a corpus: its end-of-text
+        token (``config.json``'s ``eos_token_id``; the first of a list), 0 when it has none."""
+        eos = self.hf_config.get("eos_token_id")
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        return int(eos) if isinstance(eos, int) and not isinstance(eos, bool) else 0
+
+    def scored_text(self, corpus: Any) -> TokenCorpus:
+        """``corpus`` (a `ByteCorpus`) as this model scores it: each document tokenized by its
+        tokenizer, documents joined by its `separator_id`, every token with the bytes of text
+        it covers (`flaxformer_lite.data.tokens`: bits per UTF-8 byte of the same text for
+        every tokenizer)."""
+        tok = self.tokenizer
+        return TokenCorpus(
+            corpus,
+            tok.encode_with_offsets,
+            separator_id=self.separator_id,
+            tokenizer_sha256=tok.sha256,
+            vocab_size=self.config.vocab_size,
+        )
+
+    def info(self, *, tokenizer: bool = True) -> PretrainedInfo:
+        """What results rows record of the model (its weights hashed now; the tokenizer's
+        hash when ``tokenizer``)."""
+        files = self.files()
+        return PretrainedInfo(
+            model_id=self.source,
+            family=self.family.name,
+            folder=str(self.folder),
+            revision=self.revision,
+            weights_sha256=content_hash(files.files),
+            tokenizer_sha256=self.tokenizer.sha256 if tokenizer else None,
+            hf_config=self.hf_config,
+            weights_format=self.weights_format,
+        )
+
+
+def open_checkpoint(source: str | os.PathLike, *, revision: str | None = None) -> Checkpoint:
+    """The `Checkpoint` of ``source`` (a folder, a hub id (`resolve`) or a GGUF file
+    (`gguf.gguf_source`)): resolved, read and mapped once per process (a run's config, its
+    pre-flight and its evaluation share it); opened again when its ``config.json`` (or GGUF
+    file) changed on disk."""
+    key = (str(source), revision)
+    cached = _OPENED.get(key)
+    if cached is not None and cached[0] == _stamp(_config_file(cached[1])):
+        return cached[1]
+    gguf_path = gguf.gguf_source(source)
+    if gguf_path is None:
+        folder, hub_revision = resolve(source, revision=revision)
+        opened, hf_config = None, read_config(folder)
+        where = str(folder / "config.json")
+    else:
+        folder, hub_revision = gguf_path.parent, None
+        opened = gguf.open_gguf(gguf_path)
+        hf_config, where = opened.hf_config, str(gguf_path)
+    checkpoint = Checkpoint(
+        source=str(source),
+        folder=folder,
+        revision=hub_revision,
+        hf_config=hf_config,
+        family=families.family_of(hf_config, where=where),
+        config=families.model_config(hf_config, where=where),
+        gguf=opened,
+    )
+    _OPENED[key] = (_stamp(_config_file(checkpoint)), checkpoint)
+    return checkpoint
+
+
+def _config_file(checkpoint: Checkpoint) -> Path:
+    """The file a checkpoint's config was read from (config.json, or the GGUF file)."""
+    return checkpoint.folder / "config.json" if checkpoint.gguf is None else checkpoint.gguf.path
+
+
+# (source, revision) -> (config.json's (mtime_ns, size), its Checkpoint): `open_checkpoint`'s
+_OPENED: dict[tuple[str, str | None], tuple[tuple[int, int] | None, Checkpoint]] = {}
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _check_memory(family: str, cfg: ModelConfig, files: CheckpointFiles | None) -> None:
@@ -168,7 +351,9 @@ def load_pretrained(
     Args:
       source: a folder with ``config.json``, safetensors weights and tokenizer files, or a
         hub id (``"gpt2"``, ``"EleutherAI/pythia-160m"``) when ``huggingface_hub`` can fetch
-        it or has it cached.
+        it or has it cached; or a llama.cpp GGUF file (a ``.gguf`` path, or a folder holding
+        one ``.gguf`` and no ``config.json``), read by `flaxformer_lite.pretrained.gguf` and
+        dequantized to float32.
       dtype: compute dtype (``"float32"``, ``"bfloat16"``); param_dtype: storage dtype of
         the parameters (default ``dtype``): ``"bfloat16"`` halves their memory.
       shardings: ``shardings(abstract params) -> a tree of jax.sharding.Sharding`` (e.g.
@@ -183,35 +368,15 @@ def load_pretrained(
       `Pretrained` (model, config, tokenizer, info). Its logits equal transformers'
       (tests/pretrained/ checks every family to 1e-4 in float32).
     """
-    folder, hub_revision = resolve(source, revision=revision)
-    hf_config = read_config(folder)
-    family = families.family_of(hf_config, where=str(folder / "config.json"))
-    cfg = families.model_config(hf_config, where=str(folder / "config.json"))
+    checkpoint = open_checkpoint(source, revision=revision)
     param_dtype = dtype if param_dtype is None else param_dtype
     try:
-        cfg = cfg.replace(dtype=dtype, param_dtype=param_dtype, **overrides)
+        cfg = checkpoint.config.replace(dtype=dtype, param_dtype=param_dtype, **overrides)
     except (TypeError, ValueError) as e:
-        raise PretrainedError(f"{family.name}: {e}") from None
-    _check_memory(family.name, cfg, None)
-    files = CheckpointFiles(folder, strip=family.prefixes)
-    _check_memory(family.name, cfg, files)
-    arrays = _mapped(family, files, cfg)
-    graphdef, abstract, rest = _abstract(cfg)
-    params = _fill(family, abstract, arrays, cfg.params_dtype, shardings)
-    model = nnx.merge(graphdef, params, rest)
-    info = PretrainedInfo(
-        model_id=str(source),
-        family=family.name,
-        folder=str(folder),
-        revision=hub_revision,
-        weights_sha256=content_hash(files.files),
-        tokenizer_sha256=None,
-        hf_config=hf_config,
-    )
-    tok = load_tokenizer(folder) if tokenizer else None
-    if tok is not None:
-        info = dataclasses.replace(info, tokenizer_sha256=tok.sha256)
-    return Pretrained(model, cfg, tok, info)
+        raise PretrainedError(f"{checkpoint.family.name}: {e}") from None
+    model = checkpoint.load(cfg, shardings=shardings)
+    info = checkpoint.info(tokenizer=tokenizer)
+    return Pretrained(model, cfg, checkpoint.tokenizer if tokenizer else None, info)
 
 
 def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -> dict:
@@ -233,8 +398,9 @@ def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -
     return arrays
 
 
-def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
-    """The parameter state with every abstract leaf replaced by its checkpoint array."""
+def _fill(family, abstract, arrays: dict, dtype, shardings, files: CheckpointFiles) -> Any:
+    """The parameter state with every abstract leaf replaced by its checkpoint array, each
+    checked finite as it is read (`files.non_finite` names the stored tensor otherwise)."""
     flat = nnx.to_flat_state(abstract)
     placed = [] if shardings is None else nnx.to_flat_state(shardings(abstract))
     placements = {p: s.get_value() if isinstance(s, nnx.Variable) else s for p, s in placed}
@@ -255,6 +421,8 @@ def _fill(family, abstract, arrays: dict, dtype, shardings) -> Any:
                 f"{tuple(array.shape)}"
             )
         host = np.asarray(array).astype(dtype)  # reads the tensor from its file
+        if not np.isfinite(host).all():  # NaN / Inf weights: every score would be NaN
+            raise PretrainedError(f"{family.name}: {non_finite(files, name, host)}")
         sharding = placements.get(path)
         value = jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
         leaves.append((path, var.replace(value)))

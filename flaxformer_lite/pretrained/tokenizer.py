@@ -50,6 +50,16 @@ def _hash(paths: list[Path]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The files `load_tokenizer` reads in ``folder`` (``tokenizer.json``, else ``vocab.json``
+    + ``merges.txt``); [] when it has neither."""
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return [folder / "tokenizer.json"]
+    pair = [folder / "vocab.json", folder / "merges.txt"]
+    return pair if all(p.is_file() for p in pair) else []
+
+
 def load_tokenizer(folder: Path) -> Tokenizer:
     """The tokenizer of a model folder (see the module docstring)."""
     try:
@@ -73,7 +83,24 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     except Exception as e:  # the library's parse errors are plain Exceptions
         raise PretrainedError(f"{folder}: cannot read the tokenizer ({e})") from None
     others = sorted(p.name for p in folder.glob("*.model"))
-    hint = f" ({others[0]} is a SentencePiece model: save it as tokenizer.json with transformers)"
-    raise PretrainedError(
-        f"{folder}: no tokenizer.json (or vocab.json + merges.txt)" + (hint if others else "")
-    )
+    if others:
+        hint = f"{others[0]} is a SentencePiece model: save it as tokenizer.json with transformers"
+    else:  # e.g. the folder of a model's save_pretrained alone
+        hint = "save the model's tokenizer into it too, e.g. tokenizer.save_pretrained(DIR)"
+    raise PretrainedError(f"{folder}: no tokenizer.json (or vocab.json + merges.txt); {hint}")
+
+
+def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, *, where: str) -> None:
+    """Refuse a tokenizer whose token ids reach past the model's embedding of
+    ``vocab_size`` rows (``config.json``'s ``vocab_size``): such an id would read past the
+    table (JAX clamps or fills a gather out of range; the scores come out NaN). A smaller
+    tokenizer is fine (many models pad their embedding)."""
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    top = max(vocab.values(), default=-1)
+    if top >= vocab_size:
+        token = min((t for t, i in vocab.items() if i >= vocab_size), key=vocab.get)
+        raise PretrainedError(
+            f"{where}: the tokenizer ({tokenizer.source}) has token ids up to {top} (e.g. "
+            f"{token!r} = {vocab[token]}) but the model's embedding has {vocab_size} rows "
+            "(config.json vocab_size); ids past it give no scores: use the model's own tokenizer"
+        )

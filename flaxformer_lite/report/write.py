@@ -173,7 +173,9 @@ def write_study_report(
         return None
     if not rows and title is None:
         title = _study_title(Path(workdir))
-    blocks = store.load_blocks([workdir])
+    blocks, foreign = store.paired_blocks([workdir], rows)
+    for note in foreign:
+        warnings.warn(note, store.ResultsWarning, stacklevel=2)
     files = [_cell_rows_file(Path(workdir), r, f) for r, (f, _) in zip(rows, origins, strict=True)]
     return write_report(
         rows,

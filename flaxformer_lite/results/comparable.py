@@ -7,12 +7,12 @@ every cell, on:
 * ``setting``: the run's identity config (`RunConfig.identity`, flattened: every config
   field that changes numbers, named as a resume refusal names it, ``train.num_steps``),
   except what the table is meant to compare -- the seed, the encoding
-  (``model.positional``, its options ``model.positional_options.*`` and
-  ``model.randomized_positions``) -- and the fields any of the group's cells had set by its
-  study's sweep (``swept``: a rate sweep's ``optim.learning_rate``, a size sweep's
-  ``model.*``, the tasks' ``data.task``), which the report tabulates separately; in a study
-  of pretrained models (``pretrained.source`` swept) the architecture ``model.*`` too, except
-  ``model.dtype`` and ``model.param_dtype``;
+  (``model.positional``, its options ``model.positional_options.*``,
+  ``model.randomized_positions`` and the per-layer ``model.layer_pattern``) -- and the
+  fields any of the group's cells had set by its study's sweep (``swept``: a rate sweep's
+  ``optim.learning_rate``, a size sweep's ``model.*``, the tasks' ``data.task``), which the
+  report tabulates separately; in a study of pretrained models (``pretrained.source``
+  swept) the architecture ``model.*`` too, except ``model.dtype`` and ``model.param_dtype``;
 * ``corpus_sha256``: the corpus content hash (``data.sha256`` of the rows);
 * ``versions.python`` and ``versions.<package>`` for the packages a resume refuses
   (`train.identity.VERSION_PACKAGES`: flaxformer-lite, jax, jaxlib, flax, optax, numpy).
@@ -56,6 +56,7 @@ ENCODING_FIELDS = (
     "model.positional",
     "model.positional_options",
     "model.randomized_positions",
+    "model.layer_pattern",
 )
 # A pretrained-model study compares models: their architecture (everything config.json sets,
 # ``model.*``) is its subject, as the encoding is a trained study's; how they compute is not.

@@ -18,10 +18,12 @@ pretrained model), ``pretrained`` (a pretrained model's id, family, revision and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flaxformer_lite.base.checks import is_number
 from flaxformer_lite.results import store
 from flaxformer_lite.train.memory import count_parameters
 from flaxformer_lite.train.run_config import RunConfig
@@ -154,6 +156,46 @@ def expected_keys(run: RunConfig) -> list[tuple[str, int, str, str]]:
             metrics = (*metrics, "loss_by_position")
         keys += [(cell.label.encoding, cell.length, cell.protocol, m) for m in metrics]
     return keys
+
+
+class CellRowsError(ValueError):
+    """A finished run's rows are not its results (a non-finite value, an expected row
+    missing): the cell failed; the message says which length, model and value."""
+
+
+def _first_non_finite(value: Any) -> tuple[int | None, Any] | None:
+    """``(position or None, value)`` of the first NaN or Inf in a row's value (a number, or
+    the list of a per-position curve), or None."""
+    values = value if isinstance(value, list) else [value]
+    for i, v in enumerate(values):
+        if is_number(v) and not math.isfinite(v):
+            return (i if isinstance(value, list) else None), v
+    return None
+
+
+def made_rows_problem(rows: list[dict[str, Any]], run: RunConfig) -> str | None:
+    """Why ``rows`` (`rows_for_cell` of a run that has just finished) are not the results
+    of ``run``, or None: the first non-finite value -- which metric, model or encoding,
+    length and value -- or an expected row (`expected_keys`) that is missing. The runner
+    fails such a cell instead of writing rows that the study would then drop silently."""
+    for row in rows:
+        bad = _first_non_finite(row.get("value"))
+        if bad is not None:
+            position, value = bad
+            at = "" if position is None else f" at position {position}"
+            return (
+                f"{row['metric']} of {row['encoding']!r} at length {row['eval_length']} "
+                f"({row.get('protocol')}) is {value}{at}: the model gave non-finite numbers"
+            )
+    have = {(r["encoding"], r["eval_length"], r.get("protocol"), r["metric"]) for r in rows}
+    missing = [k for k in expected_keys(run) if k not in have]
+    if missing:
+        encoding, length, protocol, metric = missing[0]
+        return (
+            f"the evaluation gave no {metric} of {encoding!r} at length {length} ({protocol}); "
+            f"{len(missing)} expected row(s) missing"
+        )
+    return None
 
 
 def cell_rows_problem(path: Path, run: RunConfig | None, name: str) -> str | None:

@@ -9,6 +9,12 @@ skipped; it is never silently dropped, never a traceback and never a table cell.
 Two different rows of one measurement (the same run, seed, evaluation length, protocol,
 metric and encoding label: `measurement_key`) are an error (`DuplicateRowsError`, naming the
 key and the files and lines), never averaged as if they were two seeds.
+
+The per-block sums beside the rows (``blocks.jsonl``) belong to the rows of the same runs:
+`paired_blocks` keeps a block record only when a row has its study, preset, run, seed, run
+identity (``config_hash``) and cell, and names in one line the records it ignored (another
+study's blocks placed beside the rows). A file that cannot be read -- a truncated or corrupt
+``.gz``, a directory -- is `UnreadableFileError`, naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import gzip
 import json
 import math
 import warnings
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -41,6 +48,28 @@ VALUE_RANGES = {
     "accuracy": (0.0, 1.0),
     "exact_match": (0.0, 1.0),
 }
+
+
+class UnreadableFileError(OSError):
+    """A results or blocks file cannot be read (a truncated or corrupt gzip stream, an OS
+    error); ``filename`` and ``strerror`` say which file and why."""
+
+    def __init__(self, path: str | Path, problem: str):
+        super().__init__(None, problem, str(path))
+
+    def __str__(self) -> str:
+        return f"cannot read {self.filename}: {self.strerror}"
+
+
+def _unreadable(path: str | Path, error: BaseException) -> UnreadableFileError:
+    """The `UnreadableFileError` of ``error`` raised while reading ``path``."""
+    if isinstance(error, EOFError):
+        problem = "it is cut short (the gzip stream ends before its end marker)"
+    elif isinstance(error, gzip.BadGzipFile | zlib.error):
+        problem = f"it is not a valid gzip file ({error})"
+    else:
+        problem = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return UnreadableFileError(path, problem)
 
 
 class ResultsWarning(UserWarning):
@@ -232,29 +261,35 @@ def read_rows_lines(path: str | Path) -> tuple[list[dict[str, Any]], list[int], 
     path = Path(path)
     rows, numbers, problems = [], [], []
     first_line: dict[str, int] = {}
-    with open_text(path) as f:
-        for number, line in enumerate(f, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as e:
-                reason = f"not valid JSON ({e.msg} at column {e.colno}): {_clip(text)}"
-            except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting
-                reason = f"not a usable JSON value ({type(e).__name__}: {_clip(str(e))})"
+    try:
+        with open_text(path) as f:
+            lines = list(f)
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, zlib.error) as e:
+        raise _unreadable(path, e) from None
+    for number, line in enumerate(lines, start=1):  # read whole: a damaged .gz fails first
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            reason = f"not valid JSON ({e.msg} at column {e.colno}): {_clip(text)}"
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting
+            reason = f"not a usable JSON value ({type(e).__name__}: {_clip(str(e))})"
+        else:
+            reason = _check_row(row)
+        if reason is None:
+            key = row_key(row)
+            if key in first_line:
+                reason = f"exact duplicate of line {first_line[key]}"
             else:
-                reason = _check_row(row)
-            if reason is None:
-                key = row_key(row)
-                if key in first_line:
-                    reason = f"exact duplicate of line {first_line[key]}"
-                else:
-                    first_line[key] = number
-                    rows.append(row)
-                    numbers.append(number)
-            if reason is not None:
-                problems.append(Problem(str(path), number, f"skipped: {reason}"))
+                first_line[key] = number
+                rows.append(row)
+                numbers.append(number)
+        if reason is not None:
+            problems.append(Problem(str(path), number, f"skipped: {reason}"))
     return rows, numbers, problems
 
 
@@ -356,24 +391,79 @@ def load_rows_with_origins(
 def load_blocks(paths: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
     """The per-block records (``blocks.jsonl``) beside the results files of ``paths`` (run
     dirs or results files); a path without one contributes nothing, an unreadable line is
-    skipped (its cells then fall back to intervals without block data)."""
+    skipped (its cells then fall back to intervals without block data). A file that cannot
+    be read raises `UnreadableFileError`. `paired_blocks` keeps only the rows' own."""
+    return [r for _, records in _blocks_by_file(paths) for r in records]
+
+
+def _blocks_by_file(paths: str | Path | Sequence[str | Path]) -> list[tuple[Path, list[dict]]]:
     if isinstance(paths, str | Path):
         paths = [paths]
-    out: list[dict[str, Any]] = []
+    out = []
     for p in paths:
         file = _plain_or_gz(results_file(p).parent / BLOCKS_FILE)
         if not file.is_file():
             continue
-        with open_text(file) as f:
-            lines = f.read().splitlines()
+        try:
+            with open_text(file) as f:
+                lines = f.read().splitlines()
+        except (OSError, EOFError, zlib.error) as e:
+            raise _unreadable(file, e) from None
+        records = []
         for line in lines:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(record, dict) and isinstance(record.get("blocks"), dict):
-                out.append(record)
+                records.append(record)
+        out.append((file, records))
     return out
+
+
+# What ties a block record to its rows: the run that made both (study, preset, cell, seed and
+# run identity) and the evaluated cell (encoding label, protocol, length).
+BLOCK_OWNER_FIELDS = (
+    "study",
+    "preset",
+    "run",
+    "seed",
+    "config_hash",
+    "task",
+    "train_length",
+    "encoding",
+    "protocol",
+    "eval_length",
+)
+
+
+def block_owner(record: dict[str, Any]) -> tuple[str, ...]:
+    """A row's or block record's `BLOCK_OWNER_FIELDS` (missing ones as None)."""
+    return tuple(json.dumps(record.get(k), sort_keys=True) for k in BLOCK_OWNER_FIELDS)
+
+
+def paired_blocks(
+    paths: str | Path | Sequence[str | Path], rows: Sequence[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """``(records, notes)``: the block records beside ``paths`` that belong to ``rows`` (a row
+    with the same `block_owner`), and one note per file whose other records were ignored,
+    e.g. another study's ``blocks.jsonl.gz`` placed beside the rows: never an interval or a
+    significance mark from blocks of other runs."""
+    owned = {block_owner(r) for r in rows}
+    kept: list[dict[str, Any]] = []
+    notes = []
+    for file, records in _blocks_by_file(paths):
+        foreign = [r for r in records if block_owner(r) not in owned]
+        kept += [r for r in records if block_owner(r) in owned]
+        if foreign:
+            r = foreign[0]
+            notes.append(
+                f"{file}: ignored {len(foreign)} of {len(records)} block record(s) that belong to "
+                f"no results row here (e.g. study {r.get('study')!r}, preset {r.get('preset')!r}, "
+                f"run {r.get('run')!r}, config_hash {r.get('config_hash')!r}): intervals use "
+                "only the blocks of the rows' own runs"
+            )
+    return kept, notes
 
 
 def error_line(path: str | Path, limit: int = 400) -> str | None:

@@ -20,6 +20,7 @@ and the study goes on; the runner then exits non-zero.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -36,7 +37,13 @@ from flaxformer_lite.base.checks import ConfigError, one_line
 from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
 from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.results.comparable import MixedRowsError
-from flaxformer_lite.results.rows import blocks_for_cell, cell_rows_problem, rows_for_cell
+from flaxformer_lite.results.rows import (
+    CellRowsError,
+    blocks_for_cell,
+    cell_rows_problem,
+    made_rows_problem,
+    rows_for_cell,
+)
 from flaxformer_lite.results.store import BLOCKS_FILE, RESULTS_FILE, DuplicateRowsError, error_line
 from flaxformer_lite.study.sweeps import (
     StudyCell,
@@ -205,8 +212,8 @@ class Study:
                 if cell.identity is None:  # not selected: its data is opened here
                     if cell.run.data not in opened:
                         opened[cell.run.data] = open_dataset(cell.run.data)
-                    record = identity.current(cell.run, opened[cell.run.data])
-                    cell = self.add(cell.with_identity(record))
+                    record = identity.current(cell.run, opened[cell.run.data], previous=old)
+                    cell = self.add(dataclasses.replace(cell, identity=record))
             except ConfigError as e:
                 changed[name] = [f"its config is not valid now ({e})"]
                 continue
@@ -229,7 +236,9 @@ class Study:
             keep = record is not None and identity.evaluation_only(diffs)
             (again if keep else fresh).append(name)
             config = None if cell is None else cell.run.to_dict()
-            identity.reset(self.cell_dir(name), record, config, keep_training=keep)
+            kept = identity.reset(self.cell_dir(name), record, config, keep_training=keep)
+            if kept:  # only what the run wrote was deleted
+                print(identity.kept_line(self.cell_dir(name), kept), file=sys.stderr)
         for names, what in (
             (fresh, "start afresh"),
             (again, "keep their training, evaluated again"),
@@ -289,14 +298,17 @@ class Study:
     def run_cell(self, cell: StudyCell) -> None:
         """Train and evaluate ``cell`` (`train_and_evaluate` of its run config) and write its
         blocks and rows (``rows.jsonl`` last: it marks the cell finished)."""
-        summary = train_and_evaluate(cell.run, self.cell_dir(cell.name))
+        summary = train_and_evaluate(cell.run, self.cell_dir(cell.name), ready=cell.ready)
         interrupt.where(phase="writing the rows of")
-        blocks = blocks_for_cell(cell.run, cell.name, summary)
-        text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
-        atomic_write_text(self.cell_dir(cell.name) / BLOCKS_FILE, text)
         rows = rows_for_cell(
             cell.run, cell.name, summary, self.command, cell.labels, cell.overrides
         )
+        problem = made_rows_problem(rows, cell.run)
+        if problem is not None:  # never rows the study would drop: the cell failed
+            raise CellRowsError(problem)
+        blocks = blocks_for_cell(cell.run, cell.name, summary)
+        text = "".join(json.dumps(b, sort_keys=True) + "\n" for b in blocks)
+        atomic_write_text(self.cell_dir(cell.name) / BLOCKS_FILE, text)
         text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
         atomic_write_text(self.cell_dir(cell.name) / "rows.jsonl", text)  # last: done
 
@@ -374,7 +386,9 @@ def run_study(
     cells = [study.cell(c["name"]) for c in specs]  # every config error before any data's
     for i, cell in enumerate(cells):
         ready = preflight(cell.run, study.cell_dir(cell.name))  # data, devices, memory, dir
-        cells[i] = study.add(cell.with_identity(identity.current(cell.run, ready.dataset)))
+        old = identity.recorded(study.cell_dir(cell.name))  # reuses its model's hashes
+        record = identity.current(cell.run, ready.dataset, previous=old)
+        cells[i] = study.add(cell.checked(ready, record))
     study.check_identities(restart_changed)  # every cell, --only or not
     with workdir_lock(study.workdir):
         return _run_locked(study, cells, report, progress)

@@ -23,11 +23,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flaxformer_lite.base.checks import ConfigError, fail, is_int, is_number
 from flaxformer_lite.results.store import learning_rate_tag
 from flaxformer_lite.train.run_config import MAX_SEED, RunConfig
+
+if TYPE_CHECKING:  # the runner's pre-flight, kept with its cell
+    from flaxformer_lite.train.loop import Preflight
 
 SWEEP_FIELDS = (
     "encodings",
@@ -187,13 +190,16 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
 class StudyCell:
     """One cell of a study, resolved: what `expand_sweep` said of it (``name``, ``overrides``,
     ``labels``) and the validated run config those overrides make of the study config
-    (``run``, built once, by `resolve`). ``identity``: the run's identity on its opened data
-    (`train.identity.current`), None until the runner's pre-flight has opened it."""
+    (``run``, built once, by `resolve`). ``ready``: its `train.loop.preflight` (plan, opened
+    data, placement) and ``identity``: the run's identity on that data
+    (`train.identity.current`), both None until the runner's pre-flight has made them; the
+    cell's run reuses them (one pre-flight per cell)."""
 
     name: str
     overrides: dict[str, Any]
     labels: dict[str, Any]
     run: RunConfig
+    ready: Preflight | None = None
     identity: dict[str, Any] | None = None
 
     @classmethod
@@ -208,9 +214,9 @@ class StudyCell:
             run=run,
         )
 
-    def with_identity(self, record: dict[str, Any]) -> StudyCell:
-        """This cell with its identity record (`train.identity.current`)."""
-        return dataclasses.replace(self, identity=record)
+    def checked(self, ready: Preflight, record: dict[str, Any]) -> StudyCell:
+        """This cell with its pre-flight and its identity record (`train.identity.current`)."""
+        return dataclasses.replace(self, ready=ready, identity=record)
 
 
 def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:

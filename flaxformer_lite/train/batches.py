@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.data import VOCAB_SIZE
 from flaxformer_lite.data.data_config import open_dataset
@@ -22,11 +23,19 @@ from flaxformer_lite.train.run_config import RunConfig
 
 
 def open_run_data(run: RunConfig, plan: EvalPlan | None = None) -> Any:
-    """The run's corpus or task, checked against what training and evaluation need from it
-    (`ConfigError` naming ``config.data`` or ``config.model``); opens files, writes nothing."""
+    """The data the run trains on and scores, checked against what training and evaluation
+    need from it (`ConfigError` naming ``config.data`` or ``config.model``); opens files,
+    writes nothing. A corpus, a task, or -- for a pretrained model -- the corpus as that model
+    scores it (`pretrained.Checkpoint.scored_text`: tokenized by its tokenizer), so the
+    pre-flight checks the split that will be scored."""
     plan = run.eval_plan() if plan is None else plan
     dataset = open_dataset(run.data)
-    if not run.data.is_task:
+    if run.pretrained.source:
+        try:
+            dataset = run.pretrained.checkpoint().scored_text(dataset)
+        except hf.PretrainedError as e:
+            raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: {e}") from None
+    elif not run.data.is_task:
         try:
             dataset.split("train").require(run.data.train_length, what="a training window")
         except ValueError as e:

@@ -7,6 +7,14 @@ truncated, corrupted or foreign step is rejected even when orbax would decode it
 byte in a compressed chunk can decode to wrong numbers). `Checkpointer.restore_latest` then
 warns and falls back to the previous step, and to a fresh start if none can be read; the
 state it returns is always one whole, verified step, never a mix.
+
+Only this run's checkpoints are touched. ``checkpoints/`` must be a real folder: a symbolic
+link (say, to a bigger disk) is refused (`refuse_link`), because orbax would restore from, and
+delete old steps in, whatever it points to. A folder in it named like a step but without
+orbax's own files (``_CHECKPOINT_METADATA``, or this project's ``state/`` and ``digest/``
+items) is not a step: the ``Checkpointer`` refuses to start rather than let orbax take it
+for an unreadable step and delete it (`foreign_steps`); `remove_steps` (a restart in place)
+removes the steps and orbax's temporary folders, nothing else.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import shutil
 import sys
 import time
@@ -27,13 +36,99 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.io import write_error
+from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite.base.io import UnsafeFileError, write_error
 
 log = logging.getLogger(__name__)
 
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint step decoded, but its arrays do not match the digest saved with them."""
+
+
+# What orbax writes into every step folder of this project (any one of them marks a step).
+STEP_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt", "state", "digest")
+_TEMPORARY = ".orbax-checkpoint-tmp"
+
+
+class LinkedFolderError(UnsafeFileError):
+    """A folder the run writes into (``checkpoints/``) is a symbolic link: refused."""
+
+    @property
+    def hint(self) -> str:
+        return (
+            "a run never reads or writes its state through a link (orbax would restore from, "
+            "and delete old steps in, whatever it points to); put the folder itself there, or "
+            "give a --workdir on that disk"
+        )
+
+
+class ForeignStepsError(ConfigError):
+    """``checkpoints/`` holds folders named like steps that orbax did not write."""
+
+
+def refuse_link(path: str | Path) -> None:
+    """Raise `LinkedFolderError` if ``path`` (a folder a run writes into) is a symbolic link."""
+    path = Path(path)
+    if path.is_symlink():
+        raise LinkedFolderError(path, f"a symbolic link (to {os.readlink(path)})")
+
+
+def check_folder(directory: str | Path) -> None:
+    """Refuse, in one line, a checkpoint folder orbax must not read or clean up: a symbolic
+    link (`refuse_link`), or one holding step-named folders it did not write
+    (`foreign_steps`). An absent folder passes."""
+    directory = Path(directory).absolute()
+    refuse_link(directory)
+    foreign = foreign_steps(directory)
+    if foreign:
+        shown = ", ".join(f"{name}/" for name in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise ForeignStepsError(
+            f"{directory} holds {shown}{more}, named like checkpoint steps but not "
+            "written by a run (no orbax checkpoint files in them); orbax would take them "
+            f"for unreadable steps and delete them: move them out of {directory} "
+            "and rerun"
+        )
+
+
+def is_step(path: Path) -> bool:
+    """Whether ``path`` is a step folder orbax wrote: an integer name and at least one of
+    `STEP_MARKERS` inside (a corrupted step keeps most of them)."""
+    return (
+        path.name.isdigit()
+        and path.is_dir()
+        and not path.is_symlink()
+        and any(os.path.lexists(path / marker) for marker in STEP_MARKERS)
+    )
+
+
+def foreign_steps(directory: str | Path) -> list[str]:
+    """The entries of ``directory`` that orbax would list as steps (integer names) but that
+    hold none of its files: a user's folders, never to be read or deleted as checkpoints."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(
+        (p.name for p in directory.iterdir() if p.name.isdigit() and not is_step(p)), key=int
+    )
+
+
+def remove_steps(directory: str | Path) -> list[str]:
+    """Delete this project's steps (`is_step`) and orbax's temporary step folders from the
+    checkpoint folder ``directory``, and the folder once empty; return the names of what
+    else is in it (left in place)."""
+    directory = Path(directory)
+    refuse_link(directory)
+    kept = []
+    for path in sorted(directory.iterdir()):
+        if is_step(path) or (_TEMPORARY in path.name and path.is_dir() and not path.is_symlink()):
+            shutil.rmtree(path)
+        else:
+            kept.append(path.name)
+    if not kept:
+        directory.rmdir()
+    return kept
 
 
 def state_digest(state: Any) -> dict[str, str] | None:
@@ -68,6 +163,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, *, keep: int):
         self.directory = Path(directory).absolute()
+        check_folder(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,

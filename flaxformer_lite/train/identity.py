@@ -4,6 +4,7 @@
         "config":        RunConfig.identity(): the resolved config fields that change numbers
         "corpus_sha256": the corpus content hash (its provenance "sha256"; None for a task)
         "versions":      python, flaxformer-lite, jax, jaxlib, flax, optax, numpy
+        "pretrained":    a pretrained model's run only: {"weights_sha256", "tokenizer_sha256"}
     }
 
 `current(run, dataset)` adds ``"hash"`` (short sha256 of exactly that identity: the
@@ -23,6 +24,12 @@ afresh in place. Decisions:
   hash, so identical content at a new path or cache is accepted and changed content at the
   same path is refused. The content hash covers file names (they decide a multi-file
   corpus's split), so a renamed single file counts as another corpus.
+* A pretrained model is its content, likewise: ``pretrained.source`` and ``revision`` are
+  replaced by the sha256 of its weight files and of its tokenizer files (its architecture,
+  the mapped ``config.json``, is in ``config.model``). An identical folder moved to a new
+  path continues its run; weights changed in place are refused. Hashing gigabytes at every
+  resume is avoided: each file's size and modification time are recorded
+  (``recorded.pretrained_files``) and the hashes are recomputed only when those differ.
 * Left out of ``config`` (they do not change a number in ``eval.json``): where and how
   visibly a run is computed (``mesh``, ``train.progress``, ``train.log_every``,
   ``train.steps_per_call``: the same steps, grouped into compiled calls; ``train.cpu_matmul``:
@@ -42,6 +49,9 @@ afresh in place. Decisions:
 * Only ``eval.*`` differs: the training is the same, so `reset` keeps the checkpoints and
   the run is evaluated again; anything else starts the run from step 0. A checkpoint is
   never resumed into another schedule.
+* `reset` deletes only what a run writes (`RUN_FILES`: fixed names, and inside
+  ``checkpoints/`` and ``tensorboard/`` only this project's steps and event files): a user's
+  notes, job logs or sources in the workdir stay, and it says which it kept.
 * A workdir from before identity records (``config.json`` only) compares its config; its
   corpus and versions are unknown and are not checked (a note says so).
 """
@@ -51,16 +61,16 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import shutil
 from pathlib import Path
 from typing import Any
 
 import jax
 
-from flaxformer_lite.base.checks import ConfigError
+from flaxformer_lite import pretrained as hf
+from flaxformer_lite.base.checks import ConfigError, shown
 from flaxformer_lite.base.io import atomic_write_text
-from flaxformer_lite.train import provenance
-from flaxformer_lite.train.run_config import RunConfig, flat_diff
+from flaxformer_lite.train import checkpoint, provenance
+from flaxformer_lite.train.run_config import PRETRAINED_PLACE, RunConfig, flat_diff
 
 IDENTITY_FILE = "identity.json"
 CONFIG_FILE = "config.json"
@@ -69,6 +79,18 @@ VERSION_PACKAGES = ("flaxformer-lite", "jax", "jaxlib", "flax", "optax", "numpy"
 STATE = ("checkpoints", "eval.json", "rows.jsonl", "metrics.jsonl")
 # The evaluation's outputs (rows first: without them a study cell is not finished).
 EVALUATION_OUTPUTS = ("rows.jsonl", "blocks.jsonl", "eval.json", "provenance.json", "error.txt")
+# Every name a run writes in its workdir (`train.loop`, the study runner): all that `reset`
+# may delete. Folders are emptied of what the run wrote in them (`checkpoint.remove_steps`,
+# TensorBoard event files) and removed only when nothing else is left in them.
+RUN_FILES = (
+    *EVALUATION_OUTPUTS,
+    "checkpoints",
+    "metrics.jsonl",
+    "tensorboard",
+    IDENTITY_FILE,
+    CONFIG_FILE,
+)
+TENSORBOARD_EVENTS = "events.out.tfevents.*"
 
 
 def versions() -> dict[str, str]:
@@ -83,23 +105,59 @@ def corpus_sha256(dataset: Any) -> str | None:
 
 
 def identity_hash(record: dict[str, Any]) -> str:
-    """Short sha256 of the identity part of ``record`` (config, corpus hash, versions)."""
+    """Short sha256 of the identity part of ``record`` (config, corpus hash, versions, and a
+    pretrained model's content hashes when it has one)."""
     core = {k: record.get(k) for k in ("config", "corpus_sha256", "versions")}
+    if record.get("pretrained") is not None:  # absent for a trained run: its hash is as before
+        core["pretrained"] = record["pretrained"]
     blob = json.dumps(core, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def current(run: RunConfig, dataset: Any) -> dict[str, Any]:
+def current(run: RunConfig, dataset: Any, previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity of ``run`` on ``dataset`` (the opened corpus or task), with its hash and
-    the recorded-only fields. Call after `train.loop.prepare_process` (reads the backend)."""
+    the recorded-only fields. Call after `train.loop.prepare_process` (reads the backend).
+    ``previous``: the workdir's recorded identity (`recorded`), whose pretrained content
+    hashes are reused when the model's files have the sizes and times recorded with them."""
     record = {
         "config": run.identity(),
         "corpus_sha256": corpus_sha256(dataset),
         "versions": versions(),
     }
+    content = pretrained_content(run, previous)
+    if content is not None:
+        record["pretrained"] = content[0]
     record["hash"] = identity_hash(record)
     record["recorded"] = {"git_commit": provenance.git_commit(), "backend": jax.default_backend()}
+    if content is not None:
+        record["recorded"]["pretrained_files"] = content[1]
     return record
+
+
+def pretrained_content(
+    run: RunConfig, previous: dict[str, Any] | None = None
+) -> tuple[dict[str, str | None], dict[str, list[int]]] | None:
+    """``({"weights_sha256", "tokenizer_sha256"}, {file: [size, mtime_ns]})`` of the model
+    ``run.pretrained.source`` names (None for a trained run): the hashes of `previous` when
+    its recorded files have the same names, sizes and times, else computed (`content_hash`).
+    `ConfigError` naming the source when its files cannot be listed or read."""
+    source = run.pretrained.source
+    if not source:
+        return None
+    try:
+        checkpoint = hf.open_checkpoint(source, revision=run.pretrained.revision or None)
+        weights, tokens = checkpoint.content_files()
+        stats = hf.file_stats(checkpoint.folder, weights + tokens)
+        old = previous or {}
+        if old.get("pretrained") and (old.get("recorded") or {}).get("pretrained_files") == stats:
+            return old["pretrained"], stats
+        hashes = {
+            "weights_sha256": hf.content_hash(weights),
+            "tokenizer_sha256": hf.content_hash(tokens) if tokens else None,
+        }
+    except (OSError, ValueError) as e:  # PretrainedError is a ValueError
+        raise ConfigError(f"config.pretrained.source={shown(source)}: {e}") from None
+    return hashes, stats
 
 
 def _read_json(path: Path) -> tuple[Any, dict[str, str] | None]:
@@ -134,7 +192,7 @@ def recorded(workdir: Path) -> dict[str, Any] | None:
         if not isinstance(old, dict):
             return {"problem": f"{path} is not a config"}
         try:
-            config = RunConfig.from_config(old).identity()
+            config = RunConfig.from_recorded(old).identity()
         except ConfigError as e:
             return {"problem": f"the recorded config.json is not a valid config here ({e})"}
         return {"config": config, "legacy": True}
@@ -154,8 +212,17 @@ def compare(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[list[str],
         return [], []
     if "problem" in old:
         return [old["problem"]], []
-    diffs = flat_diff("", old["config"], new["config"])
-    notes = []
+    old_config, notes = old["config"], []
+    if new.get("pretrained") is not None and "pretrained" not in old and not old.get("legacy"):
+        # recorded when a model's path was its identity: compare the rest, say so
+        where = PRETRAINED_PLACE
+        model = {k: v for k, v in (old_config.get("pretrained") or {}).items() if k not in where}
+        old_config = old_config | {"pretrained": model}
+        notes.append(
+            "recorded before a model's content was part of its identity: its weights and "
+            "tokenizer were not checked"
+        )
+    diffs = flat_diff("", old_config, new["config"])
     if old.get("legacy"):
         notes.append(
             f"recorded before {IDENTITY_FILE} existed: its corpus content and versions are "
@@ -166,6 +233,12 @@ def compare(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[list[str],
         if a != b:
             diffs.append(f"corpus_sha256: {_short(a)} -> {_short(b)}")
         diffs += flat_diff("versions.", old.get("versions") or {}, new.get("versions") or {})
+        if "pretrained" in old:
+            for key in ("weights_sha256", "tokenizer_sha256"):
+                a = (old.get("pretrained") or {}).get(key)
+                b = (new.get("pretrained") or {}).get(key)
+                if a != b:
+                    diffs.append(f"pretrained.{key}: {_short(a, 23)} -> {_short(b, 23)}")
     for key in ("git_commit", "backend"):
         a = (old.get("recorded") or {}).get(key)
         b = (new.get("recorded") or {}).get(key)
@@ -209,32 +282,67 @@ def reset(
     config: dict[str, Any] | None,
     *,
     keep_training: bool,
-) -> None:
+) -> list[str]:
     """Start the run in ``workdir`` afresh for the identity ``record``, then record it.
 
-    ``keep_training`` (only ``eval.*`` differs: `evaluation_only`): delete the evaluation's
-    outputs and keep the checkpoints and metrics; else delete everything in ``workdir`` but
-    hidden files (a lock). ``rows.jsonl`` goes first and the new record is written last
+    Deletes only what a run writes (`RUN_FILES`): ``keep_training`` (only ``eval.*``
+    differs: `evaluation_only`) deletes the evaluation's outputs and keeps the checkpoints and
+    metrics; else every file of the run goes (of ``checkpoints/`` its own steps
+    (`checkpoint.remove_steps`), of ``tensorboard/`` its event files; each folder itself
+    only once empty). Anything else -- a user's notes, job logs, sources, hidden files such
+    as the lock -- stays. ``rows.jsonl`` goes first and the new record is written last
     (``record`` None: the old one is deleted last), so a kill in between leaves a workdir
-    that is unfinished and still differs (refused, or reset again).
+    that is unfinished and still differs (refused, or reset again). A run folder that is a
+    symbolic link is refused (`checkpoint.refuse_link`) before anything is deleted.
+
+    Returns the names (``name/`` for a folder; ``checkpoints/name`` inside a run folder) it
+    left because the run did not make them, sorted, for the caller's one line.
     """
     workdir = Path(workdir)
-    if keep_training:
-        doomed = [workdir / name for name in EVALUATION_OUTPUTS]
-    else:
-        keep = {IDENTITY_FILE, CONFIG_FILE, "rows.jsonl"}
-        doomed = [workdir / "rows.jsonl"]  # hidden files (the workdir's lock) stay
-        doomed += sorted(p for p in workdir.iterdir() if p.name not in keep and p.name[0] != ".")
+    for name in ("checkpoints", "tensorboard"):
+        checkpoint.refuse_link(workdir / name)
+    recorded_files = (IDENTITY_FILE, CONFIG_FILE)  # rewritten by `write`, or deleted last
+    names = [n for n in RUN_FILES if n not in recorded_files]
+    names = EVALUATION_OUTPUTS if keep_training else names
+    doomed = [workdir / name for name in dict.fromkeys(("rows.jsonl", *names))]
     if record is None:
-        doomed += [workdir / CONFIG_FILE, workdir / IDENTITY_FILE]
+        doomed += [workdir / name for name in recorded_files]
+    kept: list[str] = []
     for path in doomed:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+        if path.name == "checkpoints" and path.is_dir():
+            kept += [f"checkpoints/{name}" for name in checkpoint.remove_steps(path)]
+        elif path.name == "tensorboard" and path.is_dir():
+            for event in path.glob(TENSORBOARD_EVENTS):
+                if event.is_file() or event.is_symlink():
+                    event.unlink()
+            others = sorted(p.name for p in path.iterdir())
+            kept += [f"tensorboard/{name}" for name in others]
+            if not others:
+                path.rmdir()
+        elif path.is_dir() and not path.is_symlink():
+            kept.append(f"{path.name}/")  # a folder where the run writes a file: not its own
         else:
             path.unlink(missing_ok=True)
     if record is not None:
         write(workdir, record, config)
+    if workdir.is_dir():
+        owned = set(RUN_FILES)
+        kept += [
+            p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+            for p in workdir.iterdir()
+            if p.name not in owned and not p.name.startswith(".")
+        ]
+    return sorted(set(kept))
 
 
-def _short(value: Any) -> str:
-    return repr(value[:16] + "...") if isinstance(value, str) and len(value) > 16 else repr(value)
+def kept_line(workdir: Path, kept: list[str]) -> str:
+    """The one line naming what `reset` left in ``workdir`` (the run did not make it)."""
+    shown = ", ".join(kept[:8]) + (f", ... ({len(kept)} in all)" if len(kept) > 8 else "")
+    return f"workdir={str(workdir)!r}: kept what the run did not make: {shown}"
+
+
+def _short(value: Any, size: int = 16) -> str:
+    """``value``'s repr, a long string cut to ``size`` characters."""
+    if isinstance(value, str) and len(value) > size:
+        return repr(value[:size] + "...")
+    return repr(value)

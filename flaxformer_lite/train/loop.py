@@ -48,10 +48,9 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.checks import fail
+from flaxformer_lite.base.checks import check_path, fail, shown
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
-from flaxformer_lite.data.tokens import TokenCorpus
 from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.models import DecoderOnlyLM
@@ -66,6 +65,7 @@ from flaxformer_lite.train import (
     sharding,
 )
 from flaxformer_lite.train.checkpoint import Checkpointer
+from flaxformer_lite.train.checkpoint import check_folder as check_checkpoints
 from flaxformer_lite.train.optim import learning_rate_schedule, make_optimizer
 from flaxformer_lite.train.run_config import ConfigError, RunConfig, TrainConfig
 from flaxformer_lite.train.step import init_train_state, make_multi_step, make_train_step
@@ -125,17 +125,22 @@ def check_workdir(
 ) -> list[str]:
     """Raise `ConfigError` if ``workdir`` cannot hold ``run``; writes nothing.
 
-    Refused: a path that is not (or cannot become) a writable directory, and a workdir that
-    holds a run of another identity (`train.identity`: the config fields that change numbers,
-    the corpus content hash, the versions; the message lists the fields that differ) unless
+    Refused: a path that is not (or cannot become) a writable directory, a ``checkpoints/``
+    that is a symbolic link or holds folders orbax did not write (`checkpoint.check_folder`),
+    and a workdir that holds a run of another identity (`train.identity`: the config fields
+    that change numbers, the corpus content hash, the versions; the message lists the fields
+    that differ) unless
     ``restart_changed``. Returns those differences (empty: the workdir may continue its run).
     ``dataset``: the run's opened corpus or task (default: opened here).
     """
     check_writable_dir(workdir, "workdir")
     dataset = batches.open_run_data(run) if dataset is None else dataset
-    diffs, _ = identity.compare(identity.recorded(workdir), identity.current(run, dataset))
+    old = identity.recorded(workdir)
+    diffs, _ = identity.compare(old, identity.current(run, dataset, previous=old))
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
+    if not diffs:  # a run continued here reads its checkpoints (a restart removes its own)
+        check_checkpoints(workdir / "checkpoints")
     return diffs
 
 
@@ -160,16 +165,23 @@ def check_writable_dir(path: Path, name: str) -> None:
             "contains a backslash, which checkpoint paths cannot hold (orbax would write the "
             "arrays outside the workdir); use a path without '\\'",
         )
+    check_path(name, str(path))  # bytes that are not UTF-8: no row or report could name it
     existing = Path(os.path.abspath(path))
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        problem = f"{str(existing)!r} is not a directory"
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        is_dir = existing.is_dir()
+    except OSError as e:  # a name too long, a loop of links, ...
+        fail(
+            name, str(path), f"not a usable path ({e.strerror or e}); must be a writable directory"
+        )
+    if not is_dir:
+        problem = f"{shown(str(existing))} is not a directory"
     elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{str(existing)!r} is not writable"
+        problem = f"{shown(str(existing))} is not writable"
     else:
         return
-    raise ConfigError(f"{name}={str(path)!r}: {problem}; must be a writable directory")
+    fail(name, str(path), f"{problem}; must be a writable directory")
 
 
 def prepare_workdir(
@@ -182,8 +194,9 @@ def prepare_workdir(
     a warning. Returns the identity record (`identity.current`)."""
     check_writable_dir(workdir, "workdir")
     dataset = batches.open_run_data(run) if dataset is None else dataset
-    record = identity.current(run, dataset)
-    diffs, notes = identity.compare(identity.recorded(workdir), record)
+    old = identity.recorded(workdir)
+    record = identity.current(run, dataset, previous=old)
+    diffs, notes = identity.compare(old, record)
     if diffs and not restart_changed:
         raise ConfigError(identity.refusal(workdir, diffs))
     try:
@@ -205,7 +218,9 @@ def prepare_workdir(
             "evaluating again, training kept" if keep else "starting afresh",
             ", ".join(diffs),
         )
-        identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+        kept = identity.reset(workdir, record, run.to_dict(), keep_training=keep)
+        if kept:  # only what the run wrote was deleted
+            log.warning("%s", identity.kept_line(workdir, kept))
     else:
         identity.write(workdir, record, run.to_dict())
     return record
@@ -247,7 +262,11 @@ def _check_finite(step: int, metrics: dict[str, float]) -> None:
 
 
 def train_and_evaluate(
-    config: Any, workdir: str | Path, *, restart_changed: bool = False
+    config: Any,
+    workdir: str | Path,
+    *,
+    restart_changed: bool = False,
+    ready: Preflight | None = None,
 ) -> dict[str, Any]:
     """Run (or resume, or return the cached result of) one training + evaluation run.
 
@@ -257,14 +276,21 @@ def train_and_evaluate(
       workdir: the run's directory.
       restart_changed: a workdir holding a run of another identity (`train.identity`) starts
         afresh in place (`prepare_workdir`) instead of being refused.
+      ready: the run's `preflight`, when the caller has made it (the study runner checks
+        every cell before running any); None: made here.
 
     Returns:
       ``{"config": ..., "steps": ..., "train_seconds": ..., "train_steps": ..., "eval": [...],
       "provenance": ...}``, also saved as ``eval.json``; ``train_seconds`` times the
-      ``train_steps`` steps this call ran (fewer than ``steps`` after a resume).
+      ``train_steps`` steps this call ran (fewer than ``steps`` after a resume; 0 for a
+      pretrained model, which is loaded, not trained).
 
     The workdir is checked before anything is written, then locked (`workdir_lock`) until
-    the function returns. An OS error while writing state is raised as `io.StateWriteError`.
+    the function returns. After the lock the run obtains its model -- trained here (resumed
+    from its newest checkpoint), or loaded by `flaxformer_lite.pretrained` from the config
+    the run config already mapped (``config.pretrained.source``) -- and evaluates and
+    publishes it (`_evaluate_and_publish`). An OS error while writing state is raised as
+    `io.StateWriteError`.
 
     Several processes (``config.mesh.multihost``, one process per host, one workdir on a file
     system they all share): every process calls this with the same config. Training steps
@@ -276,41 +302,40 @@ def train_and_evaluate(
     """
     run = config if isinstance(config, RunConfig) else RunConfig.from_config(config)
     workdir = Path(workdir)
-    ready = preflight(run, workdir)  # bad settings fail before any write
-    plan, dataset, placement = ready.plan, ready.dataset, ready.placement
-    if run.pretrained.source:  # evaluate a Hugging Face model: nothing to train
-        multihost.on_process_0(
-            lambda: check_workdir(workdir, run, dataset, restart_changed=restart_changed)
-        )
-        with contextlib.ExitStack() as held:
-            multihost.on_process_0(lambda: bool(held.enter_context(workdir_lock(workdir))))
-            return _evaluate_pretrained(run, plan, dataset, placement, workdir, restart_changed)
-    train_matmul(run)  # config.train.cpu_matmul="onednn" on a jaxlib that fails its check
+    ready = preflight(run, workdir) if ready is None else ready  # bad settings fail first
+    if not run.pretrained.source:
+        train_matmul(run)  # config.train.cpu_matmul="onednn" on a jaxlib that fails its check
     # writes nothing: a bad call leaves no lock file behind
     multihost.on_process_0(
-        lambda: check_workdir(workdir, run, dataset, restart_changed=restart_changed)
+        lambda: check_workdir(workdir, run, ready.dataset, restart_changed=restart_changed)
     )
     with contextlib.ExitStack() as held:
         # process 0 takes the lock; when it is busy, every process stops
         multihost.on_process_0(lambda: bool(held.enter_context(workdir_lock(workdir))))
-        return _train_and_evaluate_locked(run, plan, dataset, placement, workdir, restart_changed)
+        record = multihost.on_process_0(
+            lambda: prepare_workdir(workdir, run, ready.dataset, restart_changed=restart_changed)
+        )
+        eval_path = workdir / "eval.json"
+        cached = multihost.on_process_0(lambda: _cached_result(eval_path, record["hash"]))
+        if cached is not None:
+            return cached
+        obtain = _loaded_model if run.pretrained.source else _trained_model
+        model, made = obtain(run, ready, workdir)
+        return _evaluate_and_publish(run, ready, model, made, record, eval_path)
 
 
-def _train_and_evaluate_locked(
-    run, plan, dataset, placement, workdir: Path, restart_changed: bool = False
-) -> dict[str, Any]:
+def _trained_model(run: RunConfig, ready: Preflight, workdir: Path) -> tuple[nnx.Module, dict]:
+    """The run's model trained to ``run.train.num_steps`` (resumed from the newest checkpoint
+    in ``workdir``), and what the summary says of it (steps, time, provenance)."""
     interrupt.where(phase="restoring the checkpoint of", step=None, checkpoint=None)
-    record = multihost.on_process_0(
-        lambda: prepare_workdir(workdir, run, dataset, restart_changed=restart_changed)
-    )
-    eval_path = workdir / "eval.json"
-
     tx = make_optimizer(run.optim, run.train.num_steps)
+    placement = ready.placement
     if placement is None:
         graphdef, state = init_train_state(build_model(run), tx)
     else:
         graphdef, state = placement.init_train_state(lambda: build_model(run), tx)
     ckpt = Checkpointer(workdir / "checkpoints", keep=run.train.keep_checkpoints)
+    info = {"train_seconds": 0.0, "train_steps": 0}  # steps that train_seconds timed
     try:
         restored = ckpt.restore_latest(state)
         start = 0 if restored is None else restored[1]
@@ -318,11 +343,6 @@ def _train_and_evaluate_locked(
         if restored is not None:
             state = restored[0] if placement is None else placement.place(restored[0])
         interrupt.where(checkpoint=start, steps=run.train.num_steps)
-        if start >= run.train.num_steps:
-            cached = multihost.on_process_0(lambda: _cached_result(eval_path, record["hash"]))
-            if cached is not None:
-                return cached
-        info = {"train_seconds": 0.0, "train_steps": 0}  # steps that train_seconds timed
         if start < run.train.num_steps:
             training = _Training(
                 run=run,
@@ -331,9 +351,9 @@ def _train_and_evaluate_locked(
                 placement=placement,
                 ckpt=ckpt,
                 workdir=workdir,
-                batches=batches.TrainBatches(run, dataset, plan),
+                batches=batches.TrainBatches(run, ready.dataset, ready.plan),
                 validate=functools.partial(
-                    run_evaluation.quick_evaluate, plan=plan, dataset=dataset
+                    run_evaluation.quick_evaluate, plan=ready.plan, dataset=ready.dataset
                 ),
             )
             state, info = _train(training, state, start)
@@ -341,23 +361,64 @@ def _train_and_evaluate_locked(
         ckpt.save(run.train.num_steps, state)
     finally:
         ckpt.close()
-    interrupt.where(phase="evaluating")
+    made = info | {
+        "steps": run.train.num_steps,
+        "provenance": {
+            "train_matmul": train_matmul(run),
+            "encoding": provenance.encoding(run.model),
+        },
+    }
+    return _evaluation_model(graphdef, state, ready.placement), made
 
-    model = _evaluation_model(graphdef, state, placement)
+
+def _loaded_model(run: RunConfig, ready: Preflight, workdir: Path) -> tuple[nnx.Module, dict]:
+    """The pretrained model of ``config.pretrained.source`` with the weights of its
+    checkpoint, under the run's model config (mapped once, with its compute settings), and
+    what the summary says of it (no steps; the model's id, family, revision and hashes)."""
+    del workdir
+    interrupt.where(phase="loading the pretrained model of", step=None, checkpoint=None)
+    placement = ready.placement
+    shardings = None
+    if placement is not None:
+        shardings = lambda abstract: sharding.state_shardings(
+            abstract, placement.mesh, placement.rules
+        )
+    checkpoint = run.pretrained.checkpoint()
+    try:
+        model = checkpoint.load(run.model, shardings=shardings)
+    except hf.PretrainedError as e:
+        raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: {e}") from None
+    made = {
+        "steps": 0,
+        "train_seconds": 0.0,
+        "train_steps": 0,
+        "provenance": {"pretrained": checkpoint.info().record()},
+    }
+    return model, made
+
+
+def _evaluate_and_publish(
+    run: RunConfig,
+    ready: Preflight,
+    model: nnx.Module,
+    made: dict[str, Any],
+    record: dict[str, Any],
+    eval_path: Path,
+) -> dict[str, Any]:
+    """Evaluate ``model`` at every cell of the run's plan, then write ``provenance.json`` and
+    ``eval.json`` (process 0; every process returns the summary). ``made``: what obtaining
+    the model says of it (steps, training time, its provenance)."""
+    interrupt.where(phase="evaluating")
     t0 = time.perf_counter()
     progress = run.train.progress and multihost.is_primary()
-    results = run_evaluation.evaluate_plan(model, plan, dataset, progress=progress)
-    env = provenance.environment() | {
-        "data": dataset.provenance(),
-        "train_matmul": train_matmul(run),
-        "encoding": provenance.encoding(run.model),
-    }
+    results = run_evaluation.evaluate_plan(model, ready.plan, ready.dataset, progress=progress)
+    env = provenance.environment() | {"data": ready.dataset.provenance()} | made["provenance"]
     summary = {
         "config": run.to_dict(),
         "config_hash": record["hash"],  # of exactly the recorded identity
-        "steps": run.train.num_steps,
-        "train_seconds": info["train_seconds"],
-        "train_steps": info["train_steps"],  # this call's steps (a resume: fewer)
+        "steps": made["steps"],
+        "train_seconds": made["train_seconds"],
+        "train_steps": made["train_steps"],  # this call's steps (a resume: fewer)
         "eval_seconds": time.perf_counter() - t0,
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "eval": results,
@@ -365,84 +426,9 @@ def _train_and_evaluate_locked(
     }
 
     def publish() -> dict[str, Any]:  # process 0 writes; every process returns its summary
-        atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
-        atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
-        return summary
-
-    return multihost.on_process_0(publish)
-
-
-def _evaluate_pretrained(run, plan, dataset, placement, workdir: Path, restart_changed: bool):
-    """`train_and_evaluate` for ``config.pretrained.source``: load the model
-    (`pretrained.load_pretrained`), tokenize the corpus with its tokenizer
-    (`data.tokens.TokenCorpus`: lengths in tokens, bits per UTF-8 byte of the scored text) and
-    evaluate the plan. Leaves identity.json, config.json, eval.json and provenance.json."""
-    record = multihost.on_process_0(
-        lambda: prepare_workdir(workdir, run, dataset, restart_changed=restart_changed)
-    )
-    eval_path = workdir / "eval.json"
-    cached = multihost.on_process_0(lambda: _cached_result(eval_path, record["hash"]))
-    if cached is not None:
-        return cached
-    interrupt.where(phase="loading the pretrained model of", step=None, checkpoint=None)
-    shardings = None
-    if placement is not None:
-        shardings = lambda abstract: sharding.state_shardings(
-            abstract, placement.mesh, placement.rules
+        atomic_write_text(
+            eval_path.parent / "provenance.json", json.dumps(env, indent=2, sort_keys=True)
         )
-    try:
-        lm = hf.load_pretrained(
-            run.pretrained.source,
-            revision=run.pretrained.revision or None,
-            dtype=run.model.dtype,
-            param_dtype=run.model.param_dtype,
-            shardings=shardings,
-            attention_impl=run.model.attention_impl,
-            chunked_threshold=run.model.chunked_threshold,
-            positional_options=run.model.positional_options,
-        )
-    except hf.PretrainedError as e:
-        raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: {e}") from None
-    if lm.tokenizer is None:
-        raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: no tokenizer")
-    separator = lm.info.hf_config.get("eos_token_id")
-    separator = separator[0] if isinstance(separator, list) else separator
-    tokens = TokenCorpus(
-        dataset,
-        lm.tokenizer.encode_with_offsets,
-        separator_id=0 if separator is None else int(separator),
-        tokenizer_sha256=lm.tokenizer.sha256,
-        vocab_size=run.model.vocab_size,
-    )
-    interrupt.where(phase="evaluating")
-    t0 = time.perf_counter()
-    progress = run.train.progress and multihost.is_primary()
-    results = run_evaluation.evaluate_plan(lm.model, plan, tokens, progress=progress)
-    info = lm.info
-    env = provenance.environment() | {
-        "data": tokens.provenance(),
-        "pretrained": {
-            "model_id": info.model_id,
-            "family": info.family,
-            "revision": info.revision,
-            "weights_sha256": info.weights_sha256,
-            "tokenizer_sha256": info.tokenizer_sha256,
-        },
-    }
-    summary = {
-        "config": run.to_dict(),
-        "config_hash": record["hash"],
-        "steps": 0,
-        "train_seconds": 0.0,
-        "train_steps": 0,
-        "eval_seconds": time.perf_counter() - t0,
-        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "eval": results,
-        "provenance": env,
-    }
-
-    def publish() -> dict[str, Any]:
-        atomic_write_text(workdir / "provenance.json", json.dumps(env, indent=2, sort_keys=True))
         atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
         return summary
 
@@ -491,36 +477,42 @@ class _Training:
     validate: Callable[[nnx.Module], dict[str, float]]
 
 
+def _compiled_steps(training: _Training, state) -> tuple[Callable, Callable | None]:
+    """The jitted training step and, with ``train.steps_per_call`` > 1, the jitted call of
+    that many steps (None otherwise); each compiles on its first call, so a run that never
+    calls one never compiles it."""
+    run, placement = training.run, training.placement
+    schedule = learning_rate_schedule(run.optim, run.train.num_steps)
+    several = run.train.steps_per_call
+    options = cpu_matmul.compiler_options(train_matmul(run))
+    if placement is None:
+        one_step = make_train_step(training.graphdef, training.tx, schedule)
+        train_step = jax.jit(one_step, donate_argnums=0, compiler_options=options)
+        multi = make_multi_step(one_step) if several > 1 else None
+        multi_step = (
+            None if multi is None else jax.jit(multi, donate_argnums=0, compiler_options=options)
+        )
+        return train_step, multi_step
+
+    def jitted(steps: int) -> Callable:
+        return placement.jit_train_step(
+            training.graphdef,
+            training.tx,
+            schedule,
+            state,
+            steps_per_call=steps,
+            compiler_options=options,
+        )
+
+    return jitted(1), (jitted(several) if several > 1 else None)
+
+
 def _train(training: _Training, state, start: int) -> tuple[Any, dict[str, Any]]:
     """Train ``state`` from step ``start`` to ``run.train.num_steps``, checkpointing and
     validating on the run's cadences; returns the final state and ``{"train_seconds",
     "train_steps"}`` (the steps this call ran, and their time)."""
     run, placement = training.run, training.placement
-    schedule = learning_rate_schedule(run.optim, run.train.num_steps)
-    several = run.train.steps_per_call
-    # each jit compiles on its first call: a run that never calls one never compiles it
-    multi_step = None
-    options = cpu_matmul.compiler_options(train_matmul(run))
-    if placement is None:
-        one_step = make_train_step(training.graphdef, training.tx, schedule)
-        train_step = jax.jit(one_step, donate_argnums=0, compiler_options=options)
-        if several > 1:
-            multi_step = jax.jit(
-                make_multi_step(one_step), donate_argnums=0, compiler_options=options
-            )
-    else:
-        train_step = placement.jit_train_step(
-            training.graphdef, training.tx, schedule, state, compiler_options=options
-        )
-        if several > 1:
-            multi_step = placement.jit_train_step(
-                training.graphdef,
-                training.tx,
-                schedule,
-                state,
-                steps_per_call=several,
-                compiler_options=options,
-            )
+    train_step, multi_step = _compiled_steps(training, state)
     # the run's logs are process 0's: the other processes compute the same metrics
     writer = (
         MetricsWriter(training.workdir, resume_step=start)

@@ -33,7 +33,9 @@ of ``V``:
   ``2 h T'`` per token for dense attention, two ``h x block_q x block_k`` blocks per window
   for chunked (the implementation each cell uses: `evaluation.score.attention_config`,
   chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally,
-  its key/value cache ``2 n T' d`` per window. The largest cell counts.
+  its key/value cache ``2 n T' d`` per window (a layer with a sliding window W or chunk C
+  holds ``min(W or C, T')`` slots instead of ``T'``: `ModelConfig.kv_cache_slots`). The
+  largest cell counts.
 
 The constants were fitted to XLA's own accounting of the compiled steps' temporary buffers
 (``jit(...).lower(...).compile().memory_analysis()``) for the ``tiny`` and ``quick`` models
@@ -53,8 +55,9 @@ estimate).
 
 Generation (`generation_estimate`, `check_generation_memory`: ``flaxformer-lite generate``
 refuses before loading the checkpoint): the parameters and AdamW state as loaded (``3 P``),
-the key/value cache of every layer for ``prompt_len + max_new_tokens - 1`` slots
-(``2 n S KV hd`` values and ``n S`` positions per row), the prompt's forward pass (prefill)
+the key/value cache of every layer for ``S = prompt_len + max_new_tokens - 1`` tokens
+(``2 n S KV hd`` values and ``n S`` positions per row; a windowed or chunked layer's ring
+buffer holds ``min(W or C, S)`` of them), the prompt's forward pass (prefill)
 per token as in evaluation (``C_DE d + C_F f + C_VE V``) with the scores of one layer
 against every slot (dense: ``C_SE h`` per query and slot; chunked: blocks), and the fed
 positions and output tokens.
@@ -236,7 +239,7 @@ def evaluation_estimate(
         need = FLOAT_BYTES * batch * seq * per_token
         need += _scores(cm, batch, seq, cm.attention_impl, C_SE)
         if cell.incremental:  # the key/value cache of every layer
-            need += FLOAT_BYTES * batch * 2 * cm.num_decoder_layers * seq * cm.d_model
+            need += FLOAT_BYTES * batch * 2 * cm.kv_cache_slots(seq) * cm.d_model
         if need > worst:
             best, worst = cell, need
     assert best is not None  # the quick cell is always evaluable
@@ -268,10 +271,8 @@ def generation_estimate(
     m = model
     slots = prompt_len + max_new_tokens - 1  # the last token is never fed back
     kv_heads = getattr(m, "num_kv_heads", None) or m.num_heads
-    head_dim = m.d_model // m.num_heads
     state = 3 * count_parameters(m) * m.params_dtype.itemsize
-    n = m.num_decoder_layers
-    cache = FLOAT_BYTES * batch * n * slots * (2 * kv_heads * head_dim + 1)
+    cache = FLOAT_BYTES * batch * m.kv_cache_slots(slots) * (2 * kv_heads * m.head_dim + 1)
     prefill = (
         FLOAT_BYTES * batch * prompt_len * (C_DE * m.d_model + C_F * m.d_ff + C_VE * m.vocab_size)
     )

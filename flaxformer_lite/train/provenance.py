@@ -83,8 +83,20 @@ def encoding(model: ModelConfig) -> dict[str, Any]:
     file, None when there is none) and ``builtin`` (whether it is one of this package's).
 
     A user's encoding (registered by a module given to ``--import``) is otherwise known only by
-    its name: the module and file say which code produced the numbers."""
-    spec = model.encoding
+    its name: the module and file say which code produced the numbers. With a
+    ``layer_pattern``, ``layers`` holds the same record for each kind of it (one cycle), with
+    its ``window`` and ``chunk``."""
+    out = _encoding_record(model.encoding, model.positional_options)
+    if model.layer_pattern:
+        out["layers"] = [
+            _encoding_record(k.encoding, k.positional_options)
+            | {"window": k.window, "chunk": k.chunk}
+            for k in model.pattern_kinds()
+        ]
+    return out
+
+
+def _encoding_record(spec: Any, options: Any) -> dict[str, Any]:
     factory = spec.factory
     module = getattr(factory, "__module__", None) or "unknown"
     name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
@@ -94,7 +106,7 @@ def encoding(model: ModelConfig) -> dict[str, Any]:
         file = None
     return {
         "name": spec.name,
-        "options": dataclasses.asdict(model.positional_options),
+        "options": dataclasses.asdict(options),
         "factory": f"{module}.{name}",
         "file": str(Path(file).resolve()) if file else None,
         "builtin": module.startswith("flaxformer_lite."),

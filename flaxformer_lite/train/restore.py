@@ -21,7 +21,8 @@ def load_trained_model(workdir: str | Path) -> tuple[DecoderOnlyLM, int, RunConf
     """``(model, step, run)`` of the run in ``workdir`` (a `train_and_evaluate` workdir, e.g.
     a study cell ``STUDY/runs/<cell>/``): ``config.json`` rebuilds the model, the newest
     checkpoint that passes its digest gives the weights. `ConfigError` if ``workdir`` is not a
-    training run or has no readable checkpoint."""
+    training run (a pretrained model's run evaluated a loaded model: no checkpoint) or has no
+    readable checkpoint."""
     workdir = Path(workdir)
     config_path = workdir / "config.json"
     if not config_path.is_file():
@@ -30,7 +31,15 @@ def load_trained_model(workdir: str | Path) -> tuple[DecoderOnlyLM, int, RunConf
         recorded = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"workdir={str(workdir)!r}: config.json is not JSON ({e})") from None
-    run = RunConfig.from_config(recorded)
+    source = (
+        (recorded.get("pretrained") or {}).get("source") if isinstance(recorded, dict) else None
+    )
+    if source:
+        raise ConfigError(
+            f"workdir={str(workdir)!r}: this run has no checkpoint: it evaluated a loaded model "
+            f"({source}); load that model with flaxformer_lite.load_pretrained"
+        )
+    run = RunConfig.from_recorded(recorded)
     model = build_model(run)
     graphdef, state = init_train_state(model, make_optimizer(run.optim, run.train.num_steps))
     abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)

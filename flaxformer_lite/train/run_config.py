@@ -15,12 +15,13 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any
 
 from flaxformer_lite import pretrained as hf
-from flaxformer_lite.base.checks import ConfigError, check_type, fail
+from flaxformer_lite.base.checks import ConfigError, check_path, check_type, fail, shown
 from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
@@ -78,6 +79,10 @@ class PretrainedConfig:
     def label(self) -> str:
         return self.name or self.source.rstrip("/").rsplit("/", 1)[-1]
 
+    def checkpoint(self) -> hf.Checkpoint:
+        """The model's `pretrained.Checkpoint` (resolved, read and mapped once per process)."""
+        return hf.open_checkpoint(self.source, revision=self.revision or None)
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
@@ -119,8 +124,21 @@ class RunConfig:
         return EvalPlan.build(self.model, self.data, self.eval, seed=self.seed, name=name)
 
     @classmethod
+    def from_recorded(cls, config: Mapping[str, Any]) -> RunConfig:
+        """The run a workdir records (its ``config.json``, or ``eval.json``'s ``"config"``:
+        `to_dict`), validated as `from_config` does. A pretrained model's run records the
+        whole mapped `ModelConfig`; it is taken as recorded (the model folder is not read
+        again: it may have moved), where a config given by a user may set only
+        `PRETRAINED_MODEL_FIELDS`."""
+        return cls._from_mapping(config, recorded=True)
+
+    @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
         """Validate a ConfigDict (or dict) and freeze it; raises `ConfigError`."""
+        return cls._from_mapping(config, recorded=False)
+
+    @classmethod
+    def _from_mapping(cls, config: Mapping[str, Any], *, recorded: bool) -> RunConfig:
         values = _to_dict(config)
         known = {"study", "preset", "seed", "model", "data", "optim", "train", "eval"}
         known |= {"mesh", "sweep", "pretrained", "sizing"}
@@ -134,7 +152,7 @@ class RunConfig:
                 raise ConfigError(f"config.sizing: {e}") from None
         pretrained = _build(PretrainedConfig, values.get("pretrained", {}), "config.pretrained")
         data = _build(DataConfig, values.get("data", {}), "config.data")
-        if pretrained.source:
+        if pretrained.source and not recorded:
             model = _pretrained_model(pretrained, values.get("model", {}), data)
         else:
             try:
@@ -165,7 +183,8 @@ class RunConfig:
         A workdir continues only a run of an equal identity, which `train.identity` extends
         with the corpus content hash and the versions. Left out (`NOT_IDENTITY_FIELDS`, the
         reasons in `train.identity`): the names ``study`` and ``preset``, the device
-        ``mesh``, the corpus's paths (its content hash stands for them), logging,
+        ``mesh``, the corpus's paths (its content hash stands for them), where a pretrained
+        model is (its content hashes stand for it, in `train.identity`), logging,
         checkpointing and validation cadences, how many steps one compiled call runs, how
         attention is computed, and the report's comparison settings.
         """
@@ -175,12 +194,21 @@ class RunConfig:
         for section, names in NOT_IDENTITY_FIELDS.items():
             for name in names:
                 d[section].pop(name)
+        if self.pretrained.source:
+            for name in PRETRAINED_PLACE:
+                d["pretrained"].pop(name)
+        else:
+            for (section, name), recorded in IDENTITY_RECORDED_NAMES.items():
+                d[section][recorded] = d[section].pop(name)
         return json.loads(json.dumps(d, default=str))
 
     def identity_diff(self, other: RunConfig) -> list[str]:
         """``["section.field: old -> new", ...]`` where ``other``'s identity differs (nested
         fields by their full path, e.g. ``model.positional_options.rope.base``)."""
-        return flat_diff("", other.identity(), self.identity())
+        lines = flat_diff("", other.identity(), self.identity())
+        for (section, name), recorded in IDENTITY_RECORDED_NAMES.items():
+            lines = [re.sub(rf"^{section}\.{recorded}:", f"{section}.{name}:", x) for x in lines]
+        return lines
 
     def hash(self) -> str:
         """Short sha256 of `identity` (results rows carry `train.identity`'s hash, which adds
@@ -189,6 +217,10 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+# Where a pretrained model is: left out of its run's identity, which `train.identity` gives
+# the sha256 of its weights and tokenizer instead (a trained run keeps these empty fields, so
+# its identity, and every hash recorded with it, stays as it was).
+PRETRAINED_PLACE = ("source", "revision")
 # Config fields that do not change a run's numbers: left out of its identity (and hash).
 NOT_IDENTITY_FIELDS = {
     "model": ("attention_impl", "chunked_threshold"),  # how attention is computed, not what
@@ -203,8 +235,16 @@ NOT_IDENTITY_FIELDS = {
         "cpu_matmul",  # which library computes the products (equal to float32 tolerance)
     ),
     "eval": ("paired_reference", "paired_all"),  # what the report compares
-    "pretrained": ("name",),  # the model's row name
+    "pretrained": ("name",),  # the model's row name (its place: `PRETRAINED_PLACE`)
 }
+
+
+# Fields renamed since runs were recorded keep their recorded name in a trained run's
+# identity, so the rename voids no finished workdir. ``eval.max_bytes`` was ``max_tokens``:
+# on a byte corpus (every trained run's) a target is a byte, so the value means the same;
+# a pretrained run's cap now counts bytes of text, not tokens, so its identity takes the new
+# name and an earlier token-capped run is not mistaken for it.
+IDENTITY_RECORDED_NAMES = {("eval", "max_bytes"): "max_tokens"}
 
 
 def _pretrained_model(
@@ -212,8 +252,9 @@ def _pretrained_model(
 ) -> ModelConfig:
     """The `ModelConfig` of ``config.pretrained.source`` (its ``config.json``), with the
     `PRETRAINED_MODEL_FIELDS` of ``config.model`` applied. A RoPE model's ``original_length``
-    (the length evaluation-time scalings extend from) defaults to ``config.data.train_length``,
-    the model's training context."""
+    (the length evaluation-time scalings extend from; a layer pattern's RoPE kinds' too,
+    `ModelConfig.with_original_length`) defaults to ``config.data.train_length``, the
+    model's training context."""
     values = dict(values) if isinstance(values, Mapping) else {}
     extra = sorted(set(values) - set(PRETRAINED_MODEL_FIELDS))
     if extra:
@@ -222,17 +263,14 @@ def _pretrained_model(
             f"{pretrained.source!r} takes its architecture from its config.json; only "
             f"{list(PRETRAINED_MODEL_FIELDS)} may be set"
         )
+    check_path("config.pretrained.source", pretrained.source)
     try:
-        folder, _ = hf.resolve(pretrained.source, revision=pretrained.revision or None)
-        model = hf.model_config(hf.read_config(folder), where=f"{folder}/config.json")
-        model = model.replace(**values)
+        model = pretrained.checkpoint().config.replace(**values)
     except ValueError as e:
-        raise ConfigError(f"config.pretrained.source={pretrained.source!r}: {e}") from None
-    options = model.positional_options
-    if getattr(options, "original_length", 0) is None and model.encoding.rope_scaling:
-        options = dataclasses.replace(options, original_length=data.train_length)
-        model = model.replace(positional_options=options)
-    return model
+        raise ConfigError(f"config.pretrained.source={shown(pretrained.source)}: {e}") from None
+    except OSError as e:  # a name too long, unreadable, ...
+        fail("config.pretrained.source", pretrained.source, f"cannot be read ({e.strerror or e})")
+    return model.with_original_length(data.train_length)
 
 
 def flat_diff(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

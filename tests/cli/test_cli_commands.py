@@ -81,6 +81,11 @@ COMMON = [
         r"config\.eval\.length_multiples=\(0, 1\): each multiple must be >= 1 \(an eval length "
         r"shorter than the training length",
     ),
+    (  # two evaluations of one length: their rows collide and the study had no results
+        "eval_repeated",
+        ["--config.eval.length_multiples=(1,1)"],
+        r"config\.eval\.length_multiples=\(1, 1\): lists 1 twice; each value at most once",
+    ),
     ("protocol", ["--config.eval.protocols=('bogus',)"], r"config\.eval\.protocols=.*must be one"),
     ("encoding", ["--config.model.positional=bogus"], r"positional='bogus'.*allowed: \["),
     ("heads", ["--config.model.num_heads=3"], r"num_heads=3: d_model=32 must be divisible"),
@@ -111,6 +116,18 @@ COMMON = [
         r"config\.model\.max_position=20: randomized positions need .* \(64 tokens\)",
     ),
     ("source", ["--config.data.source=bogus"], r"config\.data\.source='bogus': allowed: \["),
+    (  # a byte that is not UTF-8 (as a shell passes it): no row or REPORT.md could hold it
+        "path_not_utf8",
+        ["--config.data.corpus=path", "--config.data.path=/tmp/corpus\udcff.txt"],
+        r"^error: --config\.data\.path=b'/tmp/corpus\\xff\.txt': holds bytes that are not "
+        r"UTF-8; use UTF-8 names$",
+    ),
+    (  # a path it reads: "cannot be read", the value cut, exit 2
+        "path_too_long",
+        ["--config.data.corpus=path", "--config.data.path=/tmp/" + "a" * 120_000],
+        r"^error: config\.data\.path='/tmp/a+\.\.\.' \(120005 characters\): cannot be read "
+        r"\(File name too long\)$",
+    ),
     ("no_task", ["--config.data.source=task"], r"config\.data\.task='': a task name is required"),
     ("corpus", ["--config.data.corpus=bogus"], r"unknown corpus name 'bogus'; valid names: \["),
     (
@@ -162,6 +179,12 @@ COMMON = [
         r"--config=configs/extrapolation_lm\.py:bogus: preset='bogus' is not known; allowed",
     ),
     ("config_file", ["--config=configs/nope.py:tiny"], r"No such file or directory"),
+    (  # a user's file named like a standard-library module would replace it everywhere
+        "import_shadows",
+        ["--import={base}/encodings.py"],
+        r"--import=.*/encodings\.py: 'encodings' is a module of Python's standard library; "
+        r"importing this file under the name 'encodings' would replace it",
+    ),
     (
         "no_preset",
         ["--config=configs/extrapolation_lm.py"],
@@ -171,6 +194,17 @@ COMMON = [
 ]
 WORKDIR_CASES = [
     ("not_writable", a_file, r"workdir='.*/file/w': '.*/file' is not a directory; must be a"),
+    (
+        "workdir_not_utf8",
+        None,
+        r"^error: --workdir=b'.*/w\\xff': holds bytes that are not UTF-8; use UTF-8 names$",
+    ),
+    (
+        "workdir_too_long",
+        None,
+        r"^error: workdir='.*/d+\.\.\.' \(\d+ characters\): not a usable path \(File name too "
+        r"long\); must be a writable directory$",
+    ),
     (
         "backslash",
         None,
@@ -232,6 +266,12 @@ def _setup(script: str, case_id: str, base: Path) -> Path:
         return base / "file" / "w"
     if case_id == "backslash":
         return base / "w\\x"
+    if case_id == "workdir_not_utf8":
+        return base / "w\udcff"
+    if case_id == "workdir_too_long":
+        return base / ("d" * 120_000)
+    if case_id == "import_shadows":
+        (base / "encodings.py").write_text("SHADOW = True\n")
     if case_id == "different_config":
         workdir = base / "w"
         if script == "train":
@@ -266,12 +306,14 @@ def _run_all(script: str, tmp: Path) -> dict[str, tuple[dict, dict, dict]]:
             if script == "run_study" and not any("--only" in a for a in extra)
             else []
         )
+        extra = [a.replace("{base}", str(base)) for a in extra]
         argvs.append([*config, f"--workdir={workdir}", *only, *extra])
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env.pop("FLAXFORMER_LITE_FAULT", None)
+    (tmp / "cases.json").write_text(json.dumps(argvs))  # longer than one argument may be
     proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, f"scripts/{script}.py", json.dumps(argvs)],
+        [sys.executable, "-c", HARNESS, f"scripts/{script}.py", f"@{tmp / 'cases.json'}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -312,7 +354,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(outcomes, script, case_
     lines = [line for line in out["output"].splitlines() if line.strip()]
     assert out["rc"] == 2, out["output"][-3000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), out["output"][-3000:]
-    assert re.search(pattern, lines[0]), lines[0]
+    assert len(lines[0]) < 2100, f"a line of {len(lines[0])} characters"  # long values are cut
+    assert re.search(pattern, lines[0]), lines[0][:3000]
     assert after == before, "wrote " + str(sorted(set(after) - set(before)))
 
 

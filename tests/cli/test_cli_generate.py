@@ -159,3 +159,49 @@ def test_a_run_without_a_checkpoint_ends_with_one_line_and_no_traceback(workdirs
     proc = generate(f"--workdir={workdirs[1]}", "--max_new_tokens=5")
     line = one_line(proc.returncode, proc.stderr.decode())
     assert line == f"error: workdir={str(workdirs[1])!r} has no readable checkpoint"
+
+
+def _harness(argvs: list[list[str]]) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, "-c", HARNESS, json.dumps(argvs)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULTS", 1)[1])
+
+
+def test_a_pretrained_model_continues_text_and_stops_at_the_stop_token(workdirs):
+    """--pretrained with a GGUF file: the continuation ends with the first stop token, as
+    transformers' generate with that eos_token_id ended it (golden ids of the same file)."""
+    import numpy as np
+
+    from flaxformer_lite.pretrained import gguf, gguf_tokenizer
+
+    path = ROOT / "tests" / "pretrained" / "gguf_models" / "llama_q8_0" / "model.gguf"
+    tok = gguf_tokenizer.load_tokenizer(gguf.open_gguf(path))
+    golden = np.load(path.parent / "golden.npz")
+    prompt = tok.decode(golden["prompt_ids"][0].tolist())
+    assert tok.encode(prompt, add_special_tokens=True) == golden["prompt_ids"][0].tolist()
+    stop = int(golden["stop_token"])
+    ok, eos_bytes, both, bad = _harness(
+        [
+            [f"--pretrained={path}", f"--prompt={prompt}", "--max_new_tokens=12",
+             f"--stop_token={stop}"],
+            [f"--workdir={workdirs[0]}", "--stop_token=eos"],
+            [f"--workdir={workdirs[0]}", f"--pretrained={path}"],
+            [f"--pretrained={path}", "--stop_token=end"],
+        ]
+    )  # fmt: skip
+    assert ok["rc"] == 0, ok["output"][-3000:]
+    assert ok["output"] == prompt + tok.decode(golden["stopped_ids"][0].tolist()) + "\n"
+    assert one_line(eos_bytes["rc"], eos_bytes["output"]).startswith(
+        "error: --stop_token=eos: a byte-level run has no end-of-text token"
+    )
+    assert one_line(both["rc"], both["output"]) == (
+        "error: give one of --workdir (a training run) and --pretrained"
+    )
+    assert one_line(bad["rc"], bad["output"]).startswith("error: --stop_token='end': give 'eos'")

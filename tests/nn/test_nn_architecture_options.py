@@ -131,7 +131,7 @@ def test_defaults_keep_todays_model():
         ({"residual": "parallel"}, r"residual='parallel': .* needs norm='pre'; got norm='post'"),
         ({"residual": "both"}, r"residual='both': allowed values: \['sequential', 'parallel'\]"),
         ({"activation": "swish"}, r"activation='swish': allowed values: \['relu', 'gelu', "),
-        ({"norm_type": "batch"}, r"norm_type='batch': allowed values: \['layer', 'rms'\]"),
+        ({"norm_type": "batch"}, r"norm_type='batch': allowed values: \['layer', 'rms', 'gemma"),
         ({"norm_epsilon": 0.0}, r"norm_epsilon=0.0: must be a number in \(0, 1\)"),
         ({"qkv_bias": "yes"}, r"qkv_bias='yes': must be a bool or None"),
         ({"ffn_gated": 1}, r"ffn_gated=1: must be a bool"),

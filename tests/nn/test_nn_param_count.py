@@ -17,6 +17,7 @@ from flaxformer_lite.nn import param_count
 from flaxformer_lite.nn.encodings import positional_encoding_names
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.nn.models import DecoderOnlyLM, EncoderDecoder
+from flaxformer_lite.nn.schedules import LayerKind
 
 FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 
@@ -34,6 +35,16 @@ OPTIONS = [
     {"out_bias": False, "ffn_bias": False, "head_bias": False, "tie_embeddings": False},
     {"norm": "pre", "residual": "parallel"},
     {"embedding_norm": True, "norm": "pre"},
+    {"norm_type": "gemma_rms", "norm": "pre", "sandwich_norm": True},
+    {"qk_norm": True, "head_size": 12, "num_kv_heads": 1},
+    {
+        "num_decoder_layers": 5,
+        "layer_pattern": (
+            LayerKind(window=2),
+            LayerKind(positional="t5", positional_options={"num_buckets": 4}),
+            LayerKind(positional="none"),
+        ),
+    },
 ]
 OPTIONS = [o for o in OPTIONS if set(o) <= FIELDS]
 # encoding options that change its parameter count
@@ -65,6 +76,7 @@ def test_the_arithmetic_count_equals_the_traced_one(encoding, options):
     cfg = tiny_model_config(encoding, options=ENCODING_OPTIONS.get(encoding), **options)
     assert param_count.count_parameters(cfg) == traced(DecoderOnlyLM, cfg)
     bidirectional = not cfg.encoding.causal_only and cfg.attention_window is None
+    bidirectional = bidirectional and not cfg.layer_pattern  # (decoder stacks only)
     if bidirectional and options.get("residual", "sequential") == "sequential":
         cfg = cfg.replace(num_encoder_layers=2)
         assert param_count.count_parameters(cfg, "encoder_decoder") == traced(EncoderDecoder, cfg)

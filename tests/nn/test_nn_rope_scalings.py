@@ -410,7 +410,7 @@ def test_partial_rotary_in_every_spelling():
                 "max_position_embeddings": 64,
                 "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 50},
             },
-            r"rope_parameters\.long_factor=None: must be a list of numbers",
+            r"rope_parameters\.long_factor=None: must be a list of finite numbers",
         ),
         (
             {
@@ -424,7 +424,7 @@ def test_partial_rotary_in_every_spelling():
             },
             r"longrope_short_factor=.*needs 50 entries",
         ),
-        ({"rope_theta": 1.0}, r"rope_theta=1\.0: must be a number > 1"),
+        ({"rope_theta": 1.0}, r"rope_theta=1\.0: must be a finite number > 1"),
     ],
 )
 def test_refusals_are_one_line(config, message):

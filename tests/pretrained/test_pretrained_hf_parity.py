@@ -53,6 +53,7 @@ def loaded():
 def test_every_family_is_covered():
     families = {json.loads((MODELS / c / "config.json").read_text())["model_type"] for c in CASES}
     assert families >= {"gpt2", "opt", "xglm", "gpt_neox", "llama", "qwen2", "bloom", "mpt"}
+    assert "gemma3_text" in families
     rope_types = {
         json.loads((MODELS / c / "config.json").read_text())
         .get("rope_parameters", {})

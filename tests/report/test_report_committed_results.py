@@ -5,6 +5,10 @@ its data. The CSV files keep every float at full precision, and the last digits 
 half-width depend on the BLAS kernel of the machine (the order of its sums): their floats are
 compared to 1e-9 relative, every other field and every other file byte for byte.
 
+Blocks belong to their rows: another study's ``blocks.jsonl.gz`` beside the committed rows is
+ignored in one line (the tables are those without blocks), and a damaged ``.gz`` is one line
+naming it.
+
 A study's ``report.args``, when present, holds the report flags its tables were made with
 (e.g. ``--all_pairs``). A quoted table sits between
 ``<!-- table: results/<study>/tables/<name>.md -->`` and ``<!-- end table -->`` (the path
@@ -103,3 +107,64 @@ def test_every_quoted_table_is_its_committed_file():
         # a marker that the pattern did not pair (a typo, a missing end) is an error too
         assert text.count("<!-- table:") == len(QUOTE.findall(text)), f"{page}: unpaired marker"
     assert quoted > 0, "no page quotes a committed table"
+
+
+def _report(work: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "flaxformer_lite", "report", str(work), "--noplots", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _quick_rows(work: Path) -> Path:
+    work.mkdir()
+    for name in ("results.jsonl.gz", "study.json"):
+        shutil.copy(RESULTS / "quick" / name, work / name)
+    return work
+
+
+def test_blocks_of_another_study_beside_the_rows_are_ignored_in_one_line(tmp_path):
+    """The cpu_best_lr study's blocks beside the quick study's rows (the same study, cell names
+    and lengths) give no interval and no significance mark: the tables equal those of the rows
+    alone, and one line names the file ignored."""
+    mixed, bare = _quick_rows(tmp_path / "mixed"), _quick_rows(tmp_path / "bare")
+    shutil.copy(RESULTS / "cpu_best_lr" / "blocks.jsonl.gz", mixed / "blocks.jsonl.gz")
+    args = (RESULTS / "quick" / "report.args").read_text().split()
+    with_foreign, alone = _report(mixed, *args), _report(bare, *args)
+    assert with_foreign.returncode == 0, with_foreign.stderr[-3000:]
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    ignored = [line for line in with_foreign.stderr.splitlines() if "ignored" in line]
+    assert len(ignored) == 1 and ignored[0].startswith(
+        f"warning: {mixed / 'blocks.jsonl.gz'}: ignored "
+    ), with_foreign.stderr[-3000:]
+    assert "preset 'cpu_best_lr'" in ignored[0] and "no results row here" in ignored[0]
+    names = sorted(p.name for p in (bare / "tables").iterdir())
+    assert names == sorted(p.name for p in (mixed / "tables").iterdir())
+    for name in names:
+        got, want = ((d / "tables" / name).read_text() for d in (mixed, bare))
+        assert _same_csv(got, want) if name.endswith(".csv") else got == want, name
+    # no significance table from another study's blocks (the quick study's own make one)
+    assert "paired_differences.md" not in names
+    assert (RESULTS / "quick" / "tables" / "paired_differences.md").is_file()
+
+
+def test_a_damaged_gz_is_one_line_naming_the_file(tmp_path):
+    truncated = _quick_rows(tmp_path / "truncated")
+    data = (truncated / "results.jsonl.gz").read_bytes()
+    (truncated / "results.jsonl.gz").write_bytes(data[: len(data) // 2])
+    corrupt = _quick_rows(tmp_path / "corrupt")
+    (corrupt / "blocks.jsonl.gz").write_bytes(b"not a gzip stream\n" * 4)
+    for work, line in (
+        (
+            truncated,
+            f"error: cannot read {truncated / 'results.jsonl.gz'}: it is cut short (the gzip "
+            "stream ends before its end marker)",
+        ),
+        (
+            corrupt,
+            f"error: cannot read {corrupt / 'blocks.jsonl.gz'}: it is not a valid gzip file "
+            "(Not a gzipped file (b'no'))",
+        ),
+    ):
+        proc = _report(work)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines() == [line], proc.stderr[-3000:]

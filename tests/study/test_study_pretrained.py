@@ -7,7 +7,10 @@ import json
 
 from configs import pretrained
 from flaxformer_lite.cli.pipeline import run_study
+from flaxformer_lite.pretrained import families, load
+from flaxformer_lite.study import runner
 from flaxformer_lite.study.sweeps import expand_sweep, select_cells
+from flaxformer_lite.train import loop
 
 
 def test_the_tiny_preset_runs_end_to_end(tmp_path):
@@ -37,3 +40,32 @@ def test_the_tiny_preset_runs_end_to_end(tmp_path):
     for name in ("gpt2", "llama", "llama+yarn", "bloom"):
         assert f"| {name} |" in table.replace("\\_", "_")
     assert (tmp_path / "REPORT.md").is_file()
+
+
+def test_a_pretrained_cell_maps_its_config_once_and_runs_one_preflight(tmp_path, monkeypatch):
+    """From the study command's function to the scored windows, one pretrained cell reads and
+    maps its config.json once (the run config, the pre-flight's tokenized text and the loaded
+    weights share one `Checkpoint`) and is checked by one pre-flight (the runner's, which the
+    cell keeps and its run reuses)."""
+    monkeypatch.setattr(load, "_OPENED", {})  # nothing opened by an earlier test
+    counts = {"model_config": 0, "preflight": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(families, "model_config", counted("model_config", families.model_config))
+    monkeypatch.setattr(load.families, "model_config", families.model_config)
+    spy = counted("preflight", loop.preflight)
+    monkeypatch.setattr(loop, "preflight", spy)
+    monkeypatch.setattr(runner, "preflight", spy)
+    config = pretrained.get_config("tiny")
+    config.eval.update(length_multiples=(1,), max_bytes=256, protocols=("nonoverlapping",))
+    config.eval.rope_scalings = ()
+    sweep = select_cells(expand_sweep(config), ["llama"])
+    out = run_study(config, tmp_path, sweep=sweep, progress=False, report=False)
+    assert out["done"] == ["llama-seed0"] and not out["failed"]
+    assert counts == {"model_config": 1, "preflight": 1}

@@ -6,11 +6,15 @@ evaluation, a killed run resumed with another schedule, another jax / Python / c
 content, the same corpus at a new path, another study in the same workdir. Each ends in one
 refusal naming the fields (or, with
 ``restart_changed``, a fresh start in place), acceptance where nothing that changes numbers
-changed. The tiny preset on a small file corpus, 4 training steps.
+changed. A restart in place, or a resume, deletes only what the run wrote: through the
+``train`` and ``study`` commands, the user's files in a workdir stay, and a ``checkpoints/``
+that is a link or holds folders no run wrote is refused. The tiny preset on a small file
+corpus, 4 training steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from subprocess_checks import HARNESS, env
 
 from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.cli.pipeline import run_study
@@ -354,3 +359,137 @@ def test_cli_refusals_are_one_line(copy):
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert len(lines) == 1 and lines[0].startswith("error: workdir="), lines
         assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_renamed_cap_keeps_a_trained_runs_recorded_identity_but_not_a_pretrained_ones():
+    """``eval.max_bytes`` (recorded as ``max_tokens``, which on a byte corpus meant the same)
+    leaves a trained run's identity as recorded, so finished workdirs continue; a pretrained
+    run's cap changed meaning (tokens -> bytes of text), so its identity takes the new name."""
+    trained = RunConfig.from_config(rope_tiny()).identity()
+    assert "max_bytes" not in trained["eval"] and trained["eval"]["max_tokens"] == 2048
+    pretrained = RunConfig.from_config(rope_tiny())
+    pretrained = dataclasses.replace(
+        pretrained, pretrained=dataclasses.replace(pretrained.pretrained, source="/some/model")
+    ).identity()
+    assert "max_tokens" not in pretrained["eval"] and pretrained["eval"]["max_bytes"] == 2048
+
+
+TRAIN_ARGS = (  # `flaxformer-lite train` of the finished study's cell (the same identity)
+    "--config=configs/extrapolation_lm.py:tiny",
+    "--config.model.positional=alibi",
+    "--config.data.corpus=path",
+    "--config.train.num_steps=4",
+    "--config.train.checkpoint_every=2",
+    "--config.train.log_every=2",
+    "--config.eval.length_multiples=(1,)",
+    "--config.eval.max_bytes=256",
+)
+USER_FILES = {"notes.md": "my notes\n", "slurm-123.out": "job log\n", "src/model.py": "x = 1\n"}
+
+
+def add_user_files(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def run_train_cases(cases: list[list[str]]) -> list[dict]:
+    """``flaxformer-lite train`` with each argument list (`subprocess_checks.HARNESS`: one
+    import, a forked child per case): ``[{"rc", "output"}]``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HARNESS, "scripts/train.py", json.dumps(cases)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULTS", 1)[1])
+
+
+def test_restarts_and_resumes_never_delete_what_the_run_did_not_make(finished, tmp_path):
+    """Through ``flaxformer-lite train``: ``--restart_changed`` deletes the run's own files
+    only (the user's notes, job log and sources stay, named in one line); a ``checkpoints/``
+    moved to another disk and replaced by a link is refused in one line, and so is a
+    ``checkpoints/`` holding folders named like steps that no run wrote -- in both, the
+    user's folders (``2024/``, ``6/``) are left as they were."""
+    corpus, original = finished
+    cell = original / "runs" / CELL
+    base = [*TRAIN_ARGS, f"--config.data.path={corpus}"]
+    restart, linked, foreign = (tmp_path / n for n in ("restart", "linked", "foreign"))
+    for workdir in (restart, linked, foreign):
+        shutil.copytree(cell, workdir)
+    add_user_files(restart, USER_FILES)
+    (restart / "checkpoints" / "README").write_text("mine\n")
+    disk = tmp_path / "bigger_disk" / "checkpoints"
+    disk.parent.mkdir()
+    shutil.move(linked / "checkpoints", disk)
+    (linked / "checkpoints").symlink_to(disk)
+    for folder in (disk, foreign / "checkpoints"):
+        add_user_files(folder, {"2024/photo.txt": "a photo\n", "6/data.txt": "data\n"})
+    disk_before = snapshot(disk)
+    foreign_before = snapshot(foreign)
+
+    outs = run_train_cases(
+        [
+            [*base, f"--workdir={restart}", "--config.train.num_steps=6", "--restart_changed"],
+            [*base, f"--workdir={linked}"],
+            [*base, f"--workdir={foreign}"],
+        ]
+    )
+    out = outs[0]
+    assert out["rc"] == 0, out["output"][-3000:]
+    for name, text in USER_FILES.items():
+        assert (restart / name).read_text() == text, name
+    assert (restart / "checkpoints" / "README").read_text() == "mine\n"
+    assert json.loads((restart / "eval.json").read_text())["steps"] == 6
+    kept = [line for line in out["output"].splitlines() if "kept what the run did not make" in line]
+    assert len(kept) == 1 and kept[0].endswith(
+        "kept what the run did not make: checkpoints/README, notes.md, slurm-123.out, src/"
+    ), out["output"][-3000:]
+
+    for out, pattern in (
+        (outs[1], rf"refusing to write {re.escape(str(linked))}/checkpoints: a symbolic link "),
+        (outs[2], r"checkpoints holds 6/, 2024/, named like checkpoint steps but not written"),
+    ):
+        lines = [line for line in out["output"].splitlines() if line.strip()]
+        assert out["rc"] == 2 and len(lines) == 1, out["output"][-3000:]
+        assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
+    assert snapshot(disk) == disk_before
+    assert snapshot(foreign) == foreign_before
+
+
+def test_the_study_restart_keeps_what_the_runs_did_not_make(copy):
+    """``flaxformer-lite study --restart_changed`` (what the identity refusal recommends)
+    restarts the changed cell and keeps the user's files in its workdir, named in one line."""
+    corpus, workdir = copy
+    cell = workdir / "runs" / CELL
+    add_user_files(cell, USER_FILES)
+    args = [a for a in TRAIN_ARGS if "positional" not in a and "num_steps" not in a]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/run_study.py",
+            *args,
+            f"--workdir={workdir}",
+            "--only=alibi",
+            f"--config.data.path={corpus}",
+            "--config.train.num_steps=6",
+            "--progress=false",
+            "--restart_changed",
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, text in USER_FILES.items():
+        assert (cell / name).read_text() == text, name
+    assert json.loads((cell / "eval.json").read_text())["steps"] == 6
+    assert (
+        f"workdir={str(cell)!r}: kept what the run did not make: notes.md, slurm-123.out, src/"
+        in proc.stderr.splitlines()
+    ), proc.stderr[-3000:]

@@ -250,6 +250,11 @@ def test_bucket_losses_edges():
         ("model.positional", "bogus", r"positional='bogus'.*allowed"),
         ("model.num_heads", 3, r"num_heads=3"),
         ("train.num_steps", 1.5, r"config\.train\.num_steps=1\.5: must be an int"),
+        (  # as Python carries a byte that is not UTF-8 (a file name, from the library)
+            "data.path",
+            "/tmp/corpus\udcff.txt",
+            r"config\.data\.path=b'/tmp/corpus\\xff\.txt': holds bytes that are not UTF-8",
+        ),
         ("train.steps_per_call", 0, r"config\.train\.steps_per_call=0: must be > 0"),
         (
             "train.steps_per_call",

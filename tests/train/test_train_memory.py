@@ -19,6 +19,7 @@ from flax import nnx
 from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.nn.schedules import LayerKind
 from flaxformer_lite.study.sweeps import apply_overrides, expand_sweep
 from flaxformer_lite.train import memory
 from flaxformer_lite.train.run_config import RunConfig
@@ -110,6 +111,19 @@ def test_generation_estimate_closed_form():
     cache = 4 * n * slots * (2 * d + 1)
     prefill = 4 * prompt * (8 * d + 2 * f + 2 * v) + 4 * 2 * h * prompt * slots
     assert est.activations == cache + prefill + 4 * (2 * slots + new)
+
+
+def test_generation_estimate_counts_ring_buffers_of_windowed_layers():
+    """Two layers, one with a window of 8: its cache holds 8 slots, not prompt + new - 1."""
+    m = tiny(positional="alibi").model
+    patterned = m.replace(layer_pattern=(LayerKind(window=8), LayerKind()))
+    prompt, new = 4, 100
+    slots = prompt + new - 1
+    assert patterned.kv_cache_slots(slots) == 8 + slots and m.kv_cache_slots(slots) == 2 * slots
+    full = memory.generation_estimate(m, prompt_len=prompt, max_new_tokens=new)
+    ring = memory.generation_estimate(patterned, prompt_len=prompt, max_new_tokens=new)
+    d = 32  # two heads of 16: keys and values, and a position, per slot
+    assert full.activations - ring.activations == 4 * (slots - 8) * (2 * d + 1)
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,10 @@ class EncodingSpec:
       num_params: ``num_params(dims, options)``, how many parameters the encoding module
         has (`flaxformer_lite.nn.param_count` counts a model by arithmetic); None: it is
         counted by tracing the module alone.
+      per_layer: the module is built once per decoder layer that uses it, its parameters
+        the layer's own (``decoder.blocks.<i>.pe``), instead of once per stack and shared
+        by those layers (``decoder.pe``, as T5's, KERPLE's and FIRE's tables are). Not for
+        an "add" encoding, which acts once per stack on the embeddings.
       summary: one line for listings and docs.
     """
 
@@ -76,6 +80,7 @@ class EncodingSpec:
     label_suffix: Callable[[Any], str] | None = None
     incremental: Callable[[Any], bool] | None = None
     num_params: Callable[[ModelDims, Any], int] | None = None
+    per_layer: bool = False
     summary: str = ""
 
     # ------------------------------------------------------------------ options
@@ -126,6 +131,14 @@ class EncodingSpec:
             raise ValueError(f"ModelConfig.positional={cfg.positional!r}; this is {self.name!r}")
         return self.factory(cfg.dims, cfg.positional_options, rngs=rngs)
 
+    def build_with(
+        self, dims: ModelDims, options: EncodingOptions, *, rngs: nnx.Rngs
+    ) -> PositionalEncoding:
+        """The encoding module for ``dims`` and ``options`` (a decoder layer's encoding in a
+        `ModelConfig.layer_pattern`, `ModelConfig.layer_kinds`)."""
+        options = self.make_options(options, path=f"{self.name} options")
+        return self.factory(dims, options, rngs=rngs)
+
     def capacity(self, options: EncodingOptions) -> int | None:
         """How many positions ``0..n-1`` the encoding can encode; None for any number."""
         return None if self.max_positions is None else self.max_positions(options)
@@ -175,6 +188,11 @@ def register(spec: EncodingSpec) -> EncodingSpec:
         raise ValueError(f"EncodingSpec.hook={spec.hook!r}; allowed: {list(HOOKS)}")
     if spec.name in _REGISTRY:
         raise ValueError(f"positional encoding {spec.name!r} is already registered")
+    if spec.per_layer and spec.hook == "add":
+        raise ValueError(
+            f"EncodingSpec.per_layer=True with hook 'add' ({spec.name!r}): an encoding that adds "
+            "to the embeddings acts once per stack"
+        )
     if not (
         isinstance(spec.options, type)
         and issubclass(spec.options, EncodingOptions)
