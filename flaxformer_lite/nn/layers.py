@@ -233,9 +233,22 @@ class MultiHeadAttention(nnx.Module):
     sliding window or chunk; without it, ``cfg.attention_window``. ``cfg.qk_norm`` adds
     ``q_norm`` / ``k_norm`` over ``head_dim`` (after the projection, before the rotate hook,
     as Gemma 3); ``cfg.query_pre_attn_scalar`` sets the logit scale.
+
+    ``sinks`` (``layer.sinks`` for a decoder layer): a learned logit ``s_h`` per query head,
+    ``sinks`` ``[heads]`` initialised to 0, joins every softmax row as one more column that
+    carries no value (gpt-oss; OpenAI 2025, arXiv 2508.10925; transformers
+    ``GptOssAttention.sinks``): ``p_ij = exp(l_ij) / (exp(s_h) + sum_j' exp(l_ij'))``. Every
+    attention implementation and the cached path honour it (`core.attention.attend`).
     """
 
-    def __init__(self, cfg: ModelConfig, *, layer: ResolvedLayer | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        layer: ResolvedLayer | None = None,
+        sinks: bool = False,
+        rngs: nnx.Rngs,
+    ):
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.kv_heads
         self.head_dim = cfg.head_dim
@@ -257,6 +270,13 @@ class MultiHeadAttention(nnx.Module):
             self.k_norm = _norm(cfg, dim=cfg.head_dim, axis="head_dim", rngs=rngs)
         else:
             self.q_norm = self.k_norm = None
+        if layer is not None:
+            sinks = layer.sinks
+        self.sinks = (
+            nnx.Param(jnp.zeros((cfg.num_heads,), cfg.params_dtype), logical_axes=("heads",))
+            if sinks
+            else None
+        )
 
     @property
     def span(self) -> int | None:
@@ -276,6 +296,10 @@ class MultiHeadAttention(nnx.Module):
         if self.k_norm is not None:
             k_BSKH = self.k_norm(k_BSKH)
         return k_BSKH, self._split(self.value(kv))
+
+    def _sinks(self) -> Array | None:
+        """The sink logits float32 ``[heads]``, or None without sinks."""
+        return None if self.sinks is None else self.sinks[...].astype(jnp.float32)
 
     def _split(self, x: Array) -> Array:
         """``[b, l, heads * head_dim]`` -> ``[b, l, heads, head_dim]`` (query or key/value
@@ -363,6 +387,7 @@ class MultiHeadAttention(nnx.Module):
             scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
+            sinks=self._sinks(),
         )
         return self._merge(out_BTNH)
 
@@ -389,6 +414,7 @@ class MultiHeadAttention(nnx.Module):
             window=p.window,
             chunk=p.chunk,
             scale=self.scale,
+            sinks=self._sinks(),
         )
 
     # ------------------------------------------------------------------ cached decoding
@@ -483,6 +509,7 @@ class MultiHeadAttention(nnx.Module):
             scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
+            sinks=self._sinks(),
         )
         return self._merge(out_BTNH), cache
 
@@ -597,7 +624,7 @@ class EncoderBlock(nnx.Module):
                 "decoder blocks without cross-attention (GPT-NeoX); an EncoderBlock is "
                 "sequential"
             )
-        self.attention = MultiHeadAttention(cfg, rngs=rngs)
+        self.attention = MultiHeadAttention(cfg, sinks=cfg.attention_sinks, rngs=rngs)
         self.attention_norm = AddNorm(cfg, rngs=rngs)
         self.ffn = FeedForward(cfg, rngs=rngs)
         self.ffn_norm = AddNorm(cfg, rngs=rngs)

@@ -121,6 +121,9 @@ class ModelConfig:
     # positional_options, attention_window). (): every layer is the model-wide one. Decoder
     # stacks only (an Encoder refuses it); named patterns: schedules.gemma3, cohere2, ...
     layer_pattern: tuple[LayerKind, ...] = ()
+    # a learned logit per head in every decoder self-attention softmax that takes probability
+    # and gives no value (gpt-oss; OpenAI 2025, arXiv 2508.10925); per layer: LayerKind.sinks
+    attention_sinks: bool = False
     chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
     # this many keys: "auto" in training and inference, and every evaluation length
     dtype: str = "float32"  # compute dtype of activations and matmuls
@@ -163,28 +166,29 @@ class ModelConfig:
         """The registry entry of ``positional``."""
         return registry.get_positional_encoding(self.positional)
 
+    def _layer_defaults(self) -> dict[str, Any]:
+        """What a `LayerKind`'s None fields inherit (`schedules.resolve`)."""
+        return {
+            "window": self.attention_window,
+            "positional": self.positional,
+            "positional_options": self.positional_options,
+            "sinks": self.attention_sinks,
+        }
+
     def layer_kinds(self) -> tuple[ResolvedLayer, ...]:
         """One `schedules.ResolvedLayer` per decoder layer: its window, chunk, encoding name
         and options, with ``layer_pattern`` cycled and its None fields filled from the model
         (`schedules.resolve`, the one place inheritance is decided). Without a pattern every
         layer is ``(attention_window, None, positional, positional_options)``."""
         pattern = self.layer_pattern or (LayerKind(),)
-        model = {
-            "window": self.attention_window,
-            "positional": self.positional,
-            "positional_options": self.positional_options,
-        }
+        model = self._layer_defaults()
         kinds = tuple(schedules.resolve(k, **model) for k in pattern)
         return schedules.cycle(kinds, self.num_decoder_layers)
 
     def pattern_kinds(self) -> tuple[ResolvedLayer, ...]:
         """One `schedules.ResolvedLayer` per kind of ``layer_pattern`` (one cycle of it; the
         model-wide layer alone without a pattern)."""
-        model = {
-            "window": self.attention_window,
-            "positional": self.positional,
-            "positional_options": self.positional_options,
-        }
+        model = self._layer_defaults()
         return tuple(schedules.resolve(k, **model) for k in (self.layer_pattern or (LayerKind(),)))
 
     def kv_cache_slots(self, capacity: int) -> int:
@@ -290,7 +294,8 @@ class ModelConfig:
         ``"gemma3"``), after the model's encoding when some kind inherits it
         (``"rope+gpt_oss"``), then the distinct suffixes of the layers' options
         (``"gemma3+yarn"``). ``name`` replaces everything before the suffixes (a pretrained
-        model's row name: ``"gemma-3-270m+yarn"``).
+        model's row name: ``"gemma-3-270m+yarn"``). Attention options follow: ``"+sinks"``
+        when some layer has attention sinks.
         """
         layers = self.pattern_kinds()
         suffixes = []
@@ -298,6 +303,7 @@ class ModelConfig:
             suffix = layer.encoding.label(layer.positional_options)[len(layer.positional) :]
             if suffix and suffix not in suffixes:
                 suffixes.append(suffix)
+        suffixes += self._attention_suffixes(layers)
         if not self.layer_pattern:
             base = self.positional
         else:
@@ -305,6 +311,11 @@ class ModelConfig:
             if any(k.positional is None for k in self.layer_pattern):
                 base = f"{self.positional}+{base}"
         return (base if name is None else name) + "".join(suffixes)
+
+    @staticmethod
+    def _attention_suffixes(layers: Sequence[ResolvedLayer]) -> list[str]:
+        """The label suffixes of the layers' attention options (``"+sinks"``)."""
+        return ["+sinks"] if any(layer.sinks for layer in layers) else []
 
     def scores_incrementally(self) -> bool:
         """Whether some layer's encoding must be scored token by token
@@ -458,6 +469,7 @@ def _validate(cfg: ModelConfig) -> None:
         "use_bias",
         "qk_norm",
         "sandwich_norm",
+        "attention_sinks",
     ):
         if not isinstance(getattr(cfg, name), bool):
             bad(name, "must be a bool")

@@ -50,6 +50,8 @@ class LayerKind:
         encoding's defaults. Stored as the dataclass once the config is validated.
       name: a label (``"gemma3.local"``); the named patterns set it, and results rows name a
         pattern whose kinds share a prefix by it (``"gemma3"``). Changes no number.
+      sinks: a learned attention-sink logit per head (gpt-oss; `core.attention`'s ``sinks``);
+        None: ``ModelConfig.attention_sinks``.
     """
 
     window: int | None = None
@@ -57,6 +59,7 @@ class LayerKind:
     positional: str | None = None
     positional_options: EncodingOptions | Mapping[str, Any] | None = None
     name: str = ""
+    sinks: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +69,14 @@ class ResolvedLayer:
     Attributes:
       window, chunk: the layer's attention span (both None: global causal attention).
       positional: the registry name of its encoding; positional_options: its options.
+      sinks: whether its self-attention has a learned sink logit per head (gpt-oss).
     """
 
     window: int | None
     chunk: int | None
     positional: str
     positional_options: EncodingOptions
+    sinks: bool = False
 
     @property
     def encoding(self) -> registry.EncodingSpec:
@@ -95,9 +100,11 @@ def resolve(
     window: int | None,
     positional: str,
     positional_options: EncodingOptions,
+    sinks: bool = False,
 ) -> ResolvedLayer:
     """``kind`` with the model's ``window``, ``positional`` and ``positional_options`` (its
-    ``attention_window``, ``positional``, ``positional_options``) filled in where it says None.
+    ``attention_window``, ``positional``, ``positional_options``) and ``sinks``
+    (``attention_sinks``) filled in where it says None.
 
     The span is one decision: a kind that sets ``window`` or ``chunk`` replaces the model's
     window; otherwise it has the model's. ``kind.positional_options`` must already be the
@@ -115,7 +122,8 @@ def resolve(
         options = kind.positional_options
         if options is None:
             options = registry.get_positional_encoding(name).options()
-    return ResolvedLayer(positional=name, positional_options=options, **span)
+    layer_sinks = sinks if kind.sinks is None else kind.sinks
+    return ResolvedLayer(positional=name, positional_options=options, sinks=layer_sinks, **span)
 
 
 def check_kind(
@@ -147,6 +155,8 @@ def check_kind(
         )
     if not isinstance(kind.name, str):
         fail(f"{where}.name", kind.name, "must be a string")
+    if kind.sinks is not None and not isinstance(kind.sinks, bool):
+        fail(f"{where}.sinks", kind.sinks, "must be a bool or None (None: the model's)")
     name = positional if kind.positional is None else kind.positional
     try:
         spec = registry.get_positional_encoding(name)
@@ -291,16 +301,23 @@ def llama4_irope(chunk: int, *, nope_interval: int = 4) -> tuple[LayerKind, ...]
     return (local,) * (n - 1) + (LayerKind(positional="none", name="llama4_irope.nope"),)
 
 
-def gpt_oss(window: int = 128) -> tuple[LayerKind, ...]:
+def gpt_oss(window: int = 128, *, sinks: bool | None = None) -> tuple[LayerKind, ...]:
     """gpt-oss: sliding-window layers (128 tokens) alternating with global layers, both
-    with the model's encoding (RoPE with YaRN there).
+    with the model's encoding (RoPE with YaRN there); ``sinks=True`` gives every layer its
+    learned attention sinks as gpt-oss has (None: ``ModelConfig.attention_sinks``).
 
-    Source: OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" (alternating banded
-    window of 128 tokens and dense layers); transformers ``GptOssConfig`` (``layer_types``:
-    layer i slides when ``(i + 1) % 2``). Its learned attention sinks are not part of it.
+    Source: OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" (arXiv 2508.10925;
+    alternating banded window of 128 tokens and dense layers, a learned sink logit per
+    head); transformers ``GptOssConfig`` (``layer_types``: layer i slides when ``(i + 1) %
+    2``) and ``GptOssAttention.sinks``.
     """
     window = check_positive_int("window", window)
-    return (LayerKind(window=window, name="gpt_oss.sliding"), LayerKind(name="gpt_oss.full"))
+    if sinks is not None and not isinstance(sinks, bool):
+        fail("sinks", sinks, "must be a bool or None (None: the model's)")
+    return (
+        LayerKind(window=window, name="gpt_oss.sliding", sinks=sinks),
+        LayerKind(name="gpt_oss.full", sinks=sinks),
+    )
 
 
 def swan(window: int, *, local_per_global: int = 3) -> tuple[LayerKind, ...]:

@@ -194,6 +194,10 @@ class RunConfig:
         for section, names in NOT_IDENTITY_FIELDS.items():
             for name in names:
                 d[section].pop(name)
+        for section, defaults in IDENTITY_OPTIONAL_FIELDS.items():
+            for name, default in defaults.items():
+                if d[section].get(name) == default:
+                    d[section].pop(name)
         if self.pretrained.source:
             for name in PRETRAINED_PLACE:
                 d["pretrained"].pop(name)
@@ -221,6 +225,11 @@ class RunConfig:
 # the sha256 of its weights and tokenizer instead (a trained run keeps these empty fields, so
 # its identity, and every hash recorded with it, stays as it was).
 PRETRAINED_PLACE = ("source", "revision")
+# Fields added after runs were recorded, left out of the identity while they hold their
+# default (which computes what those runs computed), so the hashes of earlier runs stay valid.
+IDENTITY_OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
+    "model": {"attention_sinks": False},
+}
 # Config fields that do not change a run's numbers: left out of its identity (and hash).
 NOT_IDENTITY_FIELDS = {
     "model": ("attention_impl", "chunked_threshold"),  # how attention is computed, not what

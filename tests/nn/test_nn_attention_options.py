@@ -1,0 +1,163 @@
+"""The attention options of `ModelConfig` through the NNX attention module: gpt-oss attention
+sinks, against a numpy reference, in the plain, chunked and cached paths, per layer."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import tiny_model_config
+
+from flaxformer_lite.core import chunked_attention
+from flaxformer_lite.nn import param_count
+from flaxformer_lite.nn.models import DecoderOnlyLM
+from flaxformer_lite.nn.schedules import LayerKind
+
+B, T = 2, 12
+BLOCKS = {"block_q": 4, "block_k": 4}  # the chunked path: 3 x 3 blocks of 4 for T = 12
+
+
+def _tokens(seed: int, shape=(B, T)) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 32, shape), jnp.int32)
+
+
+def _positions(length: int = T) -> jax.Array:
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (B, length))
+
+
+def _set_sinks(model: DecoderOnlyLM, seed: int) -> list[np.ndarray]:
+    """Distinct, non-zero sink logits in every layer that has them (0 at initialisation)."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for block in model.decoder.blocks:
+        attn = block.self_attention
+        if attn.sinks is not None:
+            v = rng.normal(0.0, 1.5, attn.sinks.shape).astype(np.float32)
+            attn.sinks[...] = jnp.asarray(v)
+            values.append(v)
+    return values
+
+
+def _chunked_blocks(monkeypatch) -> None:
+    """Make "chunked" use blocks of 4, so that T = 12 spans several query and key blocks."""
+    original = chunked_attention.chunked_attention
+    monkeypatch.setattr(
+        chunked_attention, "chunked_attention", functools.partial(original, **BLOCKS)
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _full_and_cached(graphdef, state, tokens, positions):
+    """Full-pass logits and cached ones (3 tokens prefilled, then one at a time)."""
+    model = nnx.merge(graphdef, state)
+    full = model(tokens, positions)
+    cache = model.init_cache(tokens.shape[0], tokens.shape[1], positions=positions)
+    first, cache = model.decode_step(tokens[:, :3], positions[:, :3], cache)
+
+    def step(cache, xs):
+        token, position = xs
+        logits, cache = model.decode_step(token[:, None], position[:, None], cache)
+        return cache, logits[:, 0]
+
+    _, rest = jax.lax.scan(step, cache, (tokens[:, 3:].T, positions[:, 3:].T))
+    return full, jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], axis=1)
+
+
+# ------------------------------------------------------------------------------- sinks
+
+
+def _numpy_attention(attn, x: np.ndarray, sinks: np.ndarray, window: int | None) -> np.ndarray:
+    """Causal multi-head attention with gpt-oss sinks in numpy: an extra softmax column
+    ``s_h`` per head, dropped after the softmax (no positional encoding)."""
+
+    def dense(layer, h):
+        out = h @ np.asarray(layer.kernel[...], np.float64)
+        return out if layer.bias is None else out + np.asarray(layer.bias[...], np.float64)
+
+    b, t, _ = x.shape
+    heads, hd = attn.num_heads, attn.head_dim
+    q = dense(attn.query, x).reshape(b, t, heads, hd)
+    k = dense(attn.key, x).reshape(b, t, heads, hd)
+    v = dense(attn.value, x).reshape(b, t, heads, hd)
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    visible = (j <= i) & ((j > i - window) if window else True)
+    logits = np.where(visible, logits, -np.inf)
+    sink = np.broadcast_to(sinks[None, :, None, None], (b, heads, t, 1))
+    full = np.concatenate([logits, sink], axis=-1)
+    p = np.exp(full - full.max(-1, keepdims=True))
+    p = (p / p.sum(-1, keepdims=True))[..., :-1]
+    out = np.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, t, heads * hd)
+    return dense(attn.out, out)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_sinks_attention_equals_a_numpy_reference(window):
+    cfg = tiny_model_config("none", attention_sinks=True, attention_window=window)
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    (sinks,) = _set_sinks(model, 1)
+    attn = model.decoder.blocks[0].self_attention
+    x = np.random.default_rng(2).normal(size=(B, T, cfg.d_model)).astype(np.float32)
+    out = attn(jnp.asarray(x), q_positions=_positions(), causal=True)
+    ref = _numpy_attention(attn, x.astype(np.float64), sinks.astype(np.float64), window)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-5)
+    # the sinks change the output (not the identity) and the weights sum to 1 - p_sink < 1
+    plain = DecoderOnlyLM(tiny_model_config("none", attention_window=window), rngs=nnx.Rngs(0))
+    plain_out = plain.decoder.blocks[0].self_attention(
+        jnp.asarray(x), q_positions=_positions(), causal=True
+    )
+    assert not np.allclose(np.asarray(plain_out), np.asarray(out), atol=1e-3)
+    w = attn.weights(jnp.asarray(x), q_positions=_positions(), causal=True)
+    assert np.all(np.asarray(w).sum(-1) < 1.0)
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_sinks_chunked_equals_plain_and_cached_equals_full(encoding, monkeypatch):
+    """A two-layer model with sinks (and a window in one layer): "chunked" in blocks of 4
+    gives the "xla" logits; cached decoding token by token gives the full pass's."""
+    pattern = (LayerKind(window=4), LayerKind())
+    cfg = tiny_model_config(
+        encoding, attention_sinks=True, layer_pattern=pattern, num_decoder_layers=2
+    )
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    assert len(_set_sinks(model, 3)) == 2
+    tokens, positions = _tokens(0), _positions()
+    full, cached = _full_and_cached(*nnx.split(model), tokens, positions)
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), rtol=1e-5, atol=1e-5)
+    _chunked_blocks(monkeypatch)
+    chunked = DecoderOnlyLM(cfg.replace(attention_impl="chunked"), rngs=nnx.Rngs(0))
+    nnx.update(chunked, nnx.state(model, nnx.Param))
+    np.testing.assert_allclose(
+        np.asarray(chunked(tokens, positions)), np.asarray(full), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_sinks_per_layer_kind_parameters_and_label():
+    """``LayerKind.sinks`` overrides the model's: only those layers get ``[heads]`` sink
+    logits, counted by `param_count`; the label says ``+sinks``; the gpt_oss pattern can
+    carry them; a non-bool is refused naming the field."""
+    pattern = (LayerKind(window=4, sinks=True), LayerKind())
+    cfg = tiny_model_config("rope", layer_pattern=pattern, num_decoder_layers=3)
+    assert [k.sinks for k in cfg.layer_kinds()] == [True, False, True]
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    has = [b.self_attention.sinks is not None for b in model.decoder.blocks]
+    assert has == [True, False, True]
+    assert model.decoder.blocks[0].self_attention.sinks.shape == (cfg.num_heads,)
+    traced = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert param_count.count_parameters(cfg) == traced
+    assert param_count.layer_attention_params(cfg) == 2 * cfg.num_heads
+    assert cfg.encoding_label() == "rope+[w4,global]+sinks"
+    assert tiny_model_config("rope").encoding_label() == "rope"
+    off = tiny_model_config("rope", attention_sinks=True, layer_pattern=(LayerKind(sinks=False),))
+    assert [k.sinks for k in off.layer_kinds()] == [False]
+    from flaxformer_lite.nn import schedules
+
+    assert all(k.sinks for k in schedules.gpt_oss(4, sinks=True))
+    with pytest.raises(ValueError, match=r"layer_pattern\[0\]\.sinks=1"):
+        tiny_model_config("rope", layer_pattern=({"sinks": 1},))
+    with pytest.raises(ValueError, match=r"ModelConfig\.attention_sinks='yes'"):
+        tiny_model_config("rope", attention_sinks="yes")
