@@ -27,6 +27,7 @@ chunk in the full pass and caches its keys in a ring buffer of that many slots.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite.core import attention, kv_cache, mixed_precision
+from flaxformer_lite.core import attention, kv_cache, mixed_precision, temperature
 from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
 from flaxformer_lite.core.positions import as_batched_positions
 from flaxformer_lite.nn.encodings.base import PositionalEncoding
@@ -239,6 +240,14 @@ class MultiHeadAttention(nnx.Module):
     carries no value (gpt-oss; OpenAI 2025, arXiv 2508.10925; transformers
     ``GptOssAttention.sinks``): ``p_ij = exp(l_ij) / (exp(s_h) + sum_j' exp(l_ij'))``. Every
     attention implementation and the cached path honour it (`core.attention.attend`).
+
+    ``layer.temperature`` multiplies each query, after the rotate hook, by a factor of its
+    position (`core.temperature`; the keys and the cache are untouched): ``"logn"``
+    ``max(1, log(p + 1) / log L)`` (Qwen), ``"llama4"`` ``log(floor((p + 1) / f) + 1) * a +
+    1`` (Llama 4), ``"ssmax"`` ``s_h log n`` with ``n`` the keys the query sees (``min(p + 1,
+    W)`` with a window; positions counted from 0) and ``ssmax_s`` ``[heads]`` learned,
+    initialised to ``1 / log L`` (Scalable-Softmax, arXiv 2501.19399). ``L`` is
+    ``cfg.temperature_length``.
     """
 
     def __init__(
@@ -270,6 +279,24 @@ class MultiHeadAttention(nnx.Module):
             self.k_norm = _norm(cfg, dim=cfg.head_dim, axis="head_dim", rngs=rngs)
         else:
             self.q_norm = self.k_norm = None
+        self.temperature = "none" if layer is None else layer.temperature
+        self.temperature_length = cfg.temperature_length
+        self.floor_scale = cfg.temperature_floor_scale
+        self.attn_scale = cfg.temperature_attn_scale
+        if self.temperature in ("logn", "ssmax") and cfg.temperature_length is None:
+            raise ValueError(
+                f"ModelConfig.temperature_length=None: attention_temperature "
+                f"{self.temperature!r} needs the training length L (log L); set it, or build "
+                "the model from a RunConfig, which fills it with data.train_length"
+            )
+        self.ssmax_s = (  # SSMax's s_h, initialised to 1 / log L
+            nnx.Param(
+                jnp.full((cfg.num_heads,), 1 / math.log(cfg.temperature_length), cfg.params_dtype),
+                logical_axes=("heads",),
+            )
+            if self.temperature == "ssmax"
+            else None
+        )
         if layer is not None:
             sinks = layer.sinks
         self.sinks = (
@@ -300,6 +327,21 @@ class MultiHeadAttention(nnx.Module):
     def _sinks(self) -> Array | None:
         """The sink logits float32 ``[heads]``, or None without sinks."""
         return None if self.sinks is None else self.sinks[...].astype(jnp.float32)
+
+    def _temper(self, q_BTNH: Array, q_positions: Array) -> Array:
+        """The queries times the layer's temperature factor at their positions (unchanged
+        without one); ``q_positions`` int ``[batch or 1, l]``."""
+        if self.temperature == "logn":
+            tau = temperature.logn_scale(q_positions, train_length=self.temperature_length)
+        elif self.temperature == "llama4":
+            tau = temperature.llama4_scale(
+                q_positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale
+            )
+        elif self.temperature == "ssmax":
+            tau = temperature.ssmax_scale(q_positions, self.ssmax_s[...], window=self.window)
+        else:
+            return q_BTNH
+        return temperature.scale_queries(q_BTNH, tau)
 
     def _split(self, x: Array) -> Array:
         """``[b, l, heads * head_dim]`` -> ``[b, l, heads, head_dim]`` (query or key/value
@@ -336,6 +378,7 @@ class MultiHeadAttention(nnx.Module):
         k_BSKH, v_BSKH = self._keys_values(kv_BSD)
         if pe is not None:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, q_positions, kv_positions)
+        q_BTNH = self._temper(q_BTNH, q_positions)
         return _Prepared(
             q_BTNH,
             k_BSKH,
@@ -494,6 +537,7 @@ class MultiHeadAttention(nnx.Module):
             cache = kv_cache.write_ring(cache, k_new_BTKH, v_new_BTKH, positions)
         if pe is not None and not rotate_new:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, positions, k_positions)
+        q_BTNH = self._temper(q_BTNH, positions)
         mask_B1TS = kv_cache.visible_mask(
             positions, k_positions, k_valid, window=self.window, chunk=self.chunk
         )

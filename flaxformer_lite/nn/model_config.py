@@ -57,6 +57,8 @@ ACTIVATIONS = ("relu", "gelu", "gelu_exact", "silu")
 RESIDUALS = ("sequential", "parallel")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIONS_PATH = "ModelConfig.positional_options"
+# the query temperatures an evaluation can add to a trained model (no parameters)
+TEMPERATURE_VARIANTS = ("logn", "llama4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +126,16 @@ class ModelConfig:
     # a learned logit per head in every decoder self-attention softmax that takes probability
     # and gives no value (gpt-oss; OpenAI 2025, arXiv 2508.10925); per layer: LayerKind.sinks
     attention_sinks: bool = False
+    # a length-dependent factor on every decoder self-attention query (core.temperature), one
+    # of schedules.TEMPERATURES: "logn" (Qwen: max(1, log(p+1) / log L)), "ssmax"
+    # (Scalable-Softmax, arXiv 2501.19399: s_h log n, s_h learned per head), "llama4" (Llama
+    # 4's attn_temperature_tuning); per layer: LayerKind.temperature
+    attention_temperature: str = "none"
+    # L of "logn" (its training length) and of "ssmax" (s_h starts at 1 / log L); None: the
+    # training length (RunConfig fills it, `with_original_length`)
+    temperature_length: int | None = None
+    temperature_floor_scale: float = 8192.0  # "llama4": log(floor((p+1)/f) + 1) * a + 1, f
+    temperature_attn_scale: float = 0.1  # "llama4": its a
     chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
     # this many keys: "auto" in training and inference, and every evaluation length
     dtype: str = "float32"  # compute dtype of activations and matmuls
@@ -173,6 +185,7 @@ class ModelConfig:
             "positional": self.positional,
             "positional_options": self.positional_options,
             "sinks": self.attention_sinks,
+            "temperature": self.attention_temperature,
         }
 
     def layer_kinds(self) -> tuple[ResolvedLayer, ...]:
@@ -274,10 +287,18 @@ class ModelConfig:
                 options = fill(spec, kind.positional_options)
                 kind = dataclasses.replace(kind, positional_options=options)
             kinds.append(kind)
+        temperature_length = self.temperature_length
+        if temperature_length is None and self._uses_temperature_length():
+            temperature_length = length
         return self.replace(
             positional_options=fill(self.encoding, self.positional_options),
             layer_pattern=tuple(kinds),
+            temperature_length=temperature_length,
         )
+
+    def _uses_temperature_length(self) -> bool:
+        """Some layer's temperature is "logn" or "ssmax" (which take ``temperature_length``)."""
+        return any(k.temperature in ("logn", "ssmax") for k in self.pattern_kinds())
 
     def current_rope_scaling(self) -> str:
         """The RoPE scaling the model has (``"none"`` when none; with a pattern, that of its
@@ -314,8 +335,38 @@ class ModelConfig:
 
     @staticmethod
     def _attention_suffixes(layers: Sequence[ResolvedLayer]) -> list[str]:
-        """The label suffixes of the layers' attention options (``"+sinks"``)."""
-        return ["+sinks"] if any(layer.sinks for layer in layers) else []
+        """The label suffixes of the layers' attention options: ``"+sinks"``, then each
+        query temperature (``"+logn"``)."""
+        out = ["+sinks"] if any(layer.sinks for layer in layers) else []
+        for layer in layers:
+            if layer.temperature != "none" and f"+{layer.temperature}" not in out:
+                out.append(f"+{layer.temperature}")
+        return out
+
+    def evaluation_temperatures(self, requested: Sequence[str]) -> tuple[str, ...]:
+        """The requested training-free temperature variants (``EvalConfig.temperatures``,
+        `TEMPERATURE_VARIANTS`) that apply to this model: all of them, unless some layer
+        already has a learned temperature ("ssmax", whose parameters a variant would drop):
+        then none."""
+        if any(layer.temperature == "ssmax" for layer in self.pattern_kinds()):
+            return ()
+        return tuple(requested)
+
+    def with_temperature(self, temperature: str, train_length: int) -> ModelConfig:
+        """The config that evaluates trained parameters with the training-free query factor
+        ``temperature`` (one of `TEMPERATURE_VARIANTS`) on every decoder layer that inherits
+        the model's (``LayerKind.temperature`` None), with ``temperature_length``
+        ``train_length`` when it is None. Neither factor has parameters: reuse the trained
+        state."""
+        if temperature not in TEMPERATURE_VARIANTS:
+            fail(
+                "temperature",
+                temperature,
+                f"allowed training-free variants: {list(TEMPERATURE_VARIANTS)} (SSMax learns "
+                "its s per head)",
+            )
+        length = train_length if self.temperature_length is None else self.temperature_length
+        return self.replace(attention_temperature=temperature, temperature_length=length)
 
     def scores_incrementally(self) -> bool:
         """Whether some layer's encoding must be scored token by token
@@ -519,6 +570,7 @@ def _validate(cfg: ModelConfig) -> None:
         cfg.layer_pattern, positional=cfg.positional, dims=cfg.dims, hook=spec.hook
     )
     object.__setattr__(cfg, "layer_pattern", pattern)  # normalised: LayerKind, options dataclasses
+    _validate_temperature(cfg)
     capacity = spec.capacity(options)
     if cfg.randomized_positions and capacity is not None and cfg.max_position > capacity:
         value = getattr(options, spec.capacity_field, capacity)
@@ -528,6 +580,31 @@ def _validate(cfg: ModelConfig) -> None:
             f"{cfg.positional!r} encodes only {capacity} ({OPTIONS_PATH}.{spec.capacity_field}"
             f"={value}); max_position must be <= {capacity}",
         )
+
+
+def _validate_temperature(cfg: ModelConfig) -> None:
+    if cfg.attention_temperature not in schedules.TEMPERATURES:
+        fail(
+            "ModelConfig.attention_temperature",
+            cfg.attention_temperature,
+            f"allowed values: {list(schedules.TEMPERATURES)}",
+        )
+    length = cfg.temperature_length
+    if length is not None and (not is_int(length) or length < 2):
+        fail("ModelConfig.temperature_length", length, "must be an int >= 2 (log L) or None")
+    for name, low in (("temperature_floor_scale", "> 0"), ("temperature_attn_scale", ">= 0")):
+        value = getattr(cfg, name)
+        positive = is_number(value) and (value > 0 or (low == ">= 0" and value == 0))
+        if not positive or value == float("inf"):
+            fail(f"ModelConfig.{name}", value, f"must be a finite number {low}")
+    for i, kind in enumerate(cfg.pattern_kinds()):
+        if kind.temperature == "ssmax" and kind.chunk is not None:
+            fail(
+                f"{schedules.PATTERN_PATH}[{i}].temperature",
+                "ssmax",
+                "SSMax's log n counts the keys a query sees: global or sliding-window layers "
+                "only, not a chunk",
+            )
 
 
 def check_encodable(cfg: ModelConfig, length: int, *, what: str) -> None:

@@ -135,11 +135,16 @@ def layer_encoding_params(cfg: Any) -> int:
 
 def layer_attention_params(cfg: Any) -> int:
     """A decoder's self-attention parameters beyond `attention_params`, per layer
-    (``ModelConfig.layer_kinds``): ``H`` sink logits for a layer with attention sinks."""
+    (``ModelConfig.layer_kinds``): ``H`` sink logits for a layer with attention sinks, ``H``
+    SSMax factors for a layer with ``temperature="ssmax"``."""
     layer_kinds = getattr(cfg, "layer_kinds", None)
     if layer_kinds is None:  # a config of a version without layer patterns
         return 0
-    return sum(cfg.num_heads for layer in layer_kinds() if getattr(layer, "sinks", False))
+    n = 0
+    for layer in layer_kinds():
+        n += cfg.num_heads if getattr(layer, "sinks", False) else 0
+        n += cfg.num_heads if getattr(layer, "temperature", "none") == "ssmax" else 0
+    return n
 
 
 def _spec_params(spec: Any, dims: Any, options: Any) -> int:

@@ -30,6 +30,8 @@ from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims
 
 PATTERN_PATH = "ModelConfig.layer_pattern"
+# the query factors of `flaxformer_lite.core.temperature` ("none": no factor)
+TEMPERATURES = ("none", "logn", "ssmax", "llama4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,9 @@ class LayerKind:
         pattern whose kinds share a prefix by it (``"gemma3"``). Changes no number.
       sinks: a learned attention-sink logit per head (gpt-oss; `core.attention`'s ``sinks``);
         None: ``ModelConfig.attention_sinks``.
+      temperature: the length-dependent query factor of the layer, one of
+        `TEMPERATURES` (``"none"``, ``"logn"``, ``"ssmax"``, ``"llama4"``; `core.temperature`);
+        None: ``ModelConfig.attention_temperature`` (Llama 4 tunes its NoPE layers only).
     """
 
     window: int | None = None
@@ -60,6 +65,7 @@ class LayerKind:
     positional_options: EncodingOptions | Mapping[str, Any] | None = None
     name: str = ""
     sinks: bool | None = None
+    temperature: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +76,7 @@ class ResolvedLayer:
       window, chunk: the layer's attention span (both None: global causal attention).
       positional: the registry name of its encoding; positional_options: its options.
       sinks: whether its self-attention has a learned sink logit per head (gpt-oss).
+      temperature: its query factor (`TEMPERATURES`; ``"none"``: none).
     """
 
     window: int | None
@@ -77,6 +84,7 @@ class ResolvedLayer:
     positional: str
     positional_options: EncodingOptions
     sinks: bool = False
+    temperature: str = "none"
 
     @property
     def encoding(self) -> registry.EncodingSpec:
@@ -101,10 +109,12 @@ def resolve(
     positional: str,
     positional_options: EncodingOptions,
     sinks: bool = False,
+    temperature: str = "none",
 ) -> ResolvedLayer:
     """``kind`` with the model's ``window``, ``positional`` and ``positional_options`` (its
-    ``attention_window``, ``positional``, ``positional_options``) and ``sinks``
-    (``attention_sinks``) filled in where it says None.
+    ``attention_window``, ``positional``, ``positional_options``), ``sinks``
+    (``attention_sinks``) and ``temperature`` (``attention_temperature``) filled in where it
+    says None.
 
     The span is one decision: a kind that sets ``window`` or ``chunk`` replaces the model's
     window; otherwise it has the model's. ``kind.positional_options`` must already be the
@@ -122,8 +132,13 @@ def resolve(
         options = kind.positional_options
         if options is None:
             options = registry.get_positional_encoding(name).options()
-    layer_sinks = sinks if kind.sinks is None else kind.sinks
-    return ResolvedLayer(positional=name, positional_options=options, sinks=layer_sinks, **span)
+    return ResolvedLayer(
+        positional=name,
+        positional_options=options,
+        sinks=sinks if kind.sinks is None else kind.sinks,
+        temperature=temperature if kind.temperature is None else kind.temperature,
+        **span,
+    )
 
 
 def check_kind(
@@ -157,6 +172,12 @@ def check_kind(
         fail(f"{where}.name", kind.name, "must be a string")
     if kind.sinks is not None and not isinstance(kind.sinks, bool):
         fail(f"{where}.sinks", kind.sinks, "must be a bool or None (None: the model's)")
+    if kind.temperature is not None and kind.temperature not in TEMPERATURES:
+        fail(
+            f"{where}.temperature",
+            kind.temperature,
+            f"allowed: None (the model's) or one of {list(TEMPERATURES)}",
+        )
     name = positional if kind.positional is None else kind.positional
     try:
         spec = registry.get_positional_encoding(name)

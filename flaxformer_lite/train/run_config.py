@@ -196,7 +196,8 @@ class RunConfig:
                 d[section].pop(name)
         for section, defaults in IDENTITY_OPTIONAL_FIELDS.items():
             for name, default in defaults.items():
-                if d[section].get(name) == default:
+                value = d[section].get(name)
+                if value == default or (isinstance(default, tuple) and value == list(default)):
                     d[section].pop(name)
         if self.pretrained.source:
             for name in PRETRAINED_PLACE:
@@ -228,7 +229,14 @@ PRETRAINED_PLACE = ("source", "revision")
 # Fields added after runs were recorded, left out of the identity while they hold their
 # default (which computes what those runs computed), so the hashes of earlier runs stay valid.
 IDENTITY_OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
-    "model": {"attention_sinks": False},
+    "model": {
+        "attention_sinks": False,
+        "attention_temperature": "none",
+        "temperature_length": None,
+        "temperature_floor_scale": 8192.0,
+        "temperature_attn_scale": 0.1,
+    },
+    "eval": {"temperatures": ()},
 }
 # Config fields that do not change a run's numbers: left out of its identity (and hash).
 NOT_IDENTITY_FIELDS = {

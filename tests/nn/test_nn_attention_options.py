@@ -161,3 +161,127 @@ def test_sinks_per_layer_kind_parameters_and_label():
         tiny_model_config("rope", layer_pattern=({"sinks": 1},))
     with pytest.raises(ValueError, match=r"ModelConfig\.attention_sinks='yes'"):
         tiny_model_config("rope", attention_sinks="yes")
+
+
+# ------------------------------------------------------------------------- temperature
+
+L, FLOOR, ATTN = 4, 3.0, 0.5  # temperature_length, llama4's floor_scale and attn_scale
+
+
+def _numpy_tau(kind: str, positions: np.ndarray, s: np.ndarray, window: int | None):
+    """The query factor ``[T, heads]`` written out from the papers' formulas."""
+    p = positions.astype(np.float64)[:, None]
+    if kind == "logn":  # Qwen: logn_list[i - 1] = log_L(i) if i > L else 1, i = p + 1
+        return np.where(p + 1 > L, np.log(p + 1) / np.log(L), 1.0) * np.ones_like(s)
+    if kind == "llama4":  # HF Llama4TextAttention: log(floor((p + 1) / f) + 1) * a + 1
+        return (np.log(np.floor((p + 1) / FLOOR) + 1.0) * ATTN + 1.0) * np.ones_like(s)
+    n = p + 1 if window is None else np.minimum(p + 1, window)  # SSMax: s_h log n
+    return s[None, :] * np.log(n)
+
+
+def _temperature_cfg(kind: str, window: int | None = None, **fields):
+    return tiny_model_config(
+        "none",
+        attention_temperature=kind,
+        temperature_length=L,
+        temperature_floor_scale=FLOOR,
+        temperature_attn_scale=ATTN,
+        attention_window=window,
+        **fields,
+    )
+
+
+@pytest.mark.parametrize(("kind", "window"), [("logn", None), ("llama4", None), ("ssmax", 5)])
+def test_temperature_scales_the_queries_as_a_numpy_reference(kind, window):
+    """The layer's output equals plain attention whose queries are multiplied by the
+    factor computed in numpy; SSMax's s starts at 1 / log L (set here per head)."""
+    model = DecoderOnlyLM(_temperature_cfg(kind, window), rngs=nnx.Rngs(0))
+    attn = model.decoder.blocks[0].self_attention
+    s = np.array([0.9, 1.7], np.float32)
+    if kind == "ssmax":
+        np.testing.assert_allclose(np.asarray(attn.ssmax_s[...]), 1 / np.log(L), rtol=1e-6)
+        attn.ssmax_s[...] = jnp.asarray(s)
+    tau = _numpy_tau(kind, np.arange(T), s, window)  # [T, heads]
+    assert tau.max() > 1.2  # positions past L (and past floor_scale) are scaled
+    x = np.random.default_rng(2).normal(size=(B, T, 16)).astype(np.float32)
+    out = attn(jnp.asarray(x), q_positions=_positions(), causal=True)
+    # the reference: the same projections, the queries scaled in numpy
+    plain = DecoderOnlyLM(tiny_model_config("none", attention_window=window), rngs=nnx.Rngs(0))
+    p_attn = plain.decoder.blocks[0].self_attention
+    for name in ("query", "key", "value", "out"):
+        nnx.update(getattr(p_attn, name), nnx.state(getattr(attn, name)))
+    ref = _numpy_tempered(p_attn, x.astype(np.float64), tau, window)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-5)
+
+
+def _numpy_tempered(attn, x, tau, window):
+    """Causal attention in numpy with queries ``q * tau`` (tau ``[T, heads]``)."""
+
+    def dense(layer, h):
+        return h @ np.asarray(layer.kernel[...], np.float64) + np.asarray(layer.bias[...])
+
+    b, t, _ = x.shape
+    heads, hd = attn.num_heads, attn.head_dim
+    q = dense(attn.query, x).reshape(b, t, heads, hd) * tau[None, :, :, None]
+    k = dense(attn.key, x).reshape(b, t, heads, hd)
+    v = dense(attn.value, x).reshape(b, t, heads, hd)
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    visible = (j <= i) & ((j > i - window) if window else True)
+    logits = np.where(visible, logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    return dense(attn.out, np.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, t, heads * hd))
+
+
+def test_temperature_per_layer_chunked_equals_plain_and_cached_equals_full(monkeypatch):
+    """Three layers, one temperature each (SSMax with a window of 4): the chunked path in
+    blocks of 4 and cached decoding token by token give the full pass's logits; SSMax's s
+    are parameters, counted by `param_count`; the label names each temperature."""
+    pattern = (
+        LayerKind(temperature="logn"),
+        LayerKind(window=4, temperature="ssmax"),
+        LayerKind(temperature="llama4"),
+    )
+    cfg = _temperature_cfg("none", layer_pattern=pattern, num_decoder_layers=3)
+    cfg = cfg.replace(positional="rope")
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    traced = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert param_count.count_parameters(cfg) == traced
+    assert cfg.encoding_label() == "rope+[global,w4,global]+logn+ssmax+llama4"
+    tokens, positions = _tokens(0), _positions()
+    full, cached = _full_and_cached(*nnx.split(model), tokens, positions)
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), rtol=1e-5, atol=1e-5)
+    _chunked_blocks(monkeypatch)
+    chunked = DecoderOnlyLM(cfg.replace(attention_impl="chunked"), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(
+        np.asarray(chunked(tokens, positions)), np.asarray(full), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_temperature_config_errors_and_training_free_variant():
+    """Bad values name the field; logn needs its L; ``with_temperature`` sets the factor
+    and L (the training length) and keeps the parameters (none are added)."""
+    with pytest.raises(ValueError, match=r"ModelConfig\.attention_temperature='log'"):
+        tiny_model_config("rope", attention_temperature="log")
+    with pytest.raises(ValueError, match=r"ModelConfig\.temperature_length=1"):
+        tiny_model_config("rope", temperature_length=1)
+    with pytest.raises(ValueError, match=r"layer_pattern\[0\]\.temperature='ssmax'"):
+        tiny_model_config("rope", layer_pattern=(LayerKind(chunk=4, temperature="ssmax"),))
+    with pytest.raises(ValueError, match=r"temperature_length=None"):
+        DecoderOnlyLM(tiny_model_config("rope", attention_temperature="logn"), rngs=nnx.Rngs(0))
+    base = tiny_model_config("rope")
+    variant = base.with_temperature("logn", 16)
+    assert (variant.attention_temperature, variant.temperature_length) == ("logn", 16)
+    assert variant.encoding_label() == "rope+logn"
+    assert param_count.count_parameters(variant) == param_count.count_parameters(base)
+    with pytest.raises(ValueError, match="temperature='ssmax'"):
+        base.with_temperature("ssmax", 16)
+    assert base.evaluation_temperatures(("logn",)) == ("logn",)
+    assert _temperature_cfg("ssmax").evaluation_temperatures(("logn",)) == ()
+    assert (
+        tiny_model_config("rope", attention_temperature="ssmax")
+        .with_original_length(32)
+        .temperature_length
+        == 32
+    )

@@ -134,6 +134,29 @@ def test_identity_is_what_changes_numbers():
         assert len(run.identity_diff(base)) == 1
 
 
+def test_attention_options_at_their_defaults_leave_the_identity_as_it_was():
+    """Fields added after runs were recorded (attention sinks, query temperatures) are not
+    in the identity while at their defaults, so earlier hashes stay valid; set, they are."""
+    base = RunConfig.from_config(rope_tiny())
+    identity_ = base.identity()
+    for section, names in (
+        ("model", ("attention_sinks", "attention_temperature", "temperature_length")),
+        ("eval", ("temperatures",)),
+    ):
+        assert not set(names) & set(identity_[section]), section
+    for path, value in (
+        ("model.attention_sinks", True),
+        ("model.attention_temperature", "logn"),
+        ("eval.temperatures", ("logn",)),
+    ):
+        other = rope_tiny()
+        section, field = path.split(".")
+        other[section][field] = value
+        run = RunConfig.from_config(other)
+        assert run.hash() != base.hash(), path
+        assert any(line.startswith(path) for line in run.identity_diff(base)), path
+
+
 def test_finished_study_rerun_with_another_schedule_is_refused_then_restarted(copy):
     """``--config.train.num_steps=40`` on a finished study is refused in one line naming the
     field, nothing written (never every cell skipped and the old tables kept with rc 0);
