@@ -216,13 +216,12 @@ class ModelConfig:
         )
 
     def evaluation_variants(self, requested: Sequence[str]) -> tuple[str, ...]:
-        """The requested evaluation-time RoPE scalings (``EvalConfig.rope_scalings``) that
-        apply to this model: all of them when some global layer's encoding takes a scaling
-        (`EncodingSpec.rope_scaling`; every layer of a model without a pattern is global),
-        else none."""
-        if any(layer.encoding.rope_scaling for layer in self._scalable_layers()):
-            return tuple(requested)
-        return ()
+        """The requested evaluation-time variants (``EvalConfig.rope_scalings``) that apply to
+        this model: those some global layer's encoding takes (`EncodingSpec.eval_variants`:
+        RoPE's scalings, ALiBi's ``"alibi_pi"``; every layer of a model without a pattern is
+        global), in the requested order."""
+        layers = [k for k in self._scalable_layers() if k.encoding.rope_scaling]
+        return tuple(v for v in requested if any(v in k.encoding.eval_variants for k in layers))
 
     def _scalable_layers(self) -> tuple[ResolvedLayer, ...]:
         """The layers an evaluation-time RoPE scaling applies to: the global ones of a
@@ -255,7 +254,7 @@ class ModelConfig:
         kinds = []
         layers = self.pattern_kinds()
         for i, (kind, layer) in enumerate(zip(self.layer_pattern, layers, strict=True)):
-            if layer in scaled:
+            if layer in scaled and scaling in layer.encoding.eval_variants:
                 try:
                     options = layer.encoding.variant_options(
                         layer.positional_options, scaling, eval_length

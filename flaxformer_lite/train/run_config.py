@@ -195,10 +195,13 @@ class RunConfig:
             for name in names:
                 d[section].pop(name)
         for section, defaults in IDENTITY_OPTIONAL_FIELDS.items():
+            node = d
+            for part in section.split("."):
+                node = node[part]
             for name, default in defaults.items():
-                value = d[section].get(name)
+                value = node.get(name, default)
                 if value == default or (isinstance(default, tuple) and value == list(default)):
-                    d[section].pop(name)
+                    node.pop(name, None)
         if self.pretrained.source:
             for name in PRETRAINED_PLACE:
                 d["pretrained"].pop(name)
@@ -237,6 +240,8 @@ IDENTITY_OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
         "temperature_attn_scale": 0.1,
     },
     "eval": {"temperatures": ()},
+    # ALiBi's position interpolation (the chosen encoding's options)
+    "model.positional_options": {"pi_train_length": None, "pi_eval_length": None},
 }
 # Config fields that do not change a run's numbers: left out of its identity (and hash).
 NOT_IDENTITY_FIELDS = {
