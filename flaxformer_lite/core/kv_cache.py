@@ -300,11 +300,21 @@ def ring_capacity(capacity: int, span: int | None) -> int:
     return capacity if span is None else min(check_positive_int("span", span), capacity)
 
 
-def write_ring(cache: KVCache, key: Array, value: Array, positions: Array) -> KVCache:
+def write_ring(
+    cache: KVCache,
+    key: Array,
+    value: Array,
+    positions: Array,
+    *,
+    forget_prefix: Array | None = None,
+) -> KVCache:
     """Store ``l`` new keys/values ``[batch, l, kv_heads, head_dim]`` at positions int
     ``[batch, l]`` in a ring buffer of ``S = cache.capacity`` slots: the ``t``-th new token
     goes to slot ``(index + t) mod S``, overwriting the oldest; when ``l > S`` only the last
-    ``S`` are kept. ``index`` counts every token written. Never overflows."""
+    ``S`` are kept. ``index`` counts every token written. Never overflows.
+
+    ``forget_prefix``: the new tokens' FoX prefix sums float ``[batch, l, heads]``
+    (`continue_prefix`), exactly when the cache keeps them, as in `write`."""
     batch, length = key.shape[:2]
     if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
         raise ValueError(
@@ -315,10 +325,25 @@ def write_ring(cache: KVCache, key: Array, value: Array, positions: Array) -> KV
         raise ValueError(
             f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
         )
+    if (forget_prefix is None) != (cache.forget_prefix is None):
+        raise ValueError(
+            "forget_prefix: pass the new tokens' prefix sums [batch, l, heads] exactly when "
+            "the cache keeps them (init_kv_cache(..., forget_heads=heads))"
+        )
     slots = cache.capacity
     kept = min(length, slots)  # static: the last `kept` new tokens survive the write
     first = cache.index + (length - kept)
     slot_S = (first + jnp.arange(kept, dtype=jnp.int32)) % slots  # distinct slots
+    prefix = cache.forget_prefix
+    if forget_prefix is not None:
+        expected = (batch, length, prefix.shape[2])
+        if tuple(forget_prefix.shape) != expected:
+            raise ValueError(
+                f"forget_prefix shape {tuple(forget_prefix.shape)} must be [batch, l, heads] = "
+                f"{expected}"
+            )
+        new = forget_prefix[:, length - kept :].astype(jnp.float32)
+        prefix = prefix.at[:, slot_S].set(new)
     return KVCache(
         key=cache.key.at[:, slot_S].set(key[:, length - kept :].astype(cache.key.dtype)),
         value=cache.value.at[:, slot_S].set(value[:, length - kept :].astype(cache.value.dtype)),
@@ -327,4 +352,5 @@ def write_ring(cache: KVCache, key: Array, value: Array, positions: Array) -> KV
         ),
         valid=cache.valid.at[:, slot_S].set(True),
         index=cache.index + length,
+        forget_prefix=prefix,
     )

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite.core import attention, kv_cache, mixed_precision, temperature
+from flaxformer_lite.core import attention, forgetting, kv_cache, mixed_precision, temperature
 from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
 from flaxformer_lite.core.positions import as_batched_positions
 from flaxformer_lite.nn.encodings.base import PositionalEncoding
@@ -216,6 +216,7 @@ class _Prepared(NamedTuple):
     bias_fn: Callable | None
     window: int | None
     chunk: int | None
+    forget_prefix: tuple[Array, Array] | None = None  # FoX: (c_q, c_k) [batch, len, heads]
 
 
 class MultiHeadAttention(nnx.Module):
@@ -248,6 +249,11 @@ class MultiHeadAttention(nnx.Module):
     W)`` with a window; positions counted from 0) and ``ssmax_s`` ``[heads]`` learned,
     initialised to ``1 / log L`` (Scalable-Softmax, arXiv 2501.19399). ``L`` is
     ``cfg.temperature_length``.
+
+    A forget-hook encoding (FoX) sees the layer's input: ``pe.log_forget(x)`` gives log
+    forget gates ``[batch, length, heads]``, their prefix sums ``c`` go to
+    `core.attention.attend` as ``forget_prefix`` (logit ``(i, j)`` gets ``c_i - c_j``, per
+    block in the chunked path), and the KV cache keeps ``c`` per key (``forget_heads``).
     """
 
     def __init__(
@@ -297,6 +303,9 @@ class MultiHeadAttention(nnx.Module):
             if self.temperature == "ssmax"
             else None
         )
+        # FoX keeps the prefix sums of its log forget gates per cached key
+        forgets = layer is not None and layer.encoding.hook == "forget"
+        self.forget_heads = cfg.num_heads if forgets else None
         if layer is not None:
             sinks = layer.sinks
         self.sinks = (
@@ -379,6 +388,10 @@ class MultiHeadAttention(nnx.Module):
         if pe is not None:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, q_positions, kv_positions)
         q_BTNH = self._temper(q_BTNH, q_positions)
+        forget = None
+        if pe is not None and pe.hook == "forget":
+            c_BTN = forgetting.forget_prefix(pe.log_forget(x_BTD))  # self-attention: kv is x
+            forget = (c_BTN, c_BTN)
         return _Prepared(
             q_BTNH,
             k_BSKH,
@@ -388,6 +401,7 @@ class MultiHeadAttention(nnx.Module):
             bias_fn=self._bias_fn(pe, causal),
             window=self.window if causal else None,
             chunk=self.chunk if causal else None,
+            forget_prefix=forget,
         )
 
     @staticmethod
@@ -431,6 +445,7 @@ class MultiHeadAttention(nnx.Module):
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
             sinks=self._sinks(),
+            forget_prefix=p.forget_prefix,
         )
         return self._merge(out_BTNH)
 
@@ -448,6 +463,9 @@ class MultiHeadAttention(nnx.Module):
         """Attention probabilities ``[batch, heads, q_len, kv_len]`` (for plots)."""
         p = self._prepare(x, kv, q_positions, kv_positions, pe, causal)
         bias_BNTS = None if p.bias_fn is None else p.bias_fn(p.q_positions, p.kv_positions)
+        if p.forget_prefix is not None:  # [b, h, T, S] here: this path is for plots
+            fox_BNTS = forgetting.forgetting_bias(*p.forget_prefix)
+            bias_BNTS = fox_BNTS if bias_BNTS is None else bias_BNTS + fox_BNTS
         return attention.attention_weights(
             p.q_BTNH,
             p.k_BSKH,
@@ -473,7 +491,13 @@ class MultiHeadAttention(nnx.Module):
         slots = kv_cache.ring_capacity(capacity, self.span)
         positions = kv_cache.slot_positions(batch, capacity, positions)[:, :slots]
         return kv_cache.init_kv_cache(
-            batch, slots, self.num_kv_heads, self.head_dim, dtype=dtype, positions=positions
+            batch,
+            slots,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=dtype,
+            positions=positions,
+            forget_heads=self.forget_heads,
         )
 
     def decode_step(
@@ -524,17 +548,28 @@ class MultiHeadAttention(nnx.Module):
         rotate_new = pe is not None and pe.caches_rotated_keys
         if rotate_new:
             q_BTNH, k_new_BTKH = pe.rotate(q_BTNH, k_new_BTKH, positions, positions)
+        c_new_BTN = None  # FoX: the new tokens' prefix sums, continued from the cache's
+        if pe is not None and pe.hook == "forget":
+            c_new_BTN = kv_cache.continue_prefix(cache, pe.log_forget(x))
         if self.span is None:
-            cache = kv_cache.write(cache, k_new_BTKH, v_new_BTKH, positions)
+            cache = kv_cache.write(
+                cache, k_new_BTKH, v_new_BTKH, positions, forget_prefix=c_new_BTN
+            )
             k_BSKH, v_BSKH = cache.key, cache.value
             k_positions, k_valid = cache.positions, cache.valid
+            c_k_BSN = cache.forget_prefix
         else:  # ring buffer: attend over the ring and the new keys, then overwrite the oldest
             dtype = cache.key.dtype
             k_BSKH = jnp.concatenate([cache.key, k_new_BTKH.astype(dtype)], axis=1)
             v_BSKH = jnp.concatenate([cache.value, v_new_BTKH.astype(dtype)], axis=1)
             k_positions = jnp.concatenate([cache.positions, positions.astype(jnp.int32)], axis=1)
             k_valid = jnp.concatenate([cache.valid, jnp.ones(positions.shape, bool)], axis=1)
-            cache = kv_cache.write_ring(cache, k_new_BTKH, v_new_BTKH, positions)
+            c_k_BSN = None
+            if c_new_BTN is not None:
+                c_k_BSN = jnp.concatenate([cache.forget_prefix, c_new_BTN], axis=1)
+            cache = kv_cache.write_ring(
+                cache, k_new_BTKH, v_new_BTKH, positions, forget_prefix=c_new_BTN
+            )
         if pe is not None and not rotate_new:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, positions, k_positions)
         q_BTNH = self._temper(q_BTNH, positions)
@@ -554,6 +589,7 @@ class MultiHeadAttention(nnx.Module):
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
             sinks=self._sinks(),
+            forget_prefix=None if c_new_BTN is None else (c_new_BTN, c_k_BSN),
         )
         return self._merge(out_BTNH), cache
 

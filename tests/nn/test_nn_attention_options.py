@@ -285,3 +285,85 @@ def test_temperature_config_errors_and_training_free_variant():
         .temperature_length
         == 32
     )
+
+
+# --------------------------------------------------------------------------------- FoX
+
+FOX = {"gate_bias_init": 0.5}  # f ~ sigmoid(0.5): a visible decay within T = 12
+
+
+def test_fox_attention_equals_a_numpy_reference():
+    """FoX: logit (i, j) + sum_{k=j+1..i} log sigmoid(x_k . w_h + b_h), written out as the
+    double sum (not as prefix sums), then causal softmax attention."""
+    cfg = tiny_model_config("fox", options=FOX)
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    block = model.decoder.blocks[0]
+    attn, pe = block.self_attention, block.pe
+    x = np.random.default_rng(2).normal(size=(B, T, cfg.d_model))
+    out = attn(jnp.asarray(x, jnp.float32), q_positions=_positions(), pe=pe, causal=True)
+    w, b = np.asarray(pe.w[...], np.float64), np.asarray(pe.b[...], np.float64)
+    log_f = -np.log1p(np.exp(-(x @ w + b)))  # [B, T, heads]
+    decay = np.zeros((B, attn.num_heads, T, T))
+    for i in range(T):
+        for j in range(i + 1):
+            decay[:, :, i, j] = log_f[:, j + 1 : i + 1].sum(axis=1)
+    assert decay.min() < -3.0  # the oldest keys are visibly forgotten
+
+    def dense(layer, h):
+        return h @ np.asarray(layer.kernel[...], np.float64) + np.asarray(layer.bias[...])
+
+    heads, hd = attn.num_heads, attn.head_dim
+    q, k, v = (dense(p, x).reshape(B, T, heads, hd) for p in (attn.query, attn.key, attn.value))
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd) + decay
+    logits = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    ref = dense(attn.out, np.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, T, heads * hd))
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_fox_chunked_equals_plain_without_a_full_bias_and_cached_equals_full(monkeypatch):
+    """Two FoX layers (one with a window of 4, a ring buffer in decoding): the chunked path
+    in blocks of 4 gives the plain logits and never builds the [T, T] bias
+    (`forgetting.forgetting_bias` is not called); cached decoding token by token gives the
+    full pass's; each layer owns its gates, counted by `param_count`."""
+    from flaxformer_lite.core import forgetting
+
+    pattern = (LayerKind(window=4), LayerKind())
+    cfg = tiny_model_config("fox", options=FOX, layer_pattern=pattern, num_decoder_layers=2)
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    traced = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert param_count.count_parameters(cfg) == traced
+    assert model.decoder.blocks[0].pe.w.shape == (cfg.d_model, cfg.num_heads)
+    tokens, positions = _tokens(0), _positions()
+    full, cached = _full_and_cached(*nnx.split(model), tokens, positions)
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), rtol=1e-5, atol=1e-5)
+    _chunked_blocks(monkeypatch)
+    calls = []
+    original = forgetting.forgetting_bias
+    monkeypatch.setattr(
+        forgetting, "forgetting_bias", lambda *a: calls.append(a[0].shape) or original(*a)
+    )
+    chunked = DecoderOnlyLM(cfg.replace(attention_impl="chunked"), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(
+        np.asarray(chunked(tokens, positions)), np.asarray(full), rtol=1e-5, atol=1e-5
+    )
+    assert calls == []
+    DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))(tokens, positions)  # the plain path builds it
+    assert calls
+
+
+def test_fox_is_causal_only_and_sees_the_layer_input():
+    from flaxformer_lite.nn.models import EncoderDecoder
+
+    with pytest.raises(ValueError, match="causal"):
+        EncoderDecoder(tiny_model_config("fox"), rngs=nnx.Rngs(0))
+    model = DecoderOnlyLM(tiny_model_config("fox", options=FOX), rngs=nnx.Rngs(0))
+    pe = model.decoder.blocks[0].pe
+    assert pe.hook == "forget"
+    x = jnp.ones((1, 3, 16))
+    np.testing.assert_allclose(
+        np.asarray(pe.log_forget(x)),
+        np.asarray(jax.nn.log_sigmoid(x @ pe.w[...] + pe.b[...][None, None, :])),
+        rtol=1e-6,
+    )

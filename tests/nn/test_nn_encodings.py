@@ -199,6 +199,7 @@ def test_registration_order():
         "kerple_log",
         "kerple_power",
         "fire",
+        "fox",
     )
 
 
