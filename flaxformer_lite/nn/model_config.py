@@ -380,7 +380,7 @@ class ModelConfig:
         when there is one."""
         out = self.encoding.settings(self.positional_options)
         if self.layer_pattern:
-            out["layer_pattern"] = [dataclasses.asdict(k) for k in self.layer_pattern]
+            out["layer_pattern"] = [schedules.kind_dict(k) for k in self.layer_pattern]
         return out
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -420,7 +420,10 @@ class ModelConfig:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as plain values; a pattern's kinds as `schedules.kind_dict`."""
+        out = dataclasses.asdict(self)
+        out["layer_pattern"] = tuple(schedules.kind_dict(k) for k in self.layer_pattern)
+        return out
 
 
 def options_template() -> dict[str, dict[str, Any]]:

@@ -230,6 +230,21 @@ def check_pattern(
     return kinds
 
 
+# LayerKind fields added after patterns were recorded: left out of `kind_dict` while None,
+# so a pattern without them keeps its recorded dict (a run's identity, its rows' settings)
+OPTIONAL_KIND_FIELDS = ("sinks", "temperature")
+
+
+def kind_dict(kind: LayerKind) -> dict[str, Any]:
+    """``kind`` as a plain dict (``dataclasses.asdict``) without the `OPTIONAL_KIND_FIELDS`
+    that are None; `check_kind` reads it back to an equal kind."""
+    out = dataclasses.asdict(kind)
+    for name in OPTIONAL_KIND_FIELDS:
+        if out[name] is None:
+            del out[name]
+    return out
+
+
 def pattern_name(pattern: Sequence[LayerKind]) -> str:
     """What results rows call a pattern: the shared prefix of its kinds' names before the
     first ``"."`` (``"gemma3"``), or ``"[...]"`` listing each kind: its name, or its

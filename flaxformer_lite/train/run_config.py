@@ -175,7 +175,10 @@ class RunConfig:
         return run
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every section as plain values (the model's by `ModelConfig.to_dict`)."""
+        out = dataclasses.asdict(self)
+        out["model"] = self.model.to_dict()
+        return out
 
     def identity(self) -> dict[str, Any]:
         """The resolved config fields that change a run's numbers (JSON types).

@@ -30,6 +30,7 @@ from subprocess_checks import HARNESS, env
 
 from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.cli.pipeline import run_study
+from flaxformer_lite.nn import schedules
 from flaxformer_lite.train import identity, loop
 from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -144,6 +145,11 @@ def test_attention_options_at_their_defaults_leave_the_identity_as_it_was():
         ("eval", ("temperatures",)),
     ):
         assert not set(names) & set(identity_[section]), section
+    patterned = rope_tiny()
+    patterned.model.layer_pattern = schedules.gemma3(window=4)
+    kinds = RunConfig.from_config(patterned).identity()["model"]["layer_pattern"]
+    expected = ["chunk", "name", "positional", "positional_options", "window"]
+    assert all(sorted(k) == expected for k in kinds)  # no sinks / temperature keys
     for path, value in (
         ("model.attention_sinks", True),
         ("model.attention_temperature", "logn"),
