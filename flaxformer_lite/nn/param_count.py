@@ -137,13 +137,16 @@ def layer_attention_params(cfg: Any) -> int:
     """A decoder's self-attention parameters beyond `attention_params`, per layer
     (``ModelConfig.layer_kinds``): ``H`` sink logits for a layer with attention sinks, ``H``
     SSMax factors for a layer with ``temperature="ssmax"``."""
-    layer_kinds = getattr(cfg, "layer_kinds", None)
-    if layer_kinds is None:  # a config of a version without layer patterns
+    pattern_kinds = getattr(cfg, "pattern_kinds", None)
+    if pattern_kinds is None:  # a config of a version without layer patterns
         return 0
+    kinds, n_layers = pattern_kinds(), cfg.num_decoder_layers
     n = 0
-    for layer in layer_kinds():
-        n += cfg.num_heads if getattr(layer, "sinks", False) else 0
-        n += cfg.num_heads if getattr(layer, "temperature", "none") == "ssmax" else 0
+    for j, layer in enumerate(kinds):
+        uses = n_layers // len(kinds) + (j < n_layers % len(kinds))  # layers cycling to kind j
+        per_layer = cfg.num_heads if getattr(layer, "sinks", False) else 0
+        per_layer += cfg.num_heads if getattr(layer, "temperature", "none") == "ssmax" else 0
+        n += uses * per_layer
     return n
 
 

@@ -251,7 +251,7 @@ def open_checkpoint(source: str | os.PathLike, *, revision: str | None = None) -
     file) changed on disk."""
     key = (str(source), revision)
     cached = _OPENED.get(key)
-    if cached is not None and cached[0] == _stamp(_config_file(cached[1])):
+    if cached is not None and cached[0] == _stamps(cached[1]):
         return cached[1]
     gguf_path = gguf.gguf_source(source)
     if gguf_path is None:
@@ -271,17 +271,20 @@ def open_checkpoint(source: str | os.PathLike, *, revision: str | None = None) -
         config=families.model_config(hf_config, where=where),
         gguf=opened,
     )
-    _OPENED[key] = (_stamp(_config_file(checkpoint)), checkpoint)
+    _OPENED[key] = (_stamps(checkpoint), checkpoint)
     return checkpoint
 
 
-def _config_file(checkpoint: Checkpoint) -> Path:
-    """The file a checkpoint's config was read from (config.json, or the GGUF file)."""
-    return checkpoint.folder / "config.json" if checkpoint.gguf is None else checkpoint.gguf.path
+def _stamps(checkpoint: Checkpoint) -> tuple:
+    """What says a checkpoint must be opened again: the (mtime, size) of the file its config
+    was read from (config.json, or the GGUF file) and of its folder (files added or removed,
+    e.g. a second GGUF file beside the first)."""
+    config = checkpoint.folder / "config.json" if checkpoint.gguf is None else checkpoint.gguf.path
+    return _stamp(config), _stamp(checkpoint.folder)
 
 
-# (source, revision) -> (config.json's (mtime_ns, size), its Checkpoint): `open_checkpoint`'s
-_OPENED: dict[tuple[str, str | None], tuple[tuple[int, int] | None, Checkpoint]] = {}
+# (source, revision) -> (its `_stamps`, its Checkpoint): `open_checkpoint`'s
+_OPENED: dict[tuple[str, str | None], tuple[tuple, Checkpoint]] = {}
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

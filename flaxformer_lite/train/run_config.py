@@ -197,14 +197,15 @@ class RunConfig:
         for section, names in NOT_IDENTITY_FIELDS.items():
             for name in names:
                 d[section].pop(name)
-        for section, defaults in IDENTITY_OPTIONAL_FIELDS.items():
-            node = d
-            for part in section.split("."):
-                node = node[part]
-            for name, default in defaults.items():
-                value = node.get(name, default)
-                if value == default or (isinstance(default, tuple) and value == list(default)):
-                    node.pop(name, None)
+        for section, names in IDENTITY_ADDED_FIELDS.items():
+            defaults = {f.name: f.default for f in dataclasses.fields(type(getattr(self, section)))}
+            for name in names:
+                if d[section][name] == defaults[name]:
+                    d[section].pop(name)
+        options = d["model"]["positional_options"]
+        for name, default in IDENTITY_ADDED_OPTIONS.items():
+            if name in options and options[name] == default:
+                options.pop(name)
         if self.pretrained.source:
             for name in PRETRAINED_PLACE:
                 d["pretrained"].pop(name)
@@ -232,20 +233,6 @@ class RunConfig:
 # the sha256 of its weights and tokenizer instead (a trained run keeps these empty fields, so
 # its identity, and every hash recorded with it, stays as it was).
 PRETRAINED_PLACE = ("source", "revision")
-# Fields added after runs were recorded, left out of the identity while they hold their
-# default (which computes what those runs computed), so the hashes of earlier runs stay valid.
-IDENTITY_OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
-    "model": {
-        "attention_sinks": False,
-        "attention_temperature": "none",
-        "temperature_length": None,
-        "temperature_floor_scale": 8192.0,
-        "temperature_attn_scale": 0.1,
-    },
-    "eval": {"temperatures": ()},
-    # ALiBi's position interpolation (the chosen encoding's options)
-    "model.positional_options": {"pi_train_length": None, "pi_eval_length": None},
-}
 # Config fields that do not change a run's numbers: left out of its identity (and hash).
 NOT_IDENTITY_FIELDS = {
     "model": ("attention_impl", "chunked_threshold"),  # how attention is computed, not what
@@ -270,6 +257,28 @@ NOT_IDENTITY_FIELDS = {
 # a pretrained run's cap now counts bytes of text, not tokens, so its identity takes the new
 # name and an earlier token-capped run is not mistaken for it.
 IDENTITY_RECORDED_NAMES = {("eval", "max_bytes"): "max_tokens"}
+
+# Fields added since runs were recorded: left out of the identity while at their default (the
+# behaviour every earlier run had), so adding an option voids no finished workdir; any other
+# value is part of it.
+IDENTITY_ADDED_FIELDS = {
+    "model": (
+        "head_size",
+        "qk_norm",
+        "sandwich_norm",
+        "query_pre_attn_scalar",
+        "layer_pattern",
+        "attention_sinks",
+        "attention_temperature",
+        "temperature_length",
+        "temperature_floor_scale",
+        "temperature_attn_scale",
+    ),
+    "eval": ("temperatures",),
+}
+# Options added to an encoding since runs were recorded (ALiBi's position interpolation), left
+# out of the chosen encoding's options in the identity while at this default.
+IDENTITY_ADDED_OPTIONS = {"pi_train_length": None, "pi_eval_length": None}
 
 
 def _pretrained_model(

@@ -522,3 +522,15 @@ def test_the_study_restart_keeps_what_the_runs_did_not_make(copy):
         f"workdir={str(cell)!r}: kept what the run did not make: notes.md, slurm-123.out, src/"
         in proc.stderr.splitlines()
     ), proc.stderr[-3000:]
+
+
+def test_options_added_since_runs_were_recorded_count_only_when_set():
+    """A model option added later (``qk_norm``, ``layer_pattern``, ...) at its default leaves
+    the identity as earlier runs recorded it; set, it is part of the identity and named."""
+    base = RunConfig.from_config(rope_tiny())
+    assert "qk_norm" not in base.identity()["model"]
+    changed = rope_tiny()
+    changed.model.qk_norm = True
+    run = RunConfig.from_config(changed)
+    assert run.identity()["model"]["qk_norm"] is True and run.hash() != base.hash()
+    assert [x.split(":")[0] for x in run.identity_diff(base)] == ["model.qk_norm"]
