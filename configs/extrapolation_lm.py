@@ -32,6 +32,13 @@ unless ``eval.max_bytes`` caps it):
           validation split) and context (4,096 targets, c = L x {1, 4, 16}) protocols: 30
           runs. The report tabulates and plots the extrapolation gap (4x and 16x minus 1x)
           against parameters.
+  modern  designs of recent models beside RoPE, ALiBi and NoPE (docs/encodings.md): the
+          encodings rope, alibi, none, p_rope (p-RoPE) and fox (forgetting attention), each
+          plain, as gpt-oss (sliding-window layers of W = L / 4 alternating with global ones,
+          every layer with attention sinks) and with SSMax; evaluation rows for YaRN, ALiBi
+          with position interpolation and the training-free temperatures logn and llama4
+          (floor scale L). quick's model and training, 1 seed: 15 runs. The designs are
+          swept as ``sweep.model_sizes`` (rows' ``model_size``: plain, gpt_oss, ssmax).
   wikitext103_bytes
           a byte-level study on WikiText-103 raw for one accelerator (L = 512 bytes, 25M
           parameters, to 16k bytes). Not the ALiBi paper's setting (a word-level 247M model at
@@ -51,6 +58,7 @@ import dataclasses
 
 import ml_collections
 
+from flaxformer_lite.nn import schedules
 from flaxformer_lite.nn.model_config import ModelConfig, options_template
 from flaxformer_lite.train.sizing import size_to_training_length
 
@@ -73,6 +81,25 @@ SCALING_SIZES = (
     dict(name="d64l4", d_model=64, num_heads=4, d_ff=256, num_decoder_layers=4),
     dict(name="d128l4", d_model=128, num_heads=4, d_ff=512, num_decoder_layers=4),
 )
+
+
+# The `modern` preset: the encodings (RoPE, ALiBi, NoPE, p-RoPE, FoX) ...
+MODERN_ENCODINGS = ("rope", "alibi", "none", "p_rope", "fox")
+
+
+def modern_designs(train_length: int) -> tuple[dict, ...]:
+    """... each plain, as gpt-oss (sliding-window layers of W = L / 4, shorter than L,
+    alternating with global layers, all with attention sinks: a pattern of 2 for quick's 4
+    layers) and with SSMax (s log n, s learned per head): ``sweep.model_sizes`` entries."""
+    return (
+        dict(name="plain", attention_sinks=False),
+        dict(
+            name="gpt_oss",
+            attention_sinks=True,
+            layer_pattern=schedules.gpt_oss(window=max(1, train_length // 4)),
+        ),
+        dict(name="ssmax", attention_temperature="ssmax"),
+    )
 
 
 def _model(**overrides) -> ml_collections.ConfigDict:
@@ -149,6 +176,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             split="validation",  # or "test"
             num_examples=256,  # task studies only
             rope_scalings=(),  # extra rows for rope: "pi", "ntk", "dynamic_ntk", "yarn"
+            temperatures=(),  # extra rows with a query temperature: "logn", "llama4"
             local_window=0,  # > 0: also rows with windowed causal attention of this many keys
             paired_reference="alibi",  # the report's paired differences: each encoding vs this
             paired_all=False,  # ... or every pair of encodings
@@ -271,6 +299,20 @@ def _scaling(c: ml_collections.ConfigDict) -> None:
     )
 
 
+def _modern(c: ml_collections.ConfigDict) -> None:
+    # Recent designs at quick's size (4 layers, L = 64, evaluation to 16 L); docs/encodings.md.
+    _quick(c)
+    length = c.data.train_length
+    c.sweep.encodings = MODERN_ENCODINGS
+    c.sweep.model_sizes = modern_designs(length)
+    c.eval.rope_scalings = ("yarn", "alibi_pi")  # rope+yarn, p_rope+yarn, alibi+pi rows
+    c.eval.temperatures = ("logn", "llama4")  # training-free rows (not for SSMax's cells)
+    # L of ALiBi's interpolation, and Llama 4's floor scale at L (its 8192 would leave every
+    # evaluation length here untouched); set for this L (an override of L should set them)
+    c.model.positional_options.alibi.pi_train_length = length
+    c.model.temperature_floor_scale = float(length)
+
+
 PRESETS = {
     "tiny": _tiny,
     "quick": _quick,
@@ -281,4 +323,5 @@ PRESETS = {
     "wikitext103_bytes": _wikitext103_bytes,
     "lr": _lr,
     "scaling": _scaling,
+    "modern": _modern,
 }

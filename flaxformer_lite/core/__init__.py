@@ -11,6 +11,8 @@ Layout of q, k, v: ``[batch, length, heads, head_dim]``; positions: explicit int
 * the positional formulas, one module per hook point (DESIGN.md §3): `absolute` (added to the
   embeddings), `rotary` (rotating queries and keys) and `attention_bias` (added to
   the logits);
+* `forgetting`: forgetting attention's gates and prefix sums (FoX), a data-dependent bias;
+* `temperature`: length-dependent query factors (Qwen's logn, SSMax, Llama 4);
 * `kv_cache`: key-value caches as plain pytrees for autoregressive decoding;
 * `mixed_precision`: dense products in bfloat16 with float32 accumulation.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 Array = jax.Array
 # A function of (q_positions [b, q_len], k_positions [b, kv_len]) returning a float32 logit
@@ -33,3 +34,44 @@ def check_broadcastable(name: str, shape: Sequence[int], target: Sequence[int]) 
             f"{name} has shape {tuple(shape)}, which does not broadcast to [batch, heads, "
             f"q_len, kv_len] = {tuple(target)} (missing leading axes count as size 1)"
         )
+
+
+def check_sinks(sinks: Array | None, heads: int) -> Array | None:
+    """Attention-sink logits as float32 ``[heads]`` (or None): one learned logit per query head
+    (gpt-oss, `attention.dot_product_attention`'s ``sinks``)."""
+    if sinks is None:
+        return None
+    shape = tuple(jnp.shape(sinks))
+    if shape != (heads,) or not jnp.issubdtype(jnp.result_type(sinks), jnp.floating):
+        raise ValueError(
+            f"sinks={jnp.result_type(sinks)}{list(shape)}: must be a float array of shape "
+            f"[heads] = [{heads}] (one sink logit per query head)"
+        )
+    return jnp.asarray(sinks, jnp.float32)
+
+
+def check_forget_prefix(
+    forget_prefix: tuple[Array, Array] | None, q_shape: Sequence[int], kv_len: int
+) -> tuple[Array, Array] | None:
+    """FoX prefix sums ``(c_q [batch, q_len, heads], c_k [batch, kv_len, heads])`` as float32
+    (or None), for queries of shape ``q_shape = [batch, q_len, heads, head_dim]``; the batch
+    axis may be 1 (shared)."""
+    if forget_prefix is None:
+        return None
+    if not isinstance(forget_prefix, tuple | list) or len(forget_prefix) != 2:
+        raise ValueError(
+            f"forget_prefix={forget_prefix!r}: must be a pair (c_q [batch, q_len, heads], "
+            "c_k [batch, kv_len, heads]) of prefix sums of log forget gates"
+        )
+    batch, q_len, heads = q_shape[0], q_shape[1], q_shape[2]
+    out = []
+    for name, c, length in (("c_q", forget_prefix[0], q_len), ("c_k", forget_prefix[1], kv_len)):
+        shape = tuple(jnp.shape(c))
+        ok = len(shape) == 3 and shape[0] in (1, batch) and shape[1:] == (length, heads)
+        if not ok or not jnp.issubdtype(jnp.result_type(c), jnp.floating):
+            raise ValueError(
+                f"forget_prefix {name}={jnp.result_type(c)}{list(shape)}: must be a float "
+                f"array [batch or 1, {length}, heads={heads}]"
+            )
+        out.append(jnp.asarray(c, jnp.float32))
+    return out[0], out[1]

@@ -30,6 +30,19 @@ implementation then does ``O(length * W)`` work instead of ``O(length^2)``. They
 ``i`` to keys ``j <= i`` of its own block of C positions, ``floor(j / C) == floor(i / C)``
 (`chunk_mask`): the block-local ("chunked") attention of Llama 4's RoPE layers (HF
 transformers ``attention_chunk_size``); the chunked implementation skips the other blocks.
+
+Three further options change the softmax row itself; every implementation honours them:
+
+* ``sinks`` (gpt-oss; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", arXiv 2508.10925):
+  a learned logit ``s_h`` per head joins every row of head ``h`` as one extra softmax column,
+  dropped after the softmax: ``p_ij = exp(l_ij) / (exp(s_h) + sum_j' exp(l_ij'))``. It
+  absorbs probability and contributes no value, so a row may put less than all of its weight
+  on the keys (a row that sees no key gives zeros, as without sinks).
+* ``keep_first`` (with a ``window``; StreamingLLM, Xiao et al. 2023, arXiv 2309.17453): query
+  ``i`` also sees the first ``keep_first`` keys, ``j < k or i - W < j <= i`` (`streaming_mask`).
+* ``forget_prefix`` (`attend` only; Forgetting Transformer, Lin et al. 2025, arXiv
+  2503.02130): ``(c_q, c_k)``, prefix sums of log forget gates; logit ``(i, j)`` gets
+  ``c_q[i] - c_k[j]`` (`flaxformer_lite.core.forgetting`), built per block by "chunked".
 """
 
 from __future__ import annotations
@@ -42,9 +55,16 @@ import jax.numpy as jnp
 
 from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core import chunked_attention as _chunked
-from flaxformer_lite.core import mixed_precision
-from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
-from flaxformer_lite.core.chunked_attention import check_chunk, check_window
+from flaxformer_lite.core import forgetting, mixed_precision
+from flaxformer_lite.core.arrays import (
+    MASKED_LOGIT,
+    BiasFn,
+    as_rank4,
+    check_broadcastable,
+    check_forget_prefix,
+    check_sinks,
+)
+from flaxformer_lite.core.chunked_attention import check_chunk, check_keep_first, check_window
 from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
@@ -76,6 +96,9 @@ _FUSED_HAS_WINDOW = (
 _WINDOW_REASON = (
     "this JAX's jax.nn.dot_product_attention has no local_window_size argument (needed for "
     "a sliding window)"
+)
+_SOFTMAX_REASON = (
+    "the fused kernel has no attention-sink column, StreamingLLM mask or forget-gate bias"
 )
 
 
@@ -121,6 +144,23 @@ def window_mask(q_len: int, kv_len: int, window: int) -> Array:
     return causal & (jnp.arange(kv_len)[None, :] > jnp.arange(q_len)[:, None] - window)
 
 
+def streaming_mask(q_len: int, kv_len: int, *, window: int, keep_first: int) -> Array:
+    """Boolean ``[q_len, kv_len]`` StreamingLLM mask: True where ``j <= i`` and (``j < k`` or
+    ``i - W < j``), ``k = keep_first``, ``W = window``.
+
+    Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks" (arXiv
+    2309.17453): a model evaluated with a sliding window keeps the keys of the first ``k``
+    tokens (4 in the paper), which absorb the attention mass a window would otherwise
+    redistribute. Top-left aligned like `causal_mask`; by index, keys keep their true
+    positions (the paper's re-numbering of positions inside its rolling cache is not part
+    of the mask).
+    """
+    window = check_positive_int("window", window)
+    keep_first = check_keep_first(keep_first, window)
+    first = jnp.arange(kv_len)[None, :] < keep_first
+    return window_mask(q_len, kv_len, window) | (causal_mask(q_len, kv_len) & first)
+
+
 def chunk_mask(q_len: int, kv_len: int, chunk: int) -> Array:
     """Boolean ``[q_len, kv_len]`` block-local causal mask: True where ``j <= i`` and
     ``floor(j / C) == floor(i / C)``.
@@ -135,11 +175,19 @@ def chunk_mask(q_len: int, kv_len: int, chunk: int) -> Array:
 
 
 def causal_span_mask(
-    q_len: int, kv_len: int, *, window: int | None = None, chunk: int | None = None
+    q_len: int,
+    kv_len: int,
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
+    keep_first: int | None = None,
 ) -> Array:
-    """`causal_mask`, `window_mask` (``window``) or `chunk_mask` (``chunk``): what causal
-    self-attention with that span sees, ``[q_len, kv_len]`` bool."""
+    """`causal_mask`, `window_mask` (``window``; `streaming_mask` with ``keep_first`` too) or
+    `chunk_mask` (``chunk``): what causal self-attention with that span sees, ``[q_len,
+    kv_len]`` bool."""
     if window is not None:
+        if keep_first is not None:
+            return streaming_mask(q_len, kv_len, window=window, keep_first=keep_first)
         return window_mask(q_len, kv_len, window)
     if chunk is not None:
         return chunk_mask(q_len, kv_len, chunk)
@@ -185,18 +233,20 @@ def attention_logits(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    keep_first: int | None = None,
     chunk: int | None = None,
 ) -> tuple[Array, Array | None]:
     """Masked float32 logits ``[batch, heads, q_len, kv_len]`` and the combined boolean mask.
 
     Masked entries hold a large negative finite number. The mask returned is the
     broadcastable combination of ``mask`` and ``causal`` (`window_mask` or `chunk_mask`
-    instead of `causal_mask` when a ``window`` or ``chunk`` is given; None if neither
-    ``mask`` nor ``causal`` is given).
+    instead of `causal_mask` when a ``window`` or ``chunk`` is given, `streaming_mask` with a
+    window and ``keep_first``; None if neither ``mask`` nor ``causal`` is given).
     """
     _check_qk(q, k)
     k_BSNH = repeat_kv(k, q.shape[2])
     window = check_window(window, causal)
+    keep_first = check_keep_first(keep_first, window)
     chunk = check_chunk(chunk, causal, window)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else scale
@@ -207,7 +257,14 @@ def attention_logits(
         check_broadcastable("bias", bias_BNTS.shape, logits_BNTS.shape)
         logits_BNTS = logits_BNTS + bias_BNTS
     combined_BNTS = _combine_masks(
-        mask, causal, window, q.shape[1], k_BSNH.shape[1], logits_BNTS.shape, chunk=chunk
+        mask,
+        causal,
+        window,
+        q.shape[1],
+        k_BSNH.shape[1],
+        logits_BNTS.shape,
+        chunk=chunk,
+        keep_first=keep_first,
     )
     if combined_BNTS is not None:
         logits_BNTS = jnp.where(combined_BNTS, logits_BNTS, jnp.float32(MASKED_LOGIT))
@@ -224,23 +281,47 @@ def attention_weights(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    sinks: Array | None = None,
+    keep_first: int | None = None,
     chunk: int | None = None,
 ) -> Array:
     """Attention probabilities ``[batch, heads, q_len, kv_len]`` in float32.
 
     Same arguments as `dot_product_attention` (``v`` is accepted and ignored so the two
-    calls can share an argument list). Fully masked rows are all zeros.
+    calls can share an argument list). Fully masked rows are all zeros. With ``sinks`` a
+    row sums to ``1 - p_sink`` (the sink column is dropped).
     """
     del v
+    sinks_N = check_sinks(sinks, q.shape[2])
     logits_BNTS, combined_BNTS = attention_logits(
-        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale, chunk=chunk
+        q,
+        k,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        window=window,
+        scale=scale,
+        chunk=chunk,
+        keep_first=keep_first,
     )
     zero_masked = mask is not None or window is not None or chunk is not None
-    return _softmax(logits_BNTS, combined_BNTS, zero_masked=zero_masked)
+    return _softmax(logits_BNTS, combined_BNTS, zero_masked=zero_masked, sinks_N=sinks_N)
 
 
-def _softmax(logits_BNTS: Array, combined_BNTS: Array | None, *, zero_masked: bool) -> Array:
-    weights_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
+def _softmax(
+    logits_BNTS: Array,
+    combined_BNTS: Array | None,
+    *,
+    zero_masked: bool,
+    sinks_N: Array | None = None,
+) -> Array:
+    if sinks_N is None:
+        weights_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
+    else:
+        # gpt-oss: the sink is one more column of the row's softmax, dropped afterwards
+        sink_BNT1 = jnp.broadcast_to(sinks_N[None, :, None, None], (*logits_BNTS.shape[:3], 1))
+        full_BNTS = jax.nn.softmax(jnp.concatenate([logits_BNTS, sink_BNT1], axis=-1), axis=-1)
+        weights_BNTS = full_BNTS[..., :-1]
     if zero_masked:
         # Zero out masked entries; for an all-masked row the softmax was uniform over
         # identical sentinel logits, so this also turns that row into zeros. A causal mask
@@ -272,6 +353,8 @@ def dot_product_attention(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    sinks: Array | None = None,
+    keep_first: int | None = None,
     chunk: int | None = None,
 ) -> Array:
     """``softmax(q k^T * scale + bias) v`` for ``[batch, length, heads, head_dim]`` inputs.
@@ -290,6 +373,10 @@ def dot_product_attention(
         `causal_mask`). Longformer / Mistral-style local attention; the blockwise-causal
         attention xPos is evaluated with (Sun et al. 2022).
       scale: logit scale; defaults to ``1/sqrt(head_dim)`` (Vaswani et al. 2017, §3.2.1).
+      sinks: optional float ``[heads]``, one sink logit per query head (gpt-oss): an extra
+        softmax column ``s_h`` (not scaled, no value), dropped after the softmax.
+      keep_first: optional positive int k, only with a ``window``: query i also sees keys
+        ``j < k`` (StreamingLLM, `streaming_mask`).
       chunk: optional positive int C, only with ``causal=True`` and no window: block-local
         causal attention, query i sees keys ``j <= i`` with ``j // C == i // C``
         (`chunk_mask`; Llama 4's chunked attention).
@@ -299,7 +386,16 @@ def dot_product_attention(
     """
     _check_v(v, k)
     weights_BNTS = attention_weights(
-        q, k, mask=mask, bias=bias, causal=causal, window=window, scale=scale, chunk=chunk
+        q,
+        k,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        window=window,
+        scale=scale,
+        sinks=sinks,
+        keep_first=keep_first,
+        chunk=chunk,
     )
     return _weighted_values(weights_BNTS, repeat_kv(v, q.shape[2]))
 
@@ -330,6 +426,8 @@ def _blocked_causal_attention(
     mask: Array | None,
     scale: float | None,
     blocks: int,
+    sinks_N: Array | None = None,
+    forget_prefix: tuple[Array, Array] | None = None,
 ) -> Array:
     """Causal self-attention (``q_len == kv_len``) as ``blocks`` query blocks, each against the
     keys up to its last query (`causal_query_blocks`); the rest as `dot_product_attention`."""
@@ -347,12 +445,18 @@ def _blocked_causal_attention(
             mask_BNtS = mask_BNtS[..., :hi] if mask_BNTS.shape[3] > 1 else mask_BNtS
             block_mask_BNtS = jnp.logical_and(mask_BNtS, block_mask_BNtS)
         bias_BNtS = None if bias_fn is None else bias_fn(q_positions[:, lo:hi], k_positions[:, :hi])
+        if forget_prefix is not None:
+            c_q_BTN, c_k_BSN = forget_prefix
+            fox_BNtS = forgetting.forgetting_bias(c_q_BTN[:, lo:hi], c_k_BSN[:, :hi])
+            bias_BNtS = fox_BNtS if bias_BNtS is None else bias_BNtS + fox_BNtS
         logits_BNtS, combined_BNtS = attention_logits(
             q[:, lo:hi], k_BSNH[:, :hi], mask=block_mask_BNtS, bias=bias_BNtS, scale=scale
         )
         # as in `attention_weights`: the causal part never hides a whole row (query lo + r
         # sees key 0), so only a caller's mask needs the zeroing pass
-        weights_BNtS = _softmax(logits_BNtS, combined_BNtS, zero_masked=mask_BNTS is not None)
+        weights_BNtS = _softmax(
+            logits_BNtS, combined_BNtS, zero_masked=mask_BNTS is not None, sinks_N=sinks_N
+        )
         outs_BtNH.append(_weighted_values(weights_BNtS, v_BSNH[:, :hi]))
     return jnp.concatenate(outs_BtNH, axis=1)
 
@@ -371,6 +475,9 @@ def attend(
     scale: float | None = None,
     implementation: str = "xla",
     chunked_threshold: int = DEFAULT_CHUNKED_THRESHOLD,
+    sinks: Array | None = None,
+    keep_first: int | None = None,
+    forget_prefix: tuple[Array, Array] | None = None,
     chunk: int | None = None,
 ) -> Array:
     """The one attention entry point the layers call; positions make the bias a function.
@@ -401,6 +508,12 @@ def attend(
         "auto" takes the fused kernel where it can run, else "chunked" above
         ``chunked_threshold`` keys, else "xla", logging the reason once.
       chunked_threshold: the key count above which "auto" chunks (`choose_implementation`).
+      sinks, keep_first: as in `dot_product_attention` (gpt-oss sinks; StreamingLLM's first
+        keys with a window); "chunked" seeds its running max and denominator with the sink.
+      forget_prefix: optional ``(c_q [batch or 1, q_len, heads], c_k [batch or 1, kv_len,
+        heads])``, float prefix sums of log forget gates (`forgetting.forget_prefix`): logit
+        ``(i, j)`` gets ``c_q[i] - c_k[j]`` (FoX, Lin et al. 2025). "chunked" builds it per
+        block, never as ``[q_len, kv_len]``. Neither the fused kernel's.
 
     All implementations agree to float32 tolerance; masked-out rows are zeros in each.
 
@@ -416,8 +529,12 @@ def attend(
             f"implementation={implementation!r} is not known; allowed: {list(IMPLEMENTATIONS)}"
         )
     window = check_window(window, causal)
+    keep_first = check_keep_first(keep_first, window)
     chunk = check_chunk(chunk, causal, window)
     _check_qk(q, k)
+    sinks_N = check_sinks(sinks, q.shape[2])
+    forget_prefix = check_forget_prefix(forget_prefix, q.shape, k.shape[1])
+    softmax_extras = sinks_N is not None or keep_first is not None or forget_prefix is not None
     batch = q.shape[0]
     q_positions = as_batched_positions(
         q_positions, name="q_positions", length=q.shape[1], batch=batch
@@ -429,7 +546,13 @@ def attend(
         masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
         masking["chunk"] = chunk
         out_BTNH, reason = _try_fused(
-            implementation, q, k, v, has_bias=bias_fn is not None, **masking
+            implementation,
+            q,
+            k,
+            v,
+            has_bias=bias_fn is not None,
+            softmax_extras=softmax_extras,
+            **masking,
         )
         if out_BTNH is not None:
             return out_BTNH
@@ -456,6 +579,9 @@ def attend(
             causal=causal,
             window=window,
             scale=scale,
+            sinks=sinks_N,
+            keep_first=keep_first,
+            forget_prefix=forget_prefix,
             chunk=chunk,
         )
 
@@ -474,8 +600,13 @@ def attend(
                     mask=mask,
                     scale=scale,
                     blocks=blocks,
+                    sinks_N=sinks_N,
+                    forget_prefix=forget_prefix,
                 )
         bias_BNTS = None if bias_fn is None else bias_fn(q_positions, k_positions)
+        if forget_prefix is not None:
+            fox_BNTS = forgetting.forgetting_bias(*forget_prefix)
+            bias_BNTS = fox_BNTS if bias_BNTS is None else bias_BNTS + fox_BNTS
         return dot_product_attention(
             q,
             k,
@@ -485,6 +616,8 @@ def attend(
             causal=causal,
             window=window,
             scale=scale,
+            sinks=sinks_N,
+            keep_first=keep_first,
             chunk=chunk,
         )
 
@@ -524,7 +657,12 @@ def choose_implementation(
 
 
 def _fused_unavailable_reason(
-    backend: str, dtypes: tuple[jnp.dtype, ...], *, has_bias: bool, has_window: bool = False
+    backend: str,
+    dtypes: tuple[jnp.dtype, ...],
+    *,
+    has_bias: bool,
+    has_window: bool = False,
+    softmax_extras: bool = False,
 ) -> str | None:
     """Why `jax.nn.dot_product_attention(implementation="cudnn")` cannot run, or None."""
     if backend not in ("gpu", "cuda"):
@@ -534,13 +672,22 @@ def _fused_unavailable_reason(
         return f"the fused kernel needs float16 or bfloat16 q, k, v of one dtype; got {names}"
     if has_bias:
         return _BIAS_REASON
+    if softmax_extras:
+        return _SOFTMAX_REASON
     if has_window and not _FUSED_HAS_WINDOW:
         return _WINDOW_REASON
     return None
 
 
 def _try_fused(
-    implementation: str, q: Array, k: Array, v: Array, *, has_bias: bool, **kwargs
+    implementation: str,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    has_bias: bool,
+    softmax_extras: bool = False,
+    **kwargs,
 ) -> tuple[Array | None, str | None]:
     """`_fused_attention` for "cudnn" / "auto": ``(output, None)``, or ``(None, reason)``.
 
@@ -553,6 +700,7 @@ def _try_fused(
         (q.dtype, k.dtype, v.dtype),
         has_bias=has_bias,
         has_window=kwargs["window"] is not None,
+        softmax_extras=softmax_extras,
     )
     if reason is None:
         try:
@@ -659,12 +807,15 @@ def _combine_masks(
     shape: tuple[int, ...],
     *,
     chunk: int | None = None,
+    keep_first: int | None = None,
 ) -> Array | None:
     combined = None
     if mask is not None:
         combined = _check_mask(mask, shape)
     if causal:
-        tri = causal_span_mask(q_len, kv_len, window=window, chunk=chunk)[None, None, :, :]
+        tri = causal_span_mask(q_len, kv_len, window=window, chunk=chunk, keep_first=keep_first)[
+            None, None, :, :
+        ]
         combined = tri if combined is None else jnp.logical_and(combined, tri)
     return combined
 

@@ -98,6 +98,22 @@ def alibi_bias(
     return -slopes_N[None, :, None, None] * rel_BTS[:, None, :, :]
 
 
+def alibi_interpolated_slopes(slopes: Array, *, train_length: int, eval_length: int) -> Array:
+    """ALiBi slopes under position interpolation, float32 ``[heads]``: ``m_h * L / L'``.
+
+    Al-Khateeb et al. 2023, "Position Interpolation Improves ALiBi Extrapolation" (arXiv
+    2310.13017): evaluating at ``L' > L`` tokens, scale every slope by ``L / L'`` so that the
+    largest penalty, ``m_h (L' - 1) * L / L'``, stays that of the training length (PI for
+    ALiBi: positions times ``L / L'``). ``L' <= L`` keeps the slopes. No training needed.
+    """
+    train_length = check_positive_int("train_length", train_length)
+    eval_length = check_positive_int("eval_length", eval_length)
+    slopes_N = jnp.asarray(slopes, dtype=jnp.float32)
+    if slopes_N.ndim != 1:
+        raise ValueError(f"slopes must be [heads]; got shape {slopes_N.shape}")
+    return slopes_N * jnp.float32(min(1.0, train_length / eval_length))
+
+
 # --------------------------------------------------------------- T5 relative-position buckets
 
 

@@ -36,6 +36,17 @@ key blocks inside -- is FlashAttention-2's, Dao 2023, arXiv 2307.08691.)
   ``O(length)`` too. Parameters a ``bias_fn`` closes over (a learned T5 / FIRE bias) get
   their gradients: they are hoisted with `jax.closure_convert` and differentiated per block.
 
+* Attention sinks (gpt-oss: a learned logit ``s_h`` per head, one more softmax column that
+  carries no value) seed the online softmax: ``m = s_h``, ``l = 1``, ``acc = 0`` before the
+  first key block. The saved log-sum-exp then includes the sink, so the backward pass needs
+  no change for q, k, v; the sink's own gradient is ``-sum_i p_sink(i) * D_i`` with
+  ``p_sink(i) = exp(s_h - lse_i)`` and ``D_i = rowsum(dO_i * O_i)``.
+* StreamingLLM's mask (``keep_first`` k with a window W: keys ``j < k`` or ``i - W < j <=
+  i``) visits the key blocks holding the first k keys as well as the window's.
+* FoX's forget-gate bias ``c_q[i] - c_k[j]`` (``forget_prefix``, prefix sums of log forget
+  gates; Lin et al. 2025, arXiv 2503.02130) is added per block from the two slices of the
+  prefix sums; its gradients are the row and (negated) column sums of ``dS``.
+
 Logits, running max and sum are float32 whatever the input dtype; the output has ``v.dtype``.
 A query row with no visible key gives zeros, never NaN.
 """
@@ -51,7 +62,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from flaxformer_lite.base.checks import check_positive_int
-from flaxformer_lite.core.arrays import MASKED_LOGIT, BiasFn, as_rank4, check_broadcastable
+from flaxformer_lite.core.arrays import (
+    MASKED_LOGIT,
+    BiasFn,
+    as_rank4,
+    check_broadcastable,
+    check_forget_prefix,
+    check_sinks,
+)
 from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
@@ -75,6 +93,9 @@ def chunked_attention(
     scale: float | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    sinks: Array | None = None,
+    keep_first: int | None = None,
+    forget_prefix: tuple[Array, Array] | None = None,
     chunk: int | None = None,
 ) -> Array:
     """Blockwise ``softmax(q k^T * scale + bias_fn(q_pos, k_pos)) v`` in ``O(length)`` memory.
@@ -102,12 +123,22 @@ def chunked_attention(
         other chunks are never visited: ``O(q_len * C)`` work.
       block_q, block_k: block sizes, clipped to the lengths. Lengths that are not a multiple
         are padded, and the padding is masked.
+      sinks: optional float ``[heads]`` sink logits (gpt-oss): an extra softmax column per
+        row, no value; seeds the running max and denominator. Differentiable.
+      keep_first: optional positive int k, only with a ``window``: query ``i`` also sees keys
+        ``j < k`` (StreamingLLM, arXiv 2309.17453); their key blocks are visited too.
+      forget_prefix: optional ``(c_q [batch or 1, q_len, heads], c_k [batch or 1, kv_len,
+        heads])`` float prefix sums of log forget gates: logit ``(i, j)`` gets ``c_q[i] -
+        c_k[j]`` (FoX), built per block. Differentiable.
 
     Returns:
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``; rows with no visible key are zeros.
     """
     q_positions, k_positions = _check_inputs(q, k, v, q_positions, k_positions, mask)
     window = check_window(window, causal)
+    keep_first = check_keep_first(keep_first, window)
+    sinks_N = check_sinks(sinks, q.shape[2])
+    forget_prefix = check_forget_prefix(forget_prefix, q.shape, k.shape[1])
     chunk = check_chunk(chunk, causal, window)
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
@@ -129,6 +160,7 @@ def chunked_attention(
         mask_q=mask_BNTS is not None and mask_BNTS.shape[2] > 1,
         mask_k=mask_BNTS is not None and mask_BNTS.shape[3] > 1,
         window=window or 0,
+        keep_first=keep_first or 0,
         chunk=chunk or 0,
     )
     q_pad, k_pad = cfg.nq * cfg.q_block_len, cfg.nk * cfg.k_block_len  # padded lengths
@@ -145,8 +177,15 @@ def chunked_attention(
     converted, consts = _convert_bias_fn(
         bias_fn, qpos_BT[:, : cfg.q_block_len], kpos_BS[:, : cfg.k_block_len], batch, heads
     )
+    fox = None
+    if forget_prefix is not None:  # [b or 1, L, h] -> [b, h, L_padded] (batch for its gradient)
+        fox = tuple(
+            _pad_axis(jnp.swapaxes(jnp.broadcast_to(c, (batch, *c.shape[1:])), 1, 2), 2, n, 0.0)
+            for c, n in zip(forget_prefix, (q_pad, k_pad), strict=True)
+        )
+    extras = (sinks_N, fox)
     out_BNTH = _attention(
-        cfg, converted, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask_BNTS, consts
+        cfg, converted, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask_BNTS, consts, extras
     )
     return jnp.swapaxes(out_BNTH[:, :, :q_len], 1, 2)
 
@@ -159,6 +198,7 @@ def kv_blocks_visited(
     window: int | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    keep_first: int | None = None,
     chunk: int | None = None,
 ) -> list[int]:
     """Number of key blocks the forward pass visits for each query block (for docs/tests).
@@ -170,13 +210,27 @@ def kv_blocks_visited(
     ``(bq + W - 3) // bk + 2`` key blocks whatever the length, so the total is
     ``O(q_len * W / bk)`` (at ``bq = bk = W = 512``: 2 per query block, 1 for the first).
     With a ``chunk`` C the blocks before the one holding ``floor(i * bq / C) * C`` (the
-    first key of the first query's chunk) are skipped.
+    first key of the first query's chunk) are skipped. With ``keep_first`` k (StreamingLLM)
+    the blocks before the window that hold keys ``j < k`` are visited too (`_first_blocks`).
     """
     window = check_window(window, causal)
+    keep_first = check_keep_first(keep_first, window)
     chunk = check_chunk(chunk, causal, window)
     blocking = _blocking(q_len, kv_len, block_q, block_k)
-    cfg = _Config(q_len, kv_len, *blocking, causal, 1.0, window=window or 0, chunk=chunk or 0)
-    return [max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) for i in range(cfg.nq)]
+    cfg = _Config(
+        q_len,
+        kv_len,
+        *blocking,
+        causal,
+        1.0,
+        window=window or 0,
+        keep_first=keep_first or 0,
+        chunk=chunk or 0,
+    )
+    return [
+        max(0, int(_kv_end(cfg, i)) - int(_kv_start(cfg, i))) + int(_first_blocks(cfg, i))
+        for i in range(cfg.nq)
+    ]
 
 
 def _blocking(q_len: int, kv_len: int, block_q: int, block_k: int) -> tuple[int, int, int, int]:
@@ -201,6 +255,25 @@ def check_window(window, causal: bool) -> int | None:
             "i - window < j <= i)"
         )
     return window
+
+
+def check_keep_first(keep_first, window: int | None) -> int | None:
+    """``keep_first`` as an int (or None): a positive int, and only together with a ``window``.
+
+    StreamingLLM's evaluation mask (Xiao et al. 2023, "Efficient Streaming Language Models
+    with Attention Sinks", arXiv 2309.17453): with window W and ``keep_first`` k, query ``i``
+    attends to key ``j`` iff ``j <= i`` and (``j < k`` or ``i - W < j``) -- the first k
+    tokens (the "attention sinks") plus a recent window.
+    """
+    if keep_first is None:
+        return None
+    keep_first = check_positive_int("keep_first", keep_first)
+    if window is None:
+        raise ValueError(
+            f"keep_first={keep_first}: keeping the first keys needs a sliding window (query i "
+            "sees keys j < keep_first or i - window < j <= i); without one it sees them all"
+        )
+    return keep_first
 
 
 def check_chunk(chunk, causal: bool, window: int | None = None) -> int | None:
@@ -243,6 +316,7 @@ class _Config(NamedTuple):
     mask_q: bool = False  # the mask varies along queries / keys (else broadcast, size 1)
     mask_k: bool = False
     window: int = 0  # sliding window W (causal only): query i sees keys i - W < j <= i; 0 = none
+    keep_first: int = 0  # StreamingLLM (with a window): keys j < keep_first are seen too
     chunk: int = 0  # block-local C (causal only): query i sees j <= i with j // C == i // C
 
     @property
@@ -250,9 +324,22 @@ class _Config(NamedTuple):
         return self.nk * self.k_block_len != self.kv_len
 
     @property
+    def nk_first(self) -> int:
+        """Key blocks holding the first ``keep_first`` keys (0 without StreamingLLM's mask)."""
+        return min(self.nk, -(-self.keep_first // self.k_block_len))
+
+    @property
     def local(self) -> bool:
         """A window or a chunk: some key blocks below the diagonal are skipped or masked."""
         return bool(self.window or self.chunk)
+
+
+def _first_blocks(cfg: _Config, i):
+    """StreamingLLM: key blocks ``[0, n)`` before the window's first block (`_kv_start`)
+    that query block ``i`` visits for its first ``keep_first`` keys (0 without them)."""
+    if not cfg.keep_first:
+        return 0
+    return jnp.minimum(cfg.nk_first, _kv_start(cfg, i))
 
 
 def _lowest_key(cfg: _Config, i):
@@ -357,12 +444,19 @@ def _split(start, lo, hi, end):
     return a, b
 
 
-def _logits(cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask):
-    """Float32 block logits ``[b, h, bq, bk]`` and the bool validity mask (or None)."""
+def _logits(
+    cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask, fox=None
+):
+    """Float32 block logits ``[b, h, bq, bk]`` and the bool validity mask (or None).
+
+    ``fox``: the block's FoX prefix sums ``(c_q [b, h, bq], c_k [b, h, bk])`` or None."""
     logits_BNts = jnp.einsum("BNtH,BNsH->BNts", q_BNtH, k_BNsH, preferred_element_type=_F32)
     logits_BNts = logits_BNts * _F32(cfg.scale)
     if bias_fn is not None:
         logits_BNts = logits_BNts + bias_fn(qpos_Bt, kpos_Bs, *consts).astype(_F32)
+    if fox is not None:
+        c_q_BNt, c_k_BNs = fox
+        logits_BNts = logits_BNts + (c_q_BNt[..., :, None] - c_k_BNs[..., None, :])
     valid_BNts = None
     if mask is not None:
         valid_BNts = mask
@@ -385,7 +479,10 @@ def _logits(cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, 
             )
             idx_valid_ts = k_idx_s <= q_idx_t
             if cfg.window:
-                idx_valid_ts = idx_valid_ts & (k_idx_s > q_idx_t - cfg.window)
+                recent_ts = k_idx_s > q_idx_t - cfg.window
+                if cfg.keep_first:  # StreamingLLM: the first keys stay visible
+                    recent_ts = recent_ts | (k_idx_s < cfg.keep_first)
+                idx_valid_ts = idx_valid_ts & recent_ts
             if cfg.chunk:
                 idx_valid_ts = idx_valid_ts & (k_idx_s // cfg.chunk == q_idx_t // cfg.chunk)
         if cfg.kv_padded:
@@ -404,8 +501,8 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
     Updates the running row maximum ``m``, normaliser ``denom`` and unnormalised output
     ``acc`` (float32, ``[b, h, bq(, d)]``) with key block ``j``'s scores.
     """
-    k_BNSH, v_BNSH, kpos_BS, mask, consts = tensors
-    q_BNtH, qpos_Bt = q_block
+    k_BNSH, v_BNSH, kpos_BS, mask, consts, c_k_BNS = tensors
+    q_BNtH, qpos_Bt, c_q_BNt = q_block
     k_block_len = cfg.k_block_len
 
     def body(j, carry):
@@ -413,8 +510,12 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
         k_BNsH = lax.dynamic_slice_in_dim(k_BNSH, j * k_block_len, k_block_len, axis=2)
         v_BNsH = lax.dynamic_slice_in_dim(v_BNSH, j * k_block_len, k_block_len, axis=2)
         kpos_Bs = lax.dynamic_slice_in_dim(kpos_BS, j * k_block_len, k_block_len, axis=1)
+        fox = None
+        if c_k_BNS is not None:
+            c_k_BNs = lax.dynamic_slice_in_dim(c_k_BNS, j * k_block_len, k_block_len, axis=2)
+            fox = (c_q_BNt, c_k_BNs)
         logits_BNts, valid_BNts = _logits(
-            cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask
+            cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask, fox
         )
         m_new_BNt = jnp.maximum(m_BNt, jnp.max(logits_BNts, axis=-1))
         correction_BNt = jnp.exp(m_BNt - m_new_BNt)
@@ -431,30 +532,42 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
     return body
 
 
-def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask, consts):
+def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, mask, consts, extras):
     """Output ``[b, h, nq*bq, d]`` (v.dtype) and float32 log-sum-exp ``[b, h, nq*bq]``.
 
     Query block ``i`` visits key blocks ``[start, end)`` (`_kv_start`, `_kv_end`): those cut
     by the window's (or chunk's) lower edge and by the diagonal with the index mask, those
-    in between (`_kv_full`) without it.
+    in between (`_kv_full`) without it; with StreamingLLM's ``keep_first`` also ``[0,
+    first)`` (`_first_blocks`), masked. ``extras = (sinks [h] or None, (c_q [b, h, nq*bq],
+    c_k [b, h, nk*bk]) or None)``: the sink seeds the running max ``m = s_h`` and
+    denominator ``l = 1``.
     """
     b, h, _, d = q_BNTH.shape
     q_block_len = cfg.q_block_len
-    tensors = (k_BNSH, v_BNSH, kpos_BS, mask, consts)
+    sinks_N, fox = extras
+    c_q_BNT, c_k_BNS = (None, None) if fox is None else fox
+    tensors = (k_BNSH, v_BNSH, kpos_BS, mask, consts, c_k_BNS)
 
     def query_block(i):
         q_block = (
             lax.dynamic_slice_in_dim(q_BNTH, i * q_block_len, q_block_len, axis=2),
             lax.dynamic_slice_in_dim(qpos_BT, i * q_block_len, q_block_len, axis=1),
+            None
+            if c_q_BNT is None
+            else lax.dynamic_slice_in_dim(c_q_BNT, i * q_block_len, q_block_len, axis=2),
         )
         masked = _forward_step(cfg, bias_fn, tensors, i, q_block, True)
         unmasked = _forward_step(cfg, bias_fn, tensors, i, q_block, False)
-        carry = (
-            jnp.full((b, h, q_block_len), MASKED_LOGIT, _F32),
-            jnp.zeros((b, h, q_block_len), _F32),
-            jnp.zeros((b, h, q_block_len, d), _F32),
-        )
+        if sinks_N is None:
+            m0_BNt = jnp.full((b, h, q_block_len), MASKED_LOGIT, _F32)
+            denom0_BNt = jnp.zeros((b, h, q_block_len), _F32)
+        else:  # the sink column: exp(s_h - m) = 1 with m = s_h, and no value
+            m0_BNt = jnp.broadcast_to(sinks_N[None, :, None], (b, h, q_block_len))
+            denom0_BNt = jnp.ones((b, h, q_block_len), _F32)
+        carry = (m0_BNt, denom0_BNt, jnp.zeros((b, h, q_block_len, d), _F32))
         start, end = _kv_start(cfg, i), _kv_end(cfg, i)
+        if cfg.keep_first:  # StreamingLLM: the first keys' blocks before the window
+            carry = lax.fori_loop(0, _first_blocks(cfg, i), masked, carry)
         lo, hi = _split(start, *_kv_full(cfg, i), end)
         if cfg.local:  # blocks cut by the window's (or chunk's) lower edge
             carry = lax.fori_loop(start, lo, masked, carry)
@@ -478,19 +591,23 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
     Accumulates dK_j, dV_j (float32) and the bias-parameter gradients, and adds this block's
     contribution to the rows of dQ.
     """
-    q_BNTH, g_BNTH, lse_BNT, delta_BNT, qpos_BT, mask, consts = tensors
-    k_BNsH, v_BNsH, kpos_Bs = kv_j
+    q_BNTH, g_BNTH, lse_BNT, delta_BNT, qpos_BT, mask, consts, c_q_BNT = tensors
+    k_BNsH, v_BNsH, kpos_Bs, c_k_BNs = kv_j
     q_block_len = cfg.q_block_len
 
     def body(i, carry):
-        dk_BNsH, dv_BNsH, dq_BNTH, dconsts = carry
+        dk_BNsH, dv_BNsH, dq_BNTH, dconsts, dfox = carry
         q_BNtH = lax.dynamic_slice_in_dim(q_BNTH, i * q_block_len, q_block_len, axis=2)
         g_BNtH = lax.dynamic_slice_in_dim(g_BNTH, i * q_block_len, q_block_len, axis=2)
         lse_BNt = lax.dynamic_slice_in_dim(lse_BNT, i * q_block_len, q_block_len, axis=2)
         delta_BNt = lax.dynamic_slice_in_dim(delta_BNT, i * q_block_len, q_block_len, axis=2)
         qpos_Bt = lax.dynamic_slice_in_dim(qpos_BT, i * q_block_len, q_block_len, axis=1)
+        fox = None
+        if c_q_BNT is not None:
+            c_q_BNt = lax.dynamic_slice_in_dim(c_q_BNT, i * q_block_len, q_block_len, axis=2)
+            fox = (c_q_BNt, c_k_BNs)
         logits_BNts, valid_BNts = _logits(
-            cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask
+            cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask, fox
         )
         p_BNts = jnp.exp(logits_BNts - lse_BNt[..., None])
         if valid_BNts is not None:
@@ -516,7 +633,17 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
             _, bias_vjp = jax.vjp(lambda *c: bias_fn(qpos_Bt, kpos_Bs, *c).astype(_F32), *consts)
             grads = bias_vjp(_sum_to(ds_BNts, jax.eval_shape(bias_fn, qpos_Bt, kpos_Bs, *consts)))
             dconsts = tuple(a + gc for a, gc in zip(dconsts, grads, strict=True))
-        return dk_BNsH, dv_BNsH, dq_BNTH, dconsts
+        if dfox is not None:  # logit (i, j) += c_q[i] - c_k[j]: row sums, minus column sums
+            dc_q_BNT, dc_k_BNs = dfox
+            dc_q_BNT = lax.dynamic_update_slice_in_dim(
+                dc_q_BNT,
+                lax.dynamic_slice_in_dim(dc_q_BNT, i * q_block_len, q_block_len, axis=2)
+                + jnp.sum(ds_BNts, axis=-1),
+                i * q_block_len,
+                axis=2,
+            )
+            dfox = (dc_q_BNT, dc_k_BNs - jnp.sum(ds_BNts, axis=-2))
+        return dk_BNsH, dv_BNsH, dq_BNTH, dconsts, dfox
 
     return body
 
@@ -531,6 +658,7 @@ def _backward(
     kpos_BS,
     mask,
     consts,
+    extras,
     out_BNTH,
     lse_BNT,
     g_BNTH,
@@ -538,25 +666,33 @@ def _backward(
     """FlashAttention-2 backward: key blocks outside, query blocks inside, dq accumulated.
 
     Key block ``j`` visits query blocks ``[start, end)`` (`_q_start`, `_q_end`), the same
-    (query block, key block) pairs as `_forward`.
+    (query block, key block) pairs as `_forward`; with StreamingLLM's ``keep_first`` a key
+    block holding one of the first keys also visits the query blocks past ``end``. Returns
+    the gradients of q, k, v, the bias parameters and ``extras`` (sinks, FoX prefix sums).
     """
     k_block_len = cfg.k_block_len
+    sinks_N, fox = extras
+    c_q_BNT, c_k_BNS = (None, None) if fox is None else fox
     # D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's diagonal correction.
     delta_BNT = jnp.sum(g_BNTH.astype(_F32) * out_BNTH.astype(_F32), axis=-1)
     g_BNTH = g_BNTH.astype(v_BNSH.dtype)
-    tensors = (q_BNTH, g_BNTH, lse_BNT, delta_BNT, qpos_BT, mask, consts)
+    tensors = (q_BNTH, g_BNTH, lse_BNT, delta_BNT, qpos_BT, mask, consts, c_q_BNT)
 
-    def key_block(j, carry):
-        dq_BNTH, dconsts = carry
+    def key_block(carry, j):  # a lax.scan body over key blocks
+        dq_BNTH, dconsts, dc_q_BNT = carry
         kv_j = (
             lax.dynamic_slice_in_dim(k_BNSH, j * k_block_len, k_block_len, axis=2),
             lax.dynamic_slice_in_dim(v_BNSH, j * k_block_len, k_block_len, axis=2),
             lax.dynamic_slice_in_dim(kpos_BS, j * k_block_len, k_block_len, axis=1),
+            None
+            if c_k_BNS is None
+            else lax.dynamic_slice_in_dim(c_k_BNS, j * k_block_len, k_block_len, axis=2),
         )
         zeros = jnp.zeros(kv_j[0].shape, _F32)
         start, end = _q_start(cfg, j), _q_end(cfg, j)
         lo, hi = _split(start, *_q_full(cfg, j), end)
-        carry = (zeros, zeros, dq_BNTH, dconsts)
+        dfox = None if dc_q_BNT is None else (dc_q_BNT, jnp.zeros(kv_j[3].shape, _F32))
+        carry = (zeros, zeros, dq_BNTH, dconsts, dfox)
         # Query blocks on the diagonal (and, with a window or chunk, those cut by its far
         # edge) need the index mask; those in between do not; the rest are skipped.
         masked = _backward_step(cfg, bias_fn, tensors, j, kv_j, True)
@@ -565,26 +701,35 @@ def _backward(
         carry = lax.fori_loop(lo, hi, unmasked, carry)
         if cfg.local:
             carry = lax.fori_loop(hi, end, masked, carry)
-        dk_BNsH, dv_BNsH, dq_BNTH, dconsts = carry
-        return dq_BNTH, dconsts, dk_BNsH * _F32(cfg.scale), dv_BNsH
-
-    def scan_body(carry, j):
-        dq_BNTH, dconsts, dk_BNsH, dv_BNsH = key_block(j, carry)
-        return (dq_BNTH, dconsts), (dk_BNsH, dv_BNsH)
+        if cfg.keep_first:  # StreamingLLM: later queries still see this block's first keys
+            past = jnp.maximum(end, start)
+            carry = lax.fori_loop(past, jnp.where(j < cfg.nk_first, cfg.nq, past), masked, carry)
+        dk_BNsH, dv_BNsH, dq_BNTH, dconsts, dfox = carry
+        dc_q_BNT, dc_k_BNs = (None, None) if dfox is None else dfox
+        return (dq_BNTH, dconsts, dc_q_BNT), (dk_BNsH * _F32(cfg.scale), dv_BNsH, dc_k_BNs)
 
     dq0_BNTH = jnp.zeros(q_BNTH.shape, _F32)
     dconsts0 = tuple(jnp.zeros_like(c) for c in consts)
-    (dq_BNTH, dconsts), (dk_BNSH, dv_BNSH) = lax.scan(
-        scan_body, (dq0_BNTH, dconsts0), jnp.arange(cfg.nk)
+    dc_q0_BNT = None if c_q_BNT is None else jnp.zeros(c_q_BNT.shape, _F32)
+    (dq_BNTH, dconsts, dc_q_BNT), (dk_BNSH, dv_BNSH, dc_k_BNS) = lax.scan(
+        key_block, (dq0_BNTH, dconsts0, dc_q0_BNT), jnp.arange(cfg.nk)
     )
     dk_BNSH = jnp.moveaxis(dk_BNSH, 0, 2).reshape(k_BNSH.shape)
     dv_BNSH = jnp.moveaxis(dv_BNSH, 0, 2).reshape(v_BNSH.shape)
     dq_BNTH = dq_BNTH * _F32(cfg.scale)
+    dsinks_N = None
+    if sinks_N is not None:  # d l / d s_h = -sum_i p_sink(i) D_i, p_sink(i) = exp(s_h - lse_i)
+        p_sink_BNT = jnp.exp(sinks_N[None, :, None] - lse_BNT)
+        dsinks_N = -jnp.sum(p_sink_BNT * delta_BNT, axis=(0, 2))
+    dfox = None
+    if fox is not None:
+        dfox = (dc_q_BNT, jnp.moveaxis(dc_k_BNS, 0, 2).reshape(c_k_BNS.shape))
     return (
         dq_BNTH.astype(q_BNTH.dtype),
         dk_BNSH.astype(k_BNSH.dtype),
         dv_BNSH.astype(v_BNSH.dtype),
         dconsts,
+        (dsinks_N, dfox),
     )
 
 
@@ -596,29 +741,31 @@ def _sum_to(x: Array, target: jax.ShapeDtypeStruct) -> Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention_vjp(static, q, k, v, qpos, kpos, mask, consts):
+def _attention_vjp(static, q, k, v, qpos, kpos, mask, consts, extras):
     cfg, bias_fn = static
-    return _forward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts)[0]
+    return _forward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts, extras)[0]
 
 
-def _attention_fwd(static, q, k, v, qpos, kpos, mask, consts):
+def _attention_fwd(static, q, k, v, qpos, kpos, mask, consts, extras):
     cfg, bias_fn = static
-    out, lse = _forward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts)
-    return out, (q, k, v, qpos, kpos, mask, consts, out, lse)
+    out, lse = _forward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts, extras)
+    return out, (q, k, v, qpos, kpos, mask, consts, extras, out, lse)
 
 
 def _attention_bwd(static, res, g):
     cfg, bias_fn = static
-    q, k, v, qpos, kpos, mask, consts, out, lse = res
-    dq, dk, dv, dconsts = _backward(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts, out, lse, g)
-    return dq, dk, dv, None, None, None, dconsts
+    q, k, v, qpos, kpos, mask, consts, extras, out, lse = res
+    dq, dk, dv, dconsts, dextras = _backward(
+        cfg, bias_fn, q, k, v, qpos, kpos, mask, consts, extras, out, lse, g
+    )
+    return dq, dk, dv, None, None, None, dconsts, dextras
 
 
 _attention_vjp.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _attention(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts):
-    return _attention_vjp((cfg, bias_fn), q, k, v, qpos, kpos, mask, consts)
+def _attention(cfg, bias_fn, q, k, v, qpos, kpos, mask, consts, extras=(None, None)):
+    return _attention_vjp((cfg, bias_fn), q, k, v, qpos, kpos, mask, consts, extras)
 
 
 # --------------------------------------------------------------------------- checks / helpers

@@ -219,6 +219,46 @@ def rotary_dim_for(head_dim: int, fraction: float = 1.0) -> int:
     return max(2, min(nearest, head_dim - head_dim % 2))
 
 
+def p_rope_pairs(head_dim: int, fraction: float) -> int:
+    """How many pairs p-RoPE rotates: ``int(fraction * head_dim // 2)`` (Hugging Face
+    ``_compute_proportional_rope_parameters``, ``rope_angles``), the highest-frequency ones."""
+    check_positive_int("head_dim", head_dim)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise ValueError(f"fraction must be a number in [0, 1]; got {fraction!r}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be a number in [0, 1]; got {fraction!r}")
+    return int(fraction * head_dim // 2)
+
+
+def p_rope_inv_frequencies(head_dim: int, *, fraction: float, base: float = 10000.0) -> Array:
+    """p-RoPE frequencies, float32 ``[head_dim // 2]`` (Barbero et al. 2024, "Round and Round
+    We Go! What makes Rotary Positional Encodings useful?", arXiv 2410.06205, §6).
+
+    RoPE's spectrum over the whole head, ``theta_i = base^(-2i/head_dim)``, keeping the
+    highest-frequency pairs ``i < n = `p_rope_pairs` `` and setting the others to 0: those
+    pairs are not rotated (angle 0) and carry no position, so they are free to carry
+    semantic information at any distance. This is Hugging Face's ``proportional`` rope type
+    (Gemma 4, ``partial_rotary_factor``), not NeoX's partial rotary (`rotary_dim_for`), which
+    rotates fewer dims with the full spectrum respread over them. ``fraction = 1`` is RoPE;
+    ``fraction = 0`` rotates nothing (NoPE).
+    """
+    n = p_rope_pairs(head_dim, fraction)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (dimensions rotate in pairs); got {head_dim}")
+    check_positive_number("base", base)
+    pairs = np.arange(head_dim // 2)
+    theta = np.where(pairs < n, float(base) ** (-2.0 * pairs / head_dim), 0.0)
+    return jnp.asarray(theta, jnp.float32)
+
+
+def keep_highest_frequencies(inv_freq: Array, pairs: int) -> Array:
+    """``inv_freq`` (``[P]`` or ``[batch, P]``) with the pairs from ``pairs`` on set to 0 (not
+    rotated): p-RoPE's truncation applied to any RoPE scaling's frequencies."""
+    inv_freq = jnp.asarray(inv_freq, jnp.float32)
+    keep = jnp.arange(inv_freq.shape[-1]) < pairs
+    return jnp.where(keep, inv_freq, jnp.float32(0.0))
+
+
 def ntk_scaled_base(base: float, scale: float, rotary_dim: int) -> float:
     """NTK-aware base ``b' = b * s^(d / (d - 2))`` with ``d = rotary_dim`` (bloc97 2023;
     Peng et al. 2023, arXiv 2309.00071, §3.1): the lowest frequency is interpolated by ``s``,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from flaxformer_lite.base.checks import fail
+from flaxformer_lite.nn.model_config import TEMPERATURE_VARIANTS
 
 PROTOCOLS = ("nonoverlapping", "sliding", "context")
 SPLITS = ("validation", "test")
@@ -32,6 +33,9 @@ class EvalConfig:
     split: str = "validation"  # "validation" or "test"
     num_examples: int = 256  # task sequences scored per length
     rope_scalings: tuple[str, ...] = ()  # extra rows where RoPE scaling applies: "pi", ...
+    # extra rows with a training-free query temperature (ModelConfig.with_temperature): "logn"
+    # (Qwen), "llama4"; rows "rope+logn". Not for a model with a learned one (SSMax)
+    temperatures: tuple[str, ...] = ()
     # > 0: every encoding is also evaluated with windowed causal attention (each query sees at
     # most its last local_window keys; rows "+window"): xPos's blockwise-causal setting
     # (Sun et al. 2022) and what a sliding window alone buys. 0: no such rows.
@@ -55,7 +59,13 @@ class EvalConfig:
                 "each multiple must be >= 1 (an eval length shorter than the training length "
                 "says nothing about extrapolation)",
             )
-        for name in ("length_multiples", "protocols", "context_multiples", "rope_scalings"):
+        for name in (
+            "length_multiples",
+            "protocols",
+            "context_multiples",
+            "rope_scalings",
+            "temperatures",
+        ):
             values = getattr(self, name)
             if len(set(values)) != len(values):  # each would be evaluated, and its rows, twice
                 repeated = next(v for i, v in enumerate(values) if v in values[:i])
@@ -80,5 +90,7 @@ class EvalConfig:
             bad("max_bytes", "must be >= 0 (0: the whole split)")
         if self.local_window < 0:
             bad("local_window", "must be >= 0 (0: no windowed rows)")
+        if any(t not in TEMPERATURE_VARIANTS for t in self.temperatures):
+            bad("temperatures", f"each must be one of {list(TEMPERATURE_VARIANTS)}")
         if self.split not in SPLITS:
             bad("split", f"allowed: {list(SPLITS)}")

@@ -22,7 +22,7 @@ from flaxformer_lite.evaluation.eval_config import PROTOCOLS, EvalConfig
 from flaxformer_lite.evaluation.protocols import Context, TaskLength, Windows
 from flaxformer_lite.evaluation.score import attention_config, sliding_stride
 from flaxformer_lite.nn.encodings import registry
-from flaxformer_lite.nn.model_config import ModelConfig, check_encodable
+from flaxformer_lite.nn.model_config import TEMPERATURE_VARIANTS, ModelConfig, check_encodable
 
 BASE = "base"  # the variant name of the trained model evaluated as it is
 WINDOW = "window"  # the variant: windowed causal attention (config.eval.local_window keys)
@@ -171,7 +171,12 @@ class EvalPlan:
         train_seq = data.train_length if task is None else task.sequence_length(data.train_length)
         # Randomized positions already span [0, max_position): nothing to interpolate.
         variants = (
-            () if model.randomized_positions else model.evaluation_variants(eval.rope_scalings)
+            ()
+            if model.randomized_positions
+            else (
+                *model.evaluation_variants(eval.rope_scalings),
+                *model.evaluation_temperatures(eval.temperatures),
+            )
         )
         if eval.local_window:
             variants = (*variants, WINDOW)
@@ -259,6 +264,8 @@ class _CellMaker:
         cfg = attention_config(model, seq)
         if variant == WINDOW:
             cfg = cfg.replace(attention_window=self.eval.local_window)
+        elif variant in TEMPERATURE_VARIANTS:  # a query temperature, tuned at the training length
+            cfg = cfg.with_temperature(variant, self.train_seq)
         elif variant != BASE:
             cfg = cfg.with_rope_scaling(variant, length)
         suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""

@@ -27,6 +27,7 @@ chunk in the full pass and caches its keys in a ring buffer of that many slots.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxformer_lite.core import attention, kv_cache, mixed_precision
+from flaxformer_lite.core import attention, forgetting, kv_cache, mixed_precision, temperature
 from flaxformer_lite.core.kv_cache import CrossKVCache, KVCache
 from flaxformer_lite.core.positions import as_batched_positions
 from flaxformer_lite.nn.encodings.base import PositionalEncoding
@@ -215,6 +216,7 @@ class _Prepared(NamedTuple):
     bias_fn: Callable | None
     window: int | None
     chunk: int | None
+    forget_prefix: tuple[Array, Array] | None = None  # FoX: (c_q, c_k) [batch, len, heads]
 
 
 class MultiHeadAttention(nnx.Module):
@@ -233,9 +235,35 @@ class MultiHeadAttention(nnx.Module):
     sliding window or chunk; without it, ``cfg.attention_window``. ``cfg.qk_norm`` adds
     ``q_norm`` / ``k_norm`` over ``head_dim`` (after the projection, before the rotate hook,
     as Gemma 3); ``cfg.query_pre_attn_scalar`` sets the logit scale.
+
+    ``sinks`` (``layer.sinks`` for a decoder layer): a learned logit ``s_h`` per query head,
+    ``sinks`` ``[heads]`` initialised to 0, joins every softmax row as one more column that
+    carries no value (gpt-oss; OpenAI 2025, arXiv 2508.10925; transformers
+    ``GptOssAttention.sinks``): ``p_ij = exp(l_ij) / (exp(s_h) + sum_j' exp(l_ij'))``. Every
+    attention implementation and the cached path honour it (`core.attention.attend`).
+
+    ``layer.temperature`` multiplies each query, after the rotate hook, by a factor of its
+    position (`core.temperature`; the keys and the cache are untouched): ``"logn"``
+    ``max(1, log(p + 1) / log L)`` (Qwen), ``"llama4"`` ``log(floor((p + 1) / f) + 1) * a +
+    1`` (Llama 4), ``"ssmax"`` ``s_h log n`` with ``n`` the keys the query sees (``min(p + 1,
+    W)`` with a window; positions counted from 0) and ``ssmax_s`` ``[heads]`` learned,
+    initialised to ``1 / log L`` (Scalable-Softmax, arXiv 2501.19399). ``L`` is
+    ``cfg.temperature_length``.
+
+    A forget-hook encoding (FoX) sees the layer's input: ``pe.log_forget(x)`` gives log
+    forget gates ``[batch, length, heads]``, their prefix sums ``c`` go to
+    `core.attention.attend` as ``forget_prefix`` (logit ``(i, j)`` gets ``c_i - c_j``, per
+    block in the chunked path), and the KV cache keeps ``c`` per key (``forget_heads``).
     """
 
-    def __init__(self, cfg: ModelConfig, *, layer: ResolvedLayer | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        layer: ResolvedLayer | None = None,
+        sinks: bool = False,
+        rngs: nnx.Rngs,
+    ):
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.kv_heads
         self.head_dim = cfg.head_dim
@@ -257,6 +285,34 @@ class MultiHeadAttention(nnx.Module):
             self.k_norm = _norm(cfg, dim=cfg.head_dim, axis="head_dim", rngs=rngs)
         else:
             self.q_norm = self.k_norm = None
+        self.temperature = "none" if layer is None else layer.temperature
+        self.temperature_length = cfg.temperature_length
+        self.floor_scale = cfg.temperature_floor_scale
+        self.attn_scale = cfg.temperature_attn_scale
+        if self.temperature in ("logn", "ssmax") and cfg.temperature_length is None:
+            raise ValueError(
+                f"ModelConfig.temperature_length=None: attention_temperature "
+                f"{self.temperature!r} needs the training length L (log L); set it, or build "
+                "the model from a RunConfig, which fills it with data.train_length"
+            )
+        self.ssmax_s = (  # SSMax's s_h, initialised to 1 / log L
+            nnx.Param(
+                jnp.full((cfg.num_heads,), 1 / math.log(cfg.temperature_length), cfg.params_dtype),
+                logical_axes=("heads",),
+            )
+            if self.temperature == "ssmax"
+            else None
+        )
+        # FoX keeps the prefix sums of its log forget gates per cached key
+        forgets = layer is not None and layer.encoding.hook == "forget"
+        self.forget_heads = cfg.num_heads if forgets else None
+        if layer is not None:
+            sinks = layer.sinks
+        self.sinks = (
+            nnx.Param(jnp.zeros((cfg.num_heads,), cfg.params_dtype), logical_axes=("heads",))
+            if sinks
+            else None
+        )
 
     @property
     def span(self) -> int | None:
@@ -276,6 +332,25 @@ class MultiHeadAttention(nnx.Module):
         if self.k_norm is not None:
             k_BSKH = self.k_norm(k_BSKH)
         return k_BSKH, self._split(self.value(kv))
+
+    def _sinks(self) -> Array | None:
+        """The sink logits float32 ``[heads]``, or None without sinks."""
+        return None if self.sinks is None else self.sinks[...].astype(jnp.float32)
+
+    def _temper(self, q_BTNH: Array, q_positions: Array) -> Array:
+        """The queries times the layer's temperature factor at their positions (unchanged
+        without one); ``q_positions`` int ``[batch or 1, l]``."""
+        if self.temperature == "logn":
+            tau = temperature.logn_scale(q_positions, train_length=self.temperature_length)
+        elif self.temperature == "llama4":
+            tau = temperature.llama4_scale(
+                q_positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale
+            )
+        elif self.temperature == "ssmax":
+            tau = temperature.ssmax_scale(q_positions, self.ssmax_s[...], window=self.window)
+        else:
+            return q_BTNH
+        return temperature.scale_queries(q_BTNH, tau)
 
     def _split(self, x: Array) -> Array:
         """``[b, l, heads * head_dim]`` -> ``[b, l, heads, head_dim]`` (query or key/value
@@ -312,6 +387,11 @@ class MultiHeadAttention(nnx.Module):
         k_BSKH, v_BSKH = self._keys_values(kv_BSD)
         if pe is not None:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, q_positions, kv_positions)
+        q_BTNH = self._temper(q_BTNH, q_positions)
+        forget = None
+        if pe is not None and pe.hook == "forget":
+            c_BTN = forgetting.forget_prefix(pe.log_forget(x_BTD))  # self-attention: kv is x
+            forget = (c_BTN, c_BTN)
         return _Prepared(
             q_BTNH,
             k_BSKH,
@@ -321,6 +401,7 @@ class MultiHeadAttention(nnx.Module):
             bias_fn=self._bias_fn(pe, causal),
             window=self.window if causal else None,
             chunk=self.chunk if causal else None,
+            forget_prefix=forget,
         )
 
     @staticmethod
@@ -363,6 +444,8 @@ class MultiHeadAttention(nnx.Module):
             scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
+            sinks=self._sinks(),
+            forget_prefix=p.forget_prefix,
         )
         return self._merge(out_BTNH)
 
@@ -380,6 +463,9 @@ class MultiHeadAttention(nnx.Module):
         """Attention probabilities ``[batch, heads, q_len, kv_len]`` (for plots)."""
         p = self._prepare(x, kv, q_positions, kv_positions, pe, causal)
         bias_BNTS = None if p.bias_fn is None else p.bias_fn(p.q_positions, p.kv_positions)
+        if p.forget_prefix is not None:  # [b, h, T, S] here: this path is for plots
+            fox_BNTS = forgetting.forgetting_bias(*p.forget_prefix)
+            bias_BNTS = fox_BNTS if bias_BNTS is None else bias_BNTS + fox_BNTS
         return attention.attention_weights(
             p.q_BTNH,
             p.k_BSKH,
@@ -389,6 +475,7 @@ class MultiHeadAttention(nnx.Module):
             window=p.window,
             chunk=p.chunk,
             scale=self.scale,
+            sinks=self._sinks(),
         )
 
     # ------------------------------------------------------------------ cached decoding
@@ -404,7 +491,13 @@ class MultiHeadAttention(nnx.Module):
         slots = kv_cache.ring_capacity(capacity, self.span)
         positions = kv_cache.slot_positions(batch, capacity, positions)[:, :slots]
         return kv_cache.init_kv_cache(
-            batch, slots, self.num_kv_heads, self.head_dim, dtype=dtype, positions=positions
+            batch,
+            slots,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=dtype,
+            positions=positions,
+            forget_heads=self.forget_heads,
         )
 
     def decode_step(
@@ -455,19 +548,31 @@ class MultiHeadAttention(nnx.Module):
         rotate_new = pe is not None and pe.caches_rotated_keys
         if rotate_new:
             q_BTNH, k_new_BTKH = pe.rotate(q_BTNH, k_new_BTKH, positions, positions)
+        c_new_BTN = None  # FoX: the new tokens' prefix sums, continued from the cache's
+        if pe is not None and pe.hook == "forget":
+            c_new_BTN = kv_cache.continue_prefix(cache, pe.log_forget(x))
         if self.span is None:
-            cache = kv_cache.write(cache, k_new_BTKH, v_new_BTKH, positions)
+            cache = kv_cache.write(
+                cache, k_new_BTKH, v_new_BTKH, positions, forget_prefix=c_new_BTN
+            )
             k_BSKH, v_BSKH = cache.key, cache.value
             k_positions, k_valid = cache.positions, cache.valid
+            c_k_BSN = cache.forget_prefix
         else:  # ring buffer: attend over the ring and the new keys, then overwrite the oldest
             dtype = cache.key.dtype
             k_BSKH = jnp.concatenate([cache.key, k_new_BTKH.astype(dtype)], axis=1)
             v_BSKH = jnp.concatenate([cache.value, v_new_BTKH.astype(dtype)], axis=1)
             k_positions = jnp.concatenate([cache.positions, positions.astype(jnp.int32)], axis=1)
             k_valid = jnp.concatenate([cache.valid, jnp.ones(positions.shape, bool)], axis=1)
-            cache = kv_cache.write_ring(cache, k_new_BTKH, v_new_BTKH, positions)
+            c_k_BSN = None
+            if c_new_BTN is not None:
+                c_k_BSN = jnp.concatenate([cache.forget_prefix, c_new_BTN], axis=1)
+            cache = kv_cache.write_ring(
+                cache, k_new_BTKH, v_new_BTKH, positions, forget_prefix=c_new_BTN
+            )
         if pe is not None and not rotate_new:
             q_BTNH, k_BSKH = pe.rotate(q_BTNH, k_BSKH, positions, k_positions)
+        q_BTNH = self._temper(q_BTNH, positions)
         mask_B1TS = kv_cache.visible_mask(
             positions, k_positions, k_valid, window=self.window, chunk=self.chunk
         )
@@ -483,6 +588,8 @@ class MultiHeadAttention(nnx.Module):
             scale=self.scale,
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
+            sinks=self._sinks(),
+            forget_prefix=None if c_new_BTN is None else (c_new_BTN, c_k_BSN),
         )
         return self._merge(out_BTNH), cache
 
@@ -597,7 +704,7 @@ class EncoderBlock(nnx.Module):
                 "decoder blocks without cross-attention (GPT-NeoX); an EncoderBlock is "
                 "sequential"
             )
-        self.attention = MultiHeadAttention(cfg, rngs=rngs)
+        self.attention = MultiHeadAttention(cfg, sinks=cfg.attention_sinks, rngs=rngs)
         self.attention_norm = AddNorm(cfg, rngs=rngs)
         self.ffn = FeedForward(cfg, rngs=rngs)
         self.ffn_norm = AddNorm(cfg, rngs=rngs)

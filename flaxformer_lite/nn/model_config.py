@@ -57,6 +57,8 @@ ACTIVATIONS = ("relu", "gelu", "gelu_exact", "silu")
 RESIDUALS = ("sequential", "parallel")
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIONS_PATH = "ModelConfig.positional_options"
+# the query temperatures an evaluation can add to a trained model (no parameters)
+TEMPERATURE_VARIANTS = ("logn", "llama4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,19 @@ class ModelConfig:
     # positional_options, attention_window). (): every layer is the model-wide one. Decoder
     # stacks only (an Encoder refuses it); named patterns: schedules.gemma3, cohere2, ...
     layer_pattern: tuple[LayerKind, ...] = ()
+    # a learned logit per head in every decoder self-attention softmax that takes probability
+    # and gives no value (gpt-oss; OpenAI 2025, arXiv 2508.10925); per layer: LayerKind.sinks
+    attention_sinks: bool = False
+    # a length-dependent factor on every decoder self-attention query (core.temperature), one
+    # of schedules.TEMPERATURES: "logn" (Qwen: max(1, log(p+1) / log L)), "ssmax"
+    # (Scalable-Softmax, arXiv 2501.19399: s_h log n, s_h learned per head), "llama4" (Llama
+    # 4's attn_temperature_tuning); per layer: LayerKind.temperature
+    attention_temperature: str = "none"
+    # L of "logn" (its training length) and of "ssmax" (s_h starts at 1 / log L); None: the
+    # training length (RunConfig fills it, `with_original_length`)
+    temperature_length: int | None = None
+    temperature_floor_scale: float = 8192.0  # "llama4": log(floor((p+1)/f) + 1) * a + 1, f
+    temperature_attn_scale: float = 0.1  # "llama4": its a
     chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
     # this many keys: "auto" in training and inference, and every evaluation length
     dtype: str = "float32"  # compute dtype of activations and matmuls
@@ -163,28 +178,30 @@ class ModelConfig:
         """The registry entry of ``positional``."""
         return registry.get_positional_encoding(self.positional)
 
+    def _layer_defaults(self) -> dict[str, Any]:
+        """What a `LayerKind`'s None fields inherit (`schedules.resolve`)."""
+        return {
+            "window": self.attention_window,
+            "positional": self.positional,
+            "positional_options": self.positional_options,
+            "sinks": self.attention_sinks,
+            "temperature": self.attention_temperature,
+        }
+
     def layer_kinds(self) -> tuple[ResolvedLayer, ...]:
         """One `schedules.ResolvedLayer` per decoder layer: its window, chunk, encoding name
         and options, with ``layer_pattern`` cycled and its None fields filled from the model
         (`schedules.resolve`, the one place inheritance is decided). Without a pattern every
         layer is ``(attention_window, None, positional, positional_options)``."""
         pattern = self.layer_pattern or (LayerKind(),)
-        model = {
-            "window": self.attention_window,
-            "positional": self.positional,
-            "positional_options": self.positional_options,
-        }
+        model = self._layer_defaults()
         kinds = tuple(schedules.resolve(k, **model) for k in pattern)
         return schedules.cycle(kinds, self.num_decoder_layers)
 
     def pattern_kinds(self) -> tuple[ResolvedLayer, ...]:
         """One `schedules.ResolvedLayer` per kind of ``layer_pattern`` (one cycle of it; the
         model-wide layer alone without a pattern)."""
-        model = {
-            "window": self.attention_window,
-            "positional": self.positional,
-            "positional_options": self.positional_options,
-        }
+        model = self._layer_defaults()
         return tuple(schedules.resolve(k, **model) for k in (self.layer_pattern or (LayerKind(),)))
 
     def kv_cache_slots(self, capacity: int) -> int:
@@ -199,13 +216,12 @@ class ModelConfig:
         )
 
     def evaluation_variants(self, requested: Sequence[str]) -> tuple[str, ...]:
-        """The requested evaluation-time RoPE scalings (``EvalConfig.rope_scalings``) that
-        apply to this model: all of them when some global layer's encoding takes a scaling
-        (`EncodingSpec.rope_scaling`; every layer of a model without a pattern is global),
-        else none."""
-        if any(layer.encoding.rope_scaling for layer in self._scalable_layers()):
-            return tuple(requested)
-        return ()
+        """The requested evaluation-time variants (``EvalConfig.rope_scalings``) that apply to
+        this model: those some global layer's encoding takes (`EncodingSpec.eval_variants`:
+        RoPE's scalings, ALiBi's ``"alibi_pi"``; every layer of a model without a pattern is
+        global), in the requested order."""
+        layers = [k for k in self._scalable_layers() if k.encoding.rope_scaling]
+        return tuple(v for v in requested if any(v in k.encoding.eval_variants for k in layers))
 
     def _scalable_layers(self) -> tuple[ResolvedLayer, ...]:
         """The layers an evaluation-time RoPE scaling applies to: the global ones of a
@@ -238,7 +254,7 @@ class ModelConfig:
         kinds = []
         layers = self.pattern_kinds()
         for i, (kind, layer) in enumerate(zip(self.layer_pattern, layers, strict=True)):
-            if layer in scaled:
+            if layer in scaled and scaling in layer.encoding.eval_variants:
                 try:
                     options = layer.encoding.variant_options(
                         layer.positional_options, scaling, eval_length
@@ -270,10 +286,18 @@ class ModelConfig:
                 options = fill(spec, kind.positional_options)
                 kind = dataclasses.replace(kind, positional_options=options)
             kinds.append(kind)
+        temperature_length = self.temperature_length
+        if temperature_length is None and self._uses_temperature_length():
+            temperature_length = length
         return self.replace(
             positional_options=fill(self.encoding, self.positional_options),
             layer_pattern=tuple(kinds),
+            temperature_length=temperature_length,
         )
+
+    def _uses_temperature_length(self) -> bool:
+        """Some layer's temperature is "logn" or "ssmax" (which take ``temperature_length``)."""
+        return any(k.temperature in ("logn", "ssmax") for k in self.pattern_kinds())
 
     def current_rope_scaling(self) -> str:
         """The RoPE scaling the model has (``"none"`` when none; with a pattern, that of its
@@ -290,7 +314,8 @@ class ModelConfig:
         ``"gemma3"``), after the model's encoding when some kind inherits it
         (``"rope+gpt_oss"``), then the distinct suffixes of the layers' options
         (``"gemma3+yarn"``). ``name`` replaces everything before the suffixes (a pretrained
-        model's row name: ``"gemma-3-270m+yarn"``).
+        model's row name: ``"gemma-3-270m+yarn"``). Attention options follow: ``"+sinks"``
+        when some layer has attention sinks.
         """
         layers = self.pattern_kinds()
         suffixes = []
@@ -298,6 +323,7 @@ class ModelConfig:
             suffix = layer.encoding.label(layer.positional_options)[len(layer.positional) :]
             if suffix and suffix not in suffixes:
                 suffixes.append(suffix)
+        suffixes += self._attention_suffixes(layers)
         if not self.layer_pattern:
             base = self.positional
         else:
@@ -305,6 +331,41 @@ class ModelConfig:
             if any(k.positional is None for k in self.layer_pattern):
                 base = f"{self.positional}+{base}"
         return (base if name is None else name) + "".join(suffixes)
+
+    @staticmethod
+    def _attention_suffixes(layers: Sequence[ResolvedLayer]) -> list[str]:
+        """The label suffixes of the layers' attention options: ``"+sinks"``, then each
+        query temperature (``"+logn"``)."""
+        out = ["+sinks"] if any(layer.sinks for layer in layers) else []
+        for layer in layers:
+            if layer.temperature != "none" and f"+{layer.temperature}" not in out:
+                out.append(f"+{layer.temperature}")
+        return out
+
+    def evaluation_temperatures(self, requested: Sequence[str]) -> tuple[str, ...]:
+        """The requested training-free temperature variants (``EvalConfig.temperatures``,
+        `TEMPERATURE_VARIANTS`) that apply to this model: all of them, unless some layer
+        already has a learned temperature ("ssmax", whose parameters a variant would drop):
+        then none."""
+        if any(layer.temperature == "ssmax" for layer in self.pattern_kinds()):
+            return ()
+        return tuple(requested)
+
+    def with_temperature(self, temperature: str, train_length: int) -> ModelConfig:
+        """The config that evaluates trained parameters with the training-free query factor
+        ``temperature`` (one of `TEMPERATURE_VARIANTS`) on every decoder layer that inherits
+        the model's (``LayerKind.temperature`` None), with ``temperature_length``
+        ``train_length`` when it is None. Neither factor has parameters: reuse the trained
+        state."""
+        if temperature not in TEMPERATURE_VARIANTS:
+            fail(
+                "temperature",
+                temperature,
+                f"allowed training-free variants: {list(TEMPERATURE_VARIANTS)} (SSMax learns "
+                "its s per head)",
+            )
+        length = train_length if self.temperature_length is None else self.temperature_length
+        return self.replace(attention_temperature=temperature, temperature_length=length)
 
     def scores_incrementally(self) -> bool:
         """Whether some layer's encoding must be scored token by token
@@ -319,7 +380,7 @@ class ModelConfig:
         when there is one."""
         out = self.encoding.settings(self.positional_options)
         if self.layer_pattern:
-            out["layer_pattern"] = [dataclasses.asdict(k) for k in self.layer_pattern]
+            out["layer_pattern"] = [schedules.kind_dict(k) for k in self.layer_pattern]
         return out
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -359,7 +420,10 @@ class ModelConfig:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as plain values; a pattern's kinds as `schedules.kind_dict`."""
+        out = dataclasses.asdict(self)
+        out["layer_pattern"] = tuple(schedules.kind_dict(k) for k in self.layer_pattern)
+        return out
 
 
 def options_template() -> dict[str, dict[str, Any]]:
@@ -458,6 +522,7 @@ def _validate(cfg: ModelConfig) -> None:
         "use_bias",
         "qk_norm",
         "sandwich_norm",
+        "attention_sinks",
     ):
         if not isinstance(getattr(cfg, name), bool):
             bad(name, "must be a bool")
@@ -507,6 +572,7 @@ def _validate(cfg: ModelConfig) -> None:
         cfg.layer_pattern, positional=cfg.positional, dims=cfg.dims, hook=spec.hook
     )
     object.__setattr__(cfg, "layer_pattern", pattern)  # normalised: LayerKind, options dataclasses
+    _validate_temperature(cfg)
     capacity = spec.capacity(options)
     if cfg.randomized_positions and capacity is not None and cfg.max_position > capacity:
         value = getattr(options, spec.capacity_field, capacity)
@@ -516,6 +582,31 @@ def _validate(cfg: ModelConfig) -> None:
             f"{cfg.positional!r} encodes only {capacity} ({OPTIONS_PATH}.{spec.capacity_field}"
             f"={value}); max_position must be <= {capacity}",
         )
+
+
+def _validate_temperature(cfg: ModelConfig) -> None:
+    if cfg.attention_temperature not in schedules.TEMPERATURES:
+        fail(
+            "ModelConfig.attention_temperature",
+            cfg.attention_temperature,
+            f"allowed values: {list(schedules.TEMPERATURES)}",
+        )
+    length = cfg.temperature_length
+    if length is not None and (not is_int(length) or length < 2):
+        fail("ModelConfig.temperature_length", length, "must be an int >= 2 (log L) or None")
+    for name, low in (("temperature_floor_scale", "> 0"), ("temperature_attn_scale", ">= 0")):
+        value = getattr(cfg, name)
+        positive = is_number(value) and (value > 0 or (low == ">= 0" and value == 0))
+        if not positive or value == float("inf"):
+            fail(f"ModelConfig.{name}", value, f"must be a finite number {low}")
+    for i, kind in enumerate(cfg.pattern_kinds()):
+        if kind.temperature == "ssmax" and kind.chunk is not None:
+            fail(
+                f"{schedules.PATTERN_PATH}[{i}].temperature",
+                "ssmax",
+                "SSMax's log n counts the keys a query sees: global or sliding-window layers "
+                "only, not a chunk",
+            )
 
 
 def check_encodable(cfg: ModelConfig, length: int, *, what: str) -> None:

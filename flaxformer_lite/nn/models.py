@@ -134,6 +134,12 @@ class Encoder(_Stack):
                 "ModelConfig.layer_pattern: per-layer schedules apply to causal decoder stacks "
                 "(DecoderOnlyLM), not to a bidirectional Encoder"
             )
+        if cfg.attention_temperature != "none":
+            raise ValueError(
+                f"ModelConfig.attention_temperature={cfg.attention_temperature!r}: a query "
+                "factor of the position (or of the keys seen so far) is defined for causal "
+                "decoder stacks, not for a bidirectional Encoder"
+            )
         if cfg.encoding.per_layer:
             raise ValueError(
                 f"ModelConfig.positional={cfg.positional!r} is built per decoder layer; an "

@@ -9,7 +9,8 @@ two over a grid of configs) but in microseconds for any size: ``num_decoder_laye
 
 * attention: query ``d x H hd``, key and value ``d x KV hd`` each, output ``H hd x d``, with
   biases ``H hd + 2 KV hd`` (``qkv_bias``) and ``d`` (``out_bias``), and with ``qk_norm``
-  a norm over ``hd`` each for queries and keys;
+  a norm over ``hd`` each for queries and keys; ``H`` sink logits for a self-attention
+  with attention sinks (``attention_sinks``, a decoder layer's ``sinks``);
 * feed-forward: ``wi`` ``d x f``, ``wo`` ``f x d``, and ``wu`` ``d x f`` when gated, with
   biases ``f`` per input projection and ``d`` (``ffn_bias``);
 * a norm: ``scale`` ``d`` and, for a LayerNorm with ``norm_bias``, ``bias`` ``d``;
@@ -132,6 +133,23 @@ def layer_encoding_params(cfg: Any) -> int:
     return n
 
 
+def layer_attention_params(cfg: Any) -> int:
+    """A decoder's self-attention parameters beyond `attention_params`, per layer
+    (``ModelConfig.layer_kinds``): ``H`` sink logits for a layer with attention sinks, ``H``
+    SSMax factors for a layer with ``temperature="ssmax"``."""
+    pattern_kinds = getattr(cfg, "pattern_kinds", None)
+    if pattern_kinds is None:  # a config of a version without layer patterns
+        return 0
+    kinds, n_layers = pattern_kinds(), cfg.num_decoder_layers
+    n = 0
+    for j, layer in enumerate(kinds):
+        uses = n_layers // len(kinds) + (j < n_layers % len(kinds))  # layers cycling to kind j
+        per_layer = cfg.num_heads if getattr(layer, "sinks", False) else 0
+        per_layer += cfg.num_heads if getattr(layer, "temperature", "none") == "ssmax" else 0
+        n += uses * per_layer
+    return n
+
+
 def _spec_params(spec: Any, dims: Any, options: Any) -> int:
     if spec.num_params is not None:
         return int(spec.num_params(dims, options))
@@ -168,10 +186,12 @@ def count_parameters(cfg: Any, model: str = "decoder_only", *, encoding: int | N
     if model not in MODELS:
         raise ValueError(f"model={model!r}; allowed: {list(MODELS)}")
     enc = encoding_params(cfg) if encoding is None else encoding
-    dec = enc + layer_encoding_params(cfg)
+    dec = enc + layer_encoding_params(cfg) + layer_attention_params(cfg)
     n = embedding_params(cfg)
     if model == "encoder_decoder":
         n += stack_params(cfg, cfg.num_encoder_layers, cross_attention=False, encoding=enc)
+        if getattr(cfg, "attention_sinks", False):  # the encoder's self-attention sinks
+            n += cfg.num_encoder_layers * cfg.num_heads
         n += stack_params(cfg, cfg.num_decoder_layers, cross_attention=True, encoding=dec)
     else:
         n += stack_params(cfg, cfg.num_decoder_layers, cross_attention=False, encoding=dec)

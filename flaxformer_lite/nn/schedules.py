@@ -30,6 +30,8 @@ from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.encodings.base import EncodingOptions, ModelDims
 
 PATTERN_PATH = "ModelConfig.layer_pattern"
+# the query factors of `flaxformer_lite.core.temperature` ("none": no factor)
+TEMPERATURES = ("none", "logn", "ssmax", "llama4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,11 @@ class LayerKind:
         encoding's defaults. Stored as the dataclass once the config is validated.
       name: a label (``"gemma3.local"``); the named patterns set it, and results rows name a
         pattern whose kinds share a prefix by it (``"gemma3"``). Changes no number.
+      sinks: a learned attention-sink logit per head (gpt-oss; `core.attention`'s ``sinks``);
+        None: ``ModelConfig.attention_sinks``.
+      temperature: the length-dependent query factor of the layer, one of
+        `TEMPERATURES` (``"none"``, ``"logn"``, ``"ssmax"``, ``"llama4"``; `core.temperature`);
+        None: ``ModelConfig.attention_temperature`` (Llama 4 tunes its NoPE layers only).
     """
 
     window: int | None = None
@@ -57,6 +64,8 @@ class LayerKind:
     positional: str | None = None
     positional_options: EncodingOptions | Mapping[str, Any] | None = None
     name: str = ""
+    sinks: bool | None = None
+    temperature: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +75,16 @@ class ResolvedLayer:
     Attributes:
       window, chunk: the layer's attention span (both None: global causal attention).
       positional: the registry name of its encoding; positional_options: its options.
+      sinks: whether its self-attention has a learned sink logit per head (gpt-oss).
+      temperature: its query factor (`TEMPERATURES`; ``"none"``: none).
     """
 
     window: int | None
     chunk: int | None
     positional: str
     positional_options: EncodingOptions
+    sinks: bool = False
+    temperature: str = "none"
 
     @property
     def encoding(self) -> registry.EncodingSpec:
@@ -95,9 +108,13 @@ def resolve(
     window: int | None,
     positional: str,
     positional_options: EncodingOptions,
+    sinks: bool = False,
+    temperature: str = "none",
 ) -> ResolvedLayer:
     """``kind`` with the model's ``window``, ``positional`` and ``positional_options`` (its
-    ``attention_window``, ``positional``, ``positional_options``) filled in where it says None.
+    ``attention_window``, ``positional``, ``positional_options``), ``sinks``
+    (``attention_sinks``) and ``temperature`` (``attention_temperature``) filled in where it
+    says None.
 
     The span is one decision: a kind that sets ``window`` or ``chunk`` replaces the model's
     window; otherwise it has the model's. ``kind.positional_options`` must already be the
@@ -115,7 +132,13 @@ def resolve(
         options = kind.positional_options
         if options is None:
             options = registry.get_positional_encoding(name).options()
-    return ResolvedLayer(positional=name, positional_options=options, **span)
+    return ResolvedLayer(
+        positional=name,
+        positional_options=options,
+        sinks=sinks if kind.sinks is None else kind.sinks,
+        temperature=temperature if kind.temperature is None else kind.temperature,
+        **span,
+    )
 
 
 def check_kind(
@@ -147,6 +170,14 @@ def check_kind(
         )
     if not isinstance(kind.name, str):
         fail(f"{where}.name", kind.name, "must be a string")
+    if kind.sinks is not None and not isinstance(kind.sinks, bool):
+        fail(f"{where}.sinks", kind.sinks, "must be a bool or None (None: the model's)")
+    if kind.temperature is not None and kind.temperature not in TEMPERATURES:
+        fail(
+            f"{where}.temperature",
+            kind.temperature,
+            f"allowed: None (the model's) or one of {list(TEMPERATURES)}",
+        )
     name = positional if kind.positional is None else kind.positional
     try:
         spec = registry.get_positional_encoding(name)
@@ -197,6 +228,21 @@ def check_pattern(
                     "that acts inside attention (e.g. positional='rope' or 'none')",
                 )
     return kinds
+
+
+# LayerKind fields added after patterns were recorded: left out of `kind_dict` while None,
+# so a pattern without them keeps its recorded dict (a run's identity, its rows' settings)
+OPTIONAL_KIND_FIELDS = ("sinks", "temperature")
+
+
+def kind_dict(kind: LayerKind) -> dict[str, Any]:
+    """``kind`` as a plain dict (``dataclasses.asdict``) without the `OPTIONAL_KIND_FIELDS`
+    that are None; `check_kind` reads it back to an equal kind."""
+    out = dataclasses.asdict(kind)
+    for name in OPTIONAL_KIND_FIELDS:
+        if out[name] is None:
+            del out[name]
+    return out
 
 
 def pattern_name(pattern: Sequence[LayerKind]) -> str:
@@ -291,16 +337,23 @@ def llama4_irope(chunk: int, *, nope_interval: int = 4) -> tuple[LayerKind, ...]
     return (local,) * (n - 1) + (LayerKind(positional="none", name="llama4_irope.nope"),)
 
 
-def gpt_oss(window: int = 128) -> tuple[LayerKind, ...]:
+def gpt_oss(window: int = 128, *, sinks: bool | None = None) -> tuple[LayerKind, ...]:
     """gpt-oss: sliding-window layers (128 tokens) alternating with global layers, both
-    with the model's encoding (RoPE with YaRN there).
+    with the model's encoding (RoPE with YaRN there); ``sinks=True`` gives every layer its
+    learned attention sinks as gpt-oss has (None: ``ModelConfig.attention_sinks``).
 
-    Source: OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" (alternating banded
-    window of 128 tokens and dense layers); transformers ``GptOssConfig`` (``layer_types``:
-    layer i slides when ``(i + 1) % 2``). Its learned attention sinks are not part of it.
+    Source: OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" (arXiv 2508.10925;
+    alternating banded window of 128 tokens and dense layers, a learned sink logit per
+    head); transformers ``GptOssConfig`` (``layer_types``: layer i slides when ``(i + 1) %
+    2``) and ``GptOssAttention.sinks``.
     """
     window = check_positive_int("window", window)
-    return (LayerKind(window=window, name="gpt_oss.sliding"), LayerKind(name="gpt_oss.full"))
+    if sinks is not None and not isinstance(sinks, bool):
+        fail("sinks", sinks, "must be a bool or None (None: the model's)")
+    return (
+        LayerKind(window=window, name="gpt_oss.sliding", sinks=sinks),
+        LayerKind(name="gpt_oss.full", sinks=sinks),
+    )
 
 
 def swan(window: int, *, local_per_global: int = 3) -> tuple[LayerKind, ...]:

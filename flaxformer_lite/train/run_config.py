@@ -175,7 +175,10 @@ class RunConfig:
         return run
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every section as plain values (the model's by `ModelConfig.to_dict`)."""
+        out = dataclasses.asdict(self)
+        out["model"] = self.model.to_dict()
+        return out
 
     def identity(self) -> dict[str, Any]:
         """The resolved config fields that change a run's numbers (JSON types).
@@ -199,6 +202,10 @@ class RunConfig:
             for name in names:
                 if d[section][name] == defaults[name]:
                     d[section].pop(name)
+        options = d["model"]["positional_options"]
+        for name, default in IDENTITY_ADDED_OPTIONS.items():
+            if name in options and options[name] == default:
+                options.pop(name)
         if self.pretrained.source:
             for name in PRETRAINED_PLACE:
                 d["pretrained"].pop(name)
@@ -255,8 +262,23 @@ IDENTITY_RECORDED_NAMES = {("eval", "max_bytes"): "max_tokens"}
 # behaviour every earlier run had), so adding an option voids no finished workdir; any other
 # value is part of it.
 IDENTITY_ADDED_FIELDS = {
-    "model": ("head_size", "qk_norm", "sandwich_norm", "query_pre_attn_scalar", "layer_pattern"),
+    "model": (
+        "head_size",
+        "qk_norm",
+        "sandwich_norm",
+        "query_pre_attn_scalar",
+        "layer_pattern",
+        "attention_sinks",
+        "attention_temperature",
+        "temperature_length",
+        "temperature_floor_scale",
+        "temperature_attn_scale",
+    ),
+    "eval": ("temperatures",),
 }
+# Options added to an encoding since runs were recorded (ALiBi's position interpolation), left
+# out of the chosen encoding's options in the identity while at this default.
+IDENTITY_ADDED_OPTIONS = {"pi_train_length": None, "pi_eval_length": None}
 
 
 def _pretrained_model(

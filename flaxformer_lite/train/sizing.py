@@ -26,6 +26,7 @@ SIZED_OPTIONS = (
     "max_position",
     "positional_options.learned.max_length",
     "positional_options.rope.original_length",
+    "positional_options.p_rope.original_length",
     "positional_options.t5.max_distance",
     "positional_options.t5.num_buckets",
     "positional_options.fire.threshold_init",
@@ -82,6 +83,7 @@ def sized_values(lengths: Mapping[str, int]) -> dict[str, Any]:
         # The length RoPE scalings at evaluation extend from: L (for tasks too: the plan
         # scales by evaluation length / original length, both task lengths).
         "positional_options.rope.original_length": lengths["train_length"],
+        "positional_options.p_rope.original_length": lengths["train_length"],
         # T5 (Raffel et al. 2020): max_distance 128 with inputs of 512 tokens, i.e. L / 4, so
         # the shared last bucket (every distance >= max_distance) is trained; 32 buckets,
         # fewer when L / 4 < 32 so that max_distance stays above the exact buckets.

@@ -87,3 +87,36 @@ def test_alibi_bias_depends_only_on_the_offset(causal):
     for off in range(-5, 6):
         diag = np.diagonal(base, offset=-off, axis1=2, axis2=3)
         np.testing.assert_array_equal(diag, diag[..., :1] * np.ones_like(diag))
+
+
+# ------------------------------------------------------------ ALiBi with position interpolation
+
+
+@pytest.mark.parametrize("n", [4, 6, 12])
+def test_alibi_interpolated_slopes_keep_the_training_lengths_largest_penalty(n):
+    """ALiBi-PI (arXiv 2310.13017): slopes times L / L' at L' > L, so the bias over L' tokens
+    is the bias over L tokens with positions interpolated (p * L / L')."""
+    slopes = attention_bias.alibi_slopes(n)
+    got = attention_bias.alibi_interpolated_slopes(slopes, train_length=64, eval_length=256)
+    np.testing.assert_allclose(got, np.asarray(slopes) * 0.25, rtol=1e-7)
+    q = k = jnp.arange(256)
+    interpolated = attention_bias.alibi_bias(q, k, got)
+    # the same bias as plain ALiBi at the fractional positions p * L / L'
+    rel = (np.arange(256)[:, None] - np.arange(256)[None, :]) * 64 / 256
+    want = -np.asarray(slopes, np.float64)[:, None, None] * rel[None]
+    np.testing.assert_allclose(interpolated[0], want, rtol=1e-6, atol=1e-6)
+    # the farthest key at L' costs what the farthest key at L did (up to (L'-1)/L' vs (L-1)/L)
+    assert float(interpolated[0, 0, 255, 0]) == pytest.approx(-float(slopes[0]) * 255 / 4)
+
+
+def test_alibi_interpolated_slopes_are_unchanged_within_the_training_length():
+    slopes = attention_bias.alibi_slopes(8)
+    for eval_length in (32, 64):
+        got = attention_bias.alibi_interpolated_slopes(
+            slopes, train_length=64, eval_length=eval_length
+        )
+        np.testing.assert_array_equal(got, slopes)
+    with pytest.raises(ValueError, match="eval_length=0: must be a positive int"):
+        attention_bias.alibi_interpolated_slopes(slopes, train_length=64, eval_length=0)
+    with pytest.raises(ValueError, match=r"slopes must be \[heads\]"):
+        attention_bias.alibi_interpolated_slopes(slopes[None], train_length=4, eval_length=8)

@@ -362,3 +362,65 @@ def test_invalid_arguments_raise_clear_errors():
         attention_bias.alibi_slopes(0)
     with pytest.raises(ValueError, match=r"base=.*: must be a finite number > 0"):
         absolute.sinusoidal(np.arange(3), 4, base=-1.0)
+
+
+# --------------------------------------------------------------------------------- p-RoPE
+
+
+def np_proportional_inv_freq(head_dim, fraction, base):
+    """Hugging Face ``_compute_proportional_rope_parameters`` (factor 1), transcribed."""
+    rope_angles = int(fraction * head_dim // 2)
+    rotated = 1.0 / base ** (np.arange(0, 2 * rope_angles, 2) / head_dim)
+    return np.concatenate([rotated, np.zeros(head_dim // 2 - rope_angles)])
+
+
+@pytest.mark.parametrize(
+    "head_dim,fraction,base", [(64, 0.25, 1e6), (16, 0.5, 1e4), (10, 0.3, 1e4), (8, 1.0, 500.0)]
+)
+def test_p_rope_frequencies_keep_the_highest_and_zero_the_rest(head_dim, fraction, base):
+    got = rotary.p_rope_inv_frequencies(head_dim, fraction=fraction, base=base)
+    want = np_proportional_inv_freq(head_dim, fraction, base)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    n = rotary.p_rope_pairs(head_dim, fraction)
+    full = rotary.rope_inv_frequencies(head_dim, base=base)
+    np.testing.assert_allclose(got[:n], full[:n], rtol=1e-6)  # RoPE's own highest frequencies
+
+
+def test_p_rope_is_not_neox_partial_rotary():
+    """p-RoPE keeps RoPE's top frequencies over the whole head; NeoX's partial rotary rotates
+    fewer dims but spreads the full spectrum (down to base^-(1 - 2/r)) over them."""
+    p = rotary.p_rope_inv_frequencies(64, fraction=0.25, base=1e4)
+    neox = rotary.rope_inv_frequencies(rotary.rotary_dim_for(64, 0.25), base=1e4)
+    assert int((np.asarray(p) > 0).sum()) == neox.shape[0] == 8
+    assert float(p[7]) == pytest.approx(1e4 ** (-14 / 64))
+    assert float(neox[7]) == pytest.approx(1e4 ** (-14 / 16))
+
+
+def test_p_rope_unrotated_pairs_carry_no_position():
+    """Rotated with p-RoPE's frequencies, the pairs (i, i + d/2) with i >= n are unchanged, so
+    their share of the logit does not depend on the positions at all; fraction 1 is RoPE."""
+    head_dim, n = 16, 2
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 5, 2, head_dim)), jnp.float32)
+    pos = jnp.arange(5) * 7
+    inv = rotary.p_rope_inv_frequencies(head_dim, fraction=0.25)
+    assert rotary.p_rope_pairs(head_dim, 0.25) == n
+    y = rotary.apply_rotary(x, rotary.rope_angles(pos, inv))
+    half = head_dim // 2
+    kept = np.r_[n:half, half + n : head_dim]
+    np.testing.assert_array_equal(np.asarray(y)[..., kept], np.asarray(x)[..., kept])
+    assert float(jnp.max(jnp.abs(y - x))) > 0.1  # the first pairs did rotate
+    full = rotary.p_rope_inv_frequencies(head_dim, fraction=1.0)
+    np.testing.assert_allclose(full, rotary.rope_inv_frequencies(head_dim), rtol=1e-7)
+    np.testing.assert_array_equal(rotary.p_rope_inv_frequencies(head_dim, fraction=0.0), 0.0)
+    kept_dynamic = rotary.keep_highest_frequencies(jnp.ones((2, half)), n)
+    np.testing.assert_array_equal(kept_dynamic[:, :n], 1.0)
+    np.testing.assert_array_equal(kept_dynamic[:, n:], 0.0)
+
+
+def test_p_rope_argument_errors():
+    with pytest.raises(ValueError, match=r"fraction must be a number in \[0, 1\]; got 1.5"):
+        rotary.p_rope_inv_frequencies(16, fraction=1.5)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        rotary.p_rope_inv_frequencies(15, fraction=0.5)
+    with pytest.raises(ValueError, match=r"base=0.0: must be a finite number > 0"):
+        rotary.p_rope_inv_frequencies(16, fraction=0.5, base=0.0)

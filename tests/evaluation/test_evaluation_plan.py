@@ -105,3 +105,16 @@ def test_sliding_stride_one_and_the_context_cells():
         _plan(eval__protocols=("sliding",), eval__sliding_stride=17)
     with pytest.raises(ConfigError, match=r"config\.eval\.sliding_stride=-1"):
         _plan(eval__sliding_stride=-1)
+
+
+def test_temperature_variant_rows_are_labelled_and_tuned_at_the_training_length():
+    plan = _plan(eval__temperatures=("logn", "llama4"))
+    variants = {c.label.variant: c for c in plan.cells if c.length == 64}
+    assert set(variants) == {"base", "logn", "llama4"}
+    logn = variants["logn"]
+    assert logn.label.encoding == "rope+logn"
+    assert (logn.model.attention_temperature, logn.model.temperature_length) == ("logn", 16)
+    assert variants["llama4"].label.encoding == "rope+llama4"
+    assert variants["base"].model.attention_temperature == "none"
+    with pytest.raises(ConfigError, match=r"config\.eval\.temperatures=\('ssmax',\)"):
+        _plan(eval__temperatures=("ssmax",))

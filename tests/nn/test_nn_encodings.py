@@ -193,11 +193,13 @@ def test_registration_order():
         "learned",
         "rope",
         "xpos",
+        "p_rope",
         "alibi",
         "t5",
         "kerple_log",
         "kerple_power",
         "fire",
+        "fox",
     )
 
 
@@ -772,8 +774,10 @@ def test_rope_scaling_variant_and_row_names():
         fl.rope_scaling_variant(cfg, 0, "pi")
     # RoPE scaling applies only where the spec says so; other encodings raise
     specs = [fl.get_positional_encoding(n) for n in fl.positional_encoding_names()]
-    assert [spec.name for spec in specs if spec.rope_scaling] == ["rope"]
-    for name in ("alibi", "sinusoidal", "t5"):
+    assert [spec.name for spec in specs if spec.rope_scaling] == ["rope", "p_rope", "alibi"]
+    with pytest.raises(ValueError, match=r"variant='pi'; ALiBi's allowed: \['alibi_pi'\]"):
+        fl.rope_scaling_variant(tiny_cfg("alibi"), 32, "pi")
+    for name in ("sinusoidal", "t5"):
         with pytest.raises(ValueError, match=rf"positional='{name}' has no evaluation-time"):
             fl.rope_scaling_variant(tiny_cfg(name), 32, "pi")
         assert fl.encoding_row_name(tiny_cfg(name)) == name

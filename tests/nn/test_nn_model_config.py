@@ -26,6 +26,8 @@ from flaxformer_lite.nn.encodings import (
     positional_encoding_names,
 )
 from flaxformer_lite.nn.encodings.attention_bias import ALiBiOptions
+from flaxformer_lite.nn.encodings.forgetting import FoxOptions
+from flaxformer_lite.nn.encodings.rotary import PRopeOptions
 from flaxformer_lite.nn.model_config import ModelConfig, options_template
 
 
@@ -196,6 +198,8 @@ def test_options_are_normalised_to_the_dataclass_and_stay_hashable():
         "kerple_log": NoOptions(),
         "kerple_power": NoOptions(),
         "fire": FireOptions(),
+        "p_rope": PRopeOptions(),
+        "fox": FoxOptions(),
     }
     assert set(defaults) == set(positional_encoding_names())
     for name, options in defaults.items():
@@ -355,7 +359,12 @@ def test_options_template_lists_every_encodings_defaults():
     assert list(template) == list(positional_encoding_names())
     assert template["rope"] == dataclasses.asdict(RopeOptions())
     assert template["t5"] == {"num_buckets": 32, "max_distance": 128}
-    assert template["alibi"] == {"slopes": "official", "max_bias": 8.0}
+    assert template["alibi"] == {
+        "slopes": "official",
+        "max_bias": 8.0,
+        "pi_train_length": None,
+        "pi_eval_length": None,
+    }
     assert template["none"] == {}
 
 

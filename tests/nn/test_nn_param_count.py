@@ -37,6 +37,7 @@ OPTIONS = [
     {"embedding_norm": True, "norm": "pre"},
     {"norm_type": "gemma_rms", "norm": "pre", "sandwich_norm": True},
     {"qk_norm": True, "head_size": 12, "num_kv_heads": 1},
+    {"attention_sinks": True},
     {
         "num_decoder_layers": 5,
         "layer_pattern": (

@@ -327,3 +327,29 @@ def test_associative_recall_holds_the_task_studies_longest_length():
         assert row[130] == values[where]
     with pytest.raises(ValueError, match=r"must be in \[1, 83\], got 84"):
         task.sample(np.random.default_rng(0), 1, 84)
+
+
+def test_the_modern_preset_expands_and_every_cell_validates():
+    """15 cells (5 encodings x 3 designs), each a valid run config whose evaluation plan
+    has the rows of its design: a window shorter than L, a pattern cycling over the layers,
+    YaRN / ALiBi-PI / temperature rows where they apply (none for SSMax's cells)."""
+    c = extrapolation_lm.get_config("modern")
+    cells = sweeps.expand_sweep(c)
+    sweeps.check_cell_names(cells)
+    assert len(cells) == 15
+    encodings = {}
+    for cell in cells:
+        run = RunConfig.from_config(sweeps.apply_overrides(c, cell["overrides"]))
+        model = run.model
+        layers = model.layer_kinds()
+        assert len(layers) == model.num_decoder_layers == 4
+        if any(layer.window is not None for layer in layers):
+            assert all(layer.window < run.data.train_length for layer in layers if layer.window)
+            assert model.num_decoder_layers % len(model.layer_pattern) == 0
+        encodings[cell["name"]] = {x.label.encoding for x in run.eval_plan().cells}
+    assert encodings["rope-plain-seed0"] == {"rope", "rope+yarn", "rope+logn", "rope+llama4"}
+    assert encodings["alibi-plain-seed0"] == {"alibi", "alibi+pi", "alibi+logn", "alibi+llama4"}
+    assert encodings["p_rope-plain-seed0"] >= {"p_rope+yarn", "p_rope+logn"}
+    assert encodings["fox-ssmax-seed0"] == {"fox+ssmax"}
+    assert "rope+gpt_oss+sinks+logn" in encodings["rope-gpt_oss-seed0"]
+    assert "none+gpt_oss+sinks" in encodings["none-gpt_oss-seed0"]

@@ -30,6 +30,7 @@ from subprocess_checks import HARNESS, env
 
 from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.cli.pipeline import run_study
+from flaxformer_lite.nn import schedules
 from flaxformer_lite.train import identity, loop
 from flaxformer_lite.train.batches import TrainBatches
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
@@ -132,6 +133,34 @@ def test_identity_is_what_changes_numbers():
         assert run.hash() != base.hash(), path
         assert run.identity_diff(base)[0].startswith(named), run.identity_diff(base)
         assert len(run.identity_diff(base)) == 1
+
+
+def test_attention_options_at_their_defaults_leave_the_identity_as_it_was():
+    """Fields added after runs were recorded (attention sinks, query temperatures) are not
+    in the identity while at their defaults, so earlier hashes stay valid; set, they are."""
+    base = RunConfig.from_config(rope_tiny())
+    identity_ = base.identity()
+    for section, names in (
+        ("model", ("attention_sinks", "attention_temperature", "temperature_length")),
+        ("eval", ("temperatures",)),
+    ):
+        assert not set(names) & set(identity_[section]), section
+    patterned = rope_tiny()
+    patterned.model.layer_pattern = schedules.gemma3(window=4)
+    kinds = RunConfig.from_config(patterned).identity()["model"]["layer_pattern"]
+    expected = ["chunk", "name", "positional", "positional_options", "window"]
+    assert all(sorted(k) == expected for k in kinds)  # no sinks / temperature keys
+    for path, value in (
+        ("model.attention_sinks", True),
+        ("model.attention_temperature", "logn"),
+        ("eval.temperatures", ("logn",)),
+    ):
+        other = rope_tiny()
+        section, field = path.split(".")
+        other[section][field] = value
+        run = RunConfig.from_config(other)
+        assert run.hash() != base.hash(), path
+        assert any(line.startswith(path) for line in run.identity_diff(base)), path
 
 
 def test_finished_study_rerun_with_another_schedule_is_refused_then_restarted(copy):

@@ -2,7 +2,8 @@
 
 Importing this package registers every built-in encoding, one module per hook point:
 `nope` (``none``), `absolute` (``add``: sinusoidal, learned), `rotary` (``rotate``: RoPE,
-xPos) and `attention_bias` (``bias``: ALiBi, T5, KERPLE, FIRE). `registry` holds the specs;
+xPos, p-RoPE), `attention_bias` (``bias``: ALiBi, T5, KERPLE, FIRE) and `forgetting`
+(``forget``: FoX). `registry` holds the specs;
 `base` the contract (`PositionalEncoding`, `EncodingOptions`, `ModelDims`).
 """
 
@@ -12,6 +13,7 @@ from flaxformer_lite.nn.encodings import nope
 from flaxformer_lite.nn.encodings import absolute
 from flaxformer_lite.nn.encodings import rotary
 from flaxformer_lite.nn.encodings import attention_bias
+from flaxformer_lite.nn.encodings import forgetting
 
 # isort: on
 from flaxformer_lite.nn.encodings.absolute import (
@@ -34,6 +36,7 @@ from flaxformer_lite.nn.encodings.base import (
     ModelDims,
     PositionalEncoding,
 )
+from flaxformer_lite.nn.encodings.forgetting import ForgettingGates, FoxOptions
 from flaxformer_lite.nn.encodings.nope import NoPositionalEncoding
 from flaxformer_lite.nn.encodings.registry import (
     EncodingSpec,
@@ -57,6 +60,8 @@ __all__ = [
     "EncodingSpec",
     "FireBias",
     "FireOptions",
+    "ForgettingGates",
+    "FoxOptions",
     "KerpleBias",
     "LearnedEncoding",
     "LearnedOptions",
@@ -74,6 +79,7 @@ __all__ = [
     "XPosOptions",
     "absolute",
     "attention_bias",
+    "forgetting",
     "get_positional_encoding",
     "nope",
     "positional_encoding_names",

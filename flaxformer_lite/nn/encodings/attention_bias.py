@@ -39,18 +39,39 @@ class ALiBiOptions(EncodingOptions):
     slopes: str = "official"
     max_bias: float = 8.0  # the largest exponent: slopes run from 2^(-max_bias/n) (MPT's
     # alibi_bias_max)
+    # position interpolation (Al-Khateeb et al. 2023, arXiv 2310.13017): the training length L
+    # (None: none; the evaluation variant "alibi_pi" needs it) and the length L' evaluated at
+    # (None: L); slopes m_h * min(1, L / L')
+    pi_train_length: int | None = None
+    pi_eval_length: int | None = None
 
     def check(self, dims: ModelDims, path: str) -> None:
         if self.slopes not in attention_bias.ALIBI_SLOPES:
             fail(f"{path}.slopes", self.slopes, f"allowed: {list(attention_bias.ALIBI_SLOPES)}")
         if not is_number(self.max_bias) or not 0 < self.max_bias < math.inf:
             fail(f"{path}.max_bias", self.max_bias, "must be a finite number > 0")
+        for name in ("pi_train_length", "pi_eval_length"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value <= 0):
+                fail(f"{path}.{name}", value, "must be a positive int or None")
+        if self.pi_eval_length is not None and self.pi_train_length is None:
+            fail(
+                f"{path}.pi_train_length",
+                None,
+                f"pi_eval_length={self.pi_eval_length} scales the slopes by L / L': set the "
+                "training length L",
+            )
 
 
 class ALiBiEncoding(PositionalEncoding):
     """ALiBi (Press et al. 2022, arXiv 2108.12409): a linear distance penalty per head, with
     the slopes of `attention_bias.alibi_slopes` ("official") or
-    `attention_bias.mpt_alibi_slopes` ("mpt"), up to ``max_bias``."""
+    `attention_bias.mpt_alibi_slopes` ("mpt"), up to ``max_bias``.
+
+    With ``pi_train_length`` L and ``pi_eval_length`` L' (position interpolation, Al-Khateeb
+    et al. 2023, arXiv 2310.13017) the slopes are ``m_h * min(1, L / L')``
+    (`attention_bias.alibi_interpolated_slopes`): the evaluation variant ``"alibi_pi"``
+    (`alibi_at_length`) sets L' to the evaluation length, training-free."""
 
     hook = "bias"
 
@@ -59,17 +80,47 @@ class ALiBiEncoding(PositionalEncoding):
         self.num_heads = dims.num_heads
         self.slopes = options.slopes
         self.max_bias = options.max_bias
+        self.pi_train_length = options.pi_train_length
+        self.pi_eval_length = options.pi_eval_length
 
     def slope_values(self) -> Array:
-        """float32 ``[heads]``."""
+        """float32 ``[heads]`` (interpolated when ``pi_eval_length`` is set)."""
         fn = (
             attention_bias.mpt_alibi_slopes if self.slopes == "mpt" else attention_bias.alibi_slopes
         )
-        return fn(self.num_heads, max_bias=self.max_bias)
+        slopes = fn(self.num_heads, max_bias=self.max_bias)
+        if self.pi_eval_length is None:
+            return slopes
+        return attention_bias.alibi_interpolated_slopes(
+            slopes, train_length=self.pi_train_length, eval_length=self.pi_eval_length
+        )
 
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
         slopes = self.slope_values()
         return attention_bias.alibi_bias(q_positions, k_positions, slopes, causal=causal)
+
+
+ALIBI_EVAL_VARIANTS = ("alibi_pi",)  # EvalConfig.rope_scalings names them beside RoPE's
+
+
+def alibi_at_length(options: ALiBiOptions, variant: str, eval_length: int) -> ALiBiOptions:
+    """ALiBi's options for evaluating at ``eval_length`` under ``variant`` ``"alibi_pi"``:
+    position interpolation, slopes ``m_h * min(1, L / eval_length)`` with ``L`` =
+    ``pi_train_length`` (Al-Khateeb et al. 2023, arXiv 2310.13017). Same (no) parameters."""
+    if variant not in ALIBI_EVAL_VARIANTS:
+        raise ValueError(f"variant={variant!r}; ALiBi's allowed: {list(ALIBI_EVAL_VARIANTS)}")
+    if options.pi_train_length is None:
+        raise ValueError(
+            "ModelConfig.positional_options.pi_train_length=None: the 'alibi_pi' evaluation "
+            "variant scales the slopes by L / L'; set the training length L"
+        )
+    eval_length = check_positive_int("eval_length", eval_length)
+    return dataclasses.replace(options, pi_eval_length=eval_length)
+
+
+def _alibi_label(options: ALiBiOptions) -> str:
+    """``"+pi"`` when the slopes are interpolated, else ``""``."""
+    return "" if options.pi_eval_length is None else "+pi"
 
 
 KERPLE_EPS = 0.01  # lower clamp of r1 and r2 (chijames/KERPLE ``self.eps = 1e-2``)
@@ -281,6 +332,9 @@ for _spec in (
         "bias",
         ALiBiEncoding,
         options=ALiBiOptions,
+        eval_variant=alibi_at_length,
+        eval_variants=ALIBI_EVAL_VARIANTS,
+        label_suffix=_alibi_label,
         num_params=lambda dims, options: 0,
         summary="linear distance bias on the logits (Press et al. 2022)",
     ),

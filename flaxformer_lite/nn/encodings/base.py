@@ -9,6 +9,9 @@ Every encoding acts at exactly one hook point and is the identity at the other t
   (RoPE, xPos);
 * ``bias``   -- ``bias(q_positions, k_positions, causal=...)`` returns a float32 logit bias
   ``[batch, heads, q_len, kv_len]`` (ALiBi, T5, KERPLE, FIRE);
+* ``forget`` -- ``log_forget(x)`` sees the attention layer's input ``x`` ``[batch, length,
+  d_model]`` and returns float32 log forget gates ``[batch, length, heads]``; the layer adds
+  ``c_i - c_j`` of their prefix sums ``c`` to the logits (FoX; `core.forgetting`);
 * ``none``   -- no positional information (NoPE).
 
 An encoding's own settings (RoPE's base, T5's buckets, ...) are a frozen `EncodingOptions`
@@ -25,7 +28,7 @@ import jax
 from flax import nnx
 
 Array = jax.Array
-HOOKS = ("add", "rotate", "bias", "none")
+HOOKS = ("add", "rotate", "bias", "forget", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,3 +81,8 @@ class PositionalEncoding(nnx.Module):
     def bias(self, q_positions: Array, k_positions: Array, *, causal: bool) -> Array:
         """Float32 logit bias ``[batch, heads, q_len, kv_len]`` (bias-hook encodings only)."""
         raise NotImplementedError(f"{type(self).__name__} has no attention bias")
+
+    def log_forget(self, x: Array) -> Array:
+        """Float32 log forget gates ``[batch, length, heads]`` of the attention layer's input
+        ``x`` ``[batch, length, d_model]`` (forget-hook encodings only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no forget gates")

@@ -145,13 +145,14 @@ class EncodingSpec:
 
     @property
     def rope_scaling(self) -> bool:
-        """Whether evaluation-time RoPE scaling applies to this encoding."""
+        """Whether an evaluation-time variant applies to this encoding (a RoPE scaling, or
+        ALiBi's position interpolation): it has an ``eval_variant``."""
         return self.eval_variant is not None
 
     def evaluation_variants(self, requested: Sequence[str]) -> tuple[str, ...]:
         """The requested evaluation-time variants (``EvalConfig.rope_scalings``) that apply:
-        each adds result rows; none for an encoding without RoPE scaling."""
-        return tuple(requested) if self.rope_scaling else ()
+        those in ``eval_variants``; each adds result rows."""
+        return tuple(v for v in requested if v in self.eval_variants)
 
     def variant_options(
         self, options: EncodingOptions, variant: str, eval_length: int

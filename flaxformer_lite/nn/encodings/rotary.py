@@ -294,6 +294,39 @@ def rope_at_length(options: RopeOptions, scaling: str, eval_length: int) -> Rope
 
 
 @dataclasses.dataclass(frozen=True)
+class PRopeOptions(RopeOptions):
+    """Options of p-RoPE (Barbero et al. 2024, arXiv 2410.06205, §6): RoPE's, plus the
+    fraction ``p`` of its pairs that rotate, the highest-frequency ones."""
+
+    p: float = 0.75  # fraction of the rotated pairs kept rotating (1: RoPE, 0: NoPE)
+
+    def check(self, dims: ModelDims, path: str) -> None:
+        super().check(dims, path)
+        if not is_number(self.p) or not 0.0 <= self.p <= 1.0:
+            fail(f"{path}.p", self.p, "must be a number in [0, 1] (1: RoPE, 0: no rotation)")
+
+
+class PRotaryEncoding(RotaryEncoding):
+    """p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional
+    Encodings useful?", arXiv 2410.06205, §6): RoPE whose lowest-frequency pairs do not
+    rotate. Of RoPE's ``P = rotary_dim / 2`` pairs (with its scalings, at their frequencies),
+    the ``n = int(p * rotary_dim // 2)`` highest-frequency ones (`core.rotary.p_rope_pairs`)
+    keep their frequencies; the others get frequency 0 (angle 0: unrotated), so they carry
+    no position and can carry meaning at any distance (Hugging Face's "proportional" rope).
+    ``p = 1`` is RoPE, ``p = 0`` rotates nothing. No parameters; the RoPE scalings apply.
+    """
+
+    def __init__(self, dims: ModelDims, options: PRopeOptions, *, rngs: nnx.Rngs):
+        super().__init__(dims, options, rngs=rngs)
+        self.kept_pairs = rotary.p_rope_pairs(self.rotary_dim, options.p)
+
+    def inv_frequencies(self, q_positions: Array) -> Array:
+        """RoPE's frequencies with the pairs from ``kept_pairs`` on set to 0."""
+        inv_freq = super().inv_frequencies(q_positions)
+        return rotary.keep_highest_frequencies(inv_freq, self.kept_pairs)
+
+
+@dataclasses.dataclass(frozen=True)
 class XPosOptions(EncodingOptions):
     """Options of xPos (Sun et al. 2022): RoPE's rotation options plus the decay's scale."""
 
@@ -381,5 +414,19 @@ register(
         causal_only=True,
         num_params=lambda dims, options: 0,
         summary="RoPE with exponential decay of the logits with distance (Sun et al. 2022)",
+    )
+)
+register(
+    EncodingSpec(
+        "p_rope",
+        "rotate",
+        PRotaryEncoding,
+        options=PRopeOptions,
+        eval_variant=rope_at_length,
+        eval_variants=rotary.ROPE_EVAL_SCALINGS,
+        label_suffix=_rope_label,
+        incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
+        num_params=lambda dims, options: 0,
+        summary="RoPE whose lowest-frequency pairs do not rotate (Barbero et al. 2024)",
     )
 )
