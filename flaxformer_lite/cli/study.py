@@ -9,7 +9,8 @@ r"""Run a study: every cell (encoding x seed x ...) of a study config's sweep, t
 
 (``python scripts/run_study.py`` and ``python -m flaxformer_lite study`` are the same command.)
 --config takes a packaged study config by name (NAME:PRESET) or a config file by path
-(FILE.py:PRESET); --helpfull lists the --config.* overrides.
+(FILE.py:PRESET); --list-fields prints every --config.* field with its type, value and
+meaning.
 
 --shard=I/N (0-based, 0 <= I < N) runs a deterministic 1/N of the selected cells, balanced
 by an estimated cost (`sweeps.shard_cells`), each shard into its own workdir; ``report``

@@ -32,15 +32,18 @@ from flaxformer_lite.train.run_config import MAX_SEED, RunConfig
 if TYPE_CHECKING:  # the runner's pre-flight, kept with its cell
     from flaxformer_lite.train.loop import Preflight
 
-SWEEP_FIELDS = (
-    "encodings",
-    "seeds",
-    "randomized",
-    "tasks",
-    "learning_rates",
-    "model_sizes",
-    "models",
-)
+# the fields of config.sweep and what each adds to the cells (`flaxformer-lite study
+# --list-fields` shows these lines)
+SWEEP_FIELD_DOCS = {
+    "encodings": "registry names: one cell per encoding (x seed, x rate, x size)",
+    "seeds": "one cell per seed (initialisation and data order)",
+    "randomized": "encodings also trained on randomized positions (Ruoss et al. 2023)",
+    "tasks": "synthetic task names: one cell per task",
+    "learning_rates": "peak rates, one cell per rate; (): optim.learning_rate for every cell",
+    "model_sizes": "dicts of model.* overrides with a 'name': one cell per size",
+    "models": "pretrained models (dicts of name, source, train_length, revision): one cell each",
+}
+SWEEP_FIELDS = tuple(SWEEP_FIELD_DOCS)
 # the keys of one entry of sweep.models (pretrained models, `configs/pretrained.py`)
 MODEL_FIELDS = ("name", "source", "train_length", "revision")
 # A cell name is one directory under STUDY/runs/: a portable file name, nothing that a path
