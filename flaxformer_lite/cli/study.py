@@ -40,7 +40,11 @@ from flaxformer_lite.study import sweeps
 _CONFIG = config_flags.DEFINE_config_file("config", None, common.config_help(), lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "the study directory")
 _ONLY = flags.DEFINE_list("only", [], "run only these encodings or cell names, e.g. alibi,rope")
-_PROGRESS = flags.DEFINE_bool("progress", True, "show progress bars")
+_PROGRESS = flags.DEFINE_bool(
+    "progress",
+    True,
+    "progress bars when stderr is a terminal; elsewhere (a log file, a pipe) one line per cell",
+)
 _RESTART = flags.DEFINE_bool(
     "restart_changed",
     False,

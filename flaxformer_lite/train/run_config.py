@@ -52,7 +52,7 @@ class TrainConfig:
     eval_every: int = 0  # validation loss at the training length every N steps (0: only at end)
     checkpoint_every: int = 250  # save a checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 2  # how many recent checkpoints to keep
-    progress: bool = True  # show a tqdm progress bar
+    progress: bool = True  # tqdm progress bars when stderr is a terminal (base.progress)
     # optimizer steps per compiled call (a `lax.scan` over that many batches): the same
     # numbers, less per-call overhead for small models (docs/performance.md); 1: one step.
     # Steps before a checkpoint or validation that do not fill a call run one per call.

@@ -360,3 +360,21 @@ def test_a_duplicated_row_of_one_seed_is_an_error_not_an_interval(study):
     assert f"metric={first['metric']!r}" in error
     assert f"{study / 'results.jsonl'}:1 and" in error and str(rows_file) in error
     assert (study / "REPORT.md").read_bytes() == report_before  # no averaged table written
+
+
+def test_off_a_terminal_a_study_prints_one_line_per_cell_and_no_bar(cells, tmp_path, capsys):
+    """stderr captured by pytest is no terminal: no tqdm bar (no carriage return, no ``it/s``),
+    one line per finished cell instead; ``progress=False`` prints neither."""
+    cells["rope-seed0"] = FloatingPointError("loss is nan")
+    config = extrapolation_lm.get_config("tiny")
+    run_study(config, tmp_path / "a", only=("alibi", "rope"), progress=True, command="test")
+    err = capsys.readouterr().err
+    assert "\r" not in err and "it/s" not in err and "cell/s" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("cell ")]
+    assert [line.split(" in ")[0] for line in lines] == [
+        "cell 1/2 rope-seed0 failed",
+        "cell 2/2 alibi-seed0 done",
+    ]
+    assert all(re.fullmatch(r".* in \d+\.\d s; eta \d+\.\d min", line) for line in lines), lines
+    run_study(config, tmp_path / "b", only=("alibi", "rope"), progress=False, command="test")
+    assert "cell " not in capsys.readouterr().err
