@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -185,7 +186,8 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     if tasks:
         lines.append(f"| Tasks | {cell(_join(tasks))} |")
-    rates = sorted({r["learning_rate"] for r in rows if _is_number(r.get("learning_rate"))})
+    trained_rows = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    rates = sorted({r["learning_rate"] for r in trained_rows if _is_number(r.get("learning_rate"))})
     if rates:
         tags = _join(learning_rate_tag(x) for x in rates)
         lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
@@ -201,14 +203,109 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             for size, ns in sizes
         ]
         lines.append(f"| Parameters | {cell('; '.join(counts))} |")
-    lines += [
-        f"| Runs / rows | {len(runs)} / {len(rows)} |",
-        f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
-        f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation |",
-    ]
+    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
+    if steps:
+        lines.append(f"| Training steps | {cell(_join(steps))} |")
+    lines.append(f"| Overrides of the preset | {_overrides_cell(rows)} |")
+    lines.append(f"| Runs / rows | {len(runs)} / {len(rows)} |")
+    if trained:
+        lines.append(
+            f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
+            f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation |"
+        )
+    else:
+        lines.append(f"| Wall time (sum over runs) | {_fmt_seconds(evaluation)} evaluation |")
     if stamps:
         span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
         lines.append(f"| Runs finished | {cell(span)} |")
+    return lines + _models_lines(rows)
+
+
+def _steps(row: Mapping[str, Any]) -> int | None:
+    """The training steps a row's run was configured for (its ``setting``)."""
+    setting = row.get("setting")
+    value = setting.get("train.num_steps") if isinstance(setting, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def command_overrides(command: Any) -> list[str]:
+    """The ``--config.*`` overrides of a recorded command line, ``["train.num_steps=200",
+    ...]`` in the order typed ([] for none, or a command that does not parse): every value
+    the run took from the command line instead of its preset."""
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:
+        return []
+    out = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config."):
+            name, eq, value = arg.removeprefix("--config.").partition("=")
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+            out.append(f"{name}={value}")
+    return out
+
+
+def _overrides_cell(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Each distinct set of command-line overrides, with its row count when they differ."""
+    sets = _counted(rows, "command")
+    by_set: dict[tuple[str, ...], int] = {}
+    for command, n in sets:
+        key = tuple(command_overrides(command))
+        by_set[key] = by_set.get(key, 0) + n
+    if not by_set:
+        return "not recorded"
+    many = len(by_set) > 1
+    shown = []
+    for overrides, n in by_set.items():
+        text = ", ".join(md_code(o, cell=True) for o in overrides) or "none (the preset as it is)"
+        shown.append(text + (f" ({n} rows)" if many else ""))
+    return "; ".join(shown)
+
+
+# what a report says of models whose weights are random (the tiny test models)
+RANDOM_WEIGHTS = "random weights: the numbers only show that the pipeline runs"
+
+
+def _short_hash(value: Any) -> str:
+    """``sha256:0123456789ab`` of a recorded ``sha256:<64 hex>`` (— when absent)."""
+    if not isinstance(value, str) or not value:
+        return "—"
+    algorithm, _, digest = value.rpartition(":")
+    return f"{algorithm or 'sha256'}:{digest[:12]}"
+
+
+def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pretrained models the rows evaluated (none trained): id, family, revision, weights
+    and tokenizer sha256 (shortened), the weights' stored format; each model's row names
+    whether its weights are random (`RANDOM_WEIGHTS`)."""
+    models = [(m, n) for m, n in _counted(rows, "pretrained") if isinstance(m, dict)]
+    if not models:
+        return []
+    lines = [
+        "",
+        "Models (evaluated as published; nothing trained):",
+        "",
+        "| model | family | revision | weights | tokenizer | weights format |",
+        "|:--|:--|:--|:--|:--|:--|",
+    ]
+    random_weights = False
+    for m, _ in models:
+        note = ""
+        if m.get("random_weights"):
+            random_weights, note = True, " (random weights)"
+        cells = [
+            md_escape(m.get("model_id", "?")) + note,
+            md_escape(m.get("family", "?")),
+            md_escape(m.get("revision") or "—"),
+            md_code(_short_hash(m.get("weights_sha256")), cell=True),
+            md_code(_short_hash(m.get("tokenizer_sha256")), cell=True),
+            md_escape(m.get("weights_format", "?")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if random_weights:
+        lines += ["", f"**{md_escape(RANDOM_WEIGHTS[0].upper() + RANDOM_WEIGHTS[1:])}.**"]
     return lines
 
 
@@ -236,9 +333,20 @@ def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _default_title(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``Results: extrapolation_lm (quick), 1000 training steps``: the studies, their presets
+    and what ran (the training steps, or pretrained models)."""
     studies = list(dict.fromkeys((r.get("study"), r.get("preset")) for r in rows))
     names = _join(f"{s} ({p})" if p else str(s) for s, p in studies)
-    return f"Results: {names}"
+    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
+    what = []
+    if steps:
+        what.append(
+            f"{'–'.join(str(n) for n in dict.fromkeys((steps[0], steps[-1])))} training steps"
+        )
+    if len(trained) < len(rows):
+        what.append("pretrained models")
+    return f"Results: {names}" + (f", {' and '.join(what)}" if what else "")
 
 
 def render_report(

@@ -241,8 +241,18 @@ def run(workdir: Path) -> tuple[dict, list[str]]:
     """The study rerun in ``workdir``: its outcome and the warnings it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome = run_study(config(), workdir, progress=False)
+        outcome = run_study(config(), workdir, progress=False, command=command(workdir))
     return outcome, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def command(workdir: Path) -> str:
+    """The command line `config` stands for, as the study command records it."""
+    return (
+        f"flaxformer-lite study --config=extrapolation_lm:tiny --workdir={workdir} "
+        "--config.sweep.encodings=\"('rope', 'alibi')\" --config.train.num_steps=4 "
+        "--config.train.checkpoint_every=4 --config.eval.length_multiples=(1,2) "
+        "--config.eval.max_bytes=256"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +269,24 @@ def study(finished, tmp_path) -> Path:
     copy = tmp_path / "study"
     shutil.copytree(finished, copy)
     return copy
+
+
+def test_the_report_says_what_ran_and_names_no_path_of_the_machine(finished):
+    """REPORT.md's title names the preset and the steps, its Setup every command-line
+    override of the preset; no absolute path of this machine is in it (the workdir, the
+    corpus cache, the interpreter's folders, the home directory)."""
+    text = (finished / "REPORT.md").read_text(encoding="utf-8")
+    assert text.startswith("# Results: extrapolation\\_lm (tiny), 4 training steps\n")
+    overrides = (
+        "| Overrides of the preset | `sweep.encodings=('rope', 'alibi')`, `train.num_steps=4`, "
+        "`train.checkpoint_every=4`, `eval.length_multiples=(1,2)`, `eval.max_bytes=256` |"
+    )
+    assert overrides in text
+    assert "| Training steps | 4 |" in text
+    assert "--workdir=. " in text  # the recorded command, relative to the report
+    for place in (finished, finished.parent, Path.home(), sys.prefix, sys.base_prefix):
+        assert str(place) not in text, place
+    assert "/home/" not in text and "/usr/" not in text and "/root/" not in text
 
 
 def measurements(workdir: Path) -> dict:
