@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from configs import extrapolation_lm
 
+from configs import extrapolation_lm
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.nn import schedules
 from flaxformer_lite.train.run_config import RunConfig
