@@ -9,6 +9,9 @@ Usage (installed as ``flaxformer_lite.configs.extrapolation_lm``: by name, or by
 Presets (measured wall times: docs/results.md; every study scores the whole validation split
 unless ``eval.max_bytes`` caps it):
   tiny    seconds; what the tests use (evaluation capped to 2048 targets: a smoke preset).
+  dev     a few minutes on 2 CPU cores: quick's model for RoPE and ALiBi, 300 steps each, scored
+          on the first 65,536 bytes of the validation split (``eval.max_bytes``) at L x {1, 2,
+          4, 8}: to try a change end to end before a real study, not to cite.
   quick   the README's main job: 5 encodings x 1 seed on the embedded stdlib corpus, 1000 steps
           each, non-overlapping windows at L x {1, 2, 4, 8, 16}.
   cpu     the citeable CPU study: the same 5 encodings x 5 seeds, non-overlapping and
@@ -215,6 +218,15 @@ def _tiny(c: ml_collections.ConfigDict) -> None:
     c.eval.update(length_multiples=(1, 2, 4), max_bytes=2048, batch_size=8)
 
 
+def _dev(c: ml_collections.ConfigDict) -> None:
+    # A change tried end to end in minutes: two encodings that differ past L, a third of
+    # quick's training, and a quarter of the stdlib validation split (263,701 bytes) per length.
+    _quick(c)
+    c.sweep.encodings = ("rope", "alibi")
+    c.train.update(num_steps=300, checkpoint_every=300)
+    c.eval.update(length_multiples=(1, 2, 4, 8), max_bytes=65536)
+
+
 def _quick(c: ml_collections.ConfigDict) -> None:
     c.model.update(d_model=64, num_heads=4, d_ff=256, num_decoder_layers=4)
     c.data.update(train_length=64, batch_size=32)
@@ -315,6 +327,7 @@ def _modern(c: ml_collections.ConfigDict) -> None:
 
 PRESETS = {
     "tiny": _tiny,
+    "dev": _dev,
     "quick": _quick,
     "cpu": _cpu,
     "cpu_best_lr": _cpu_best_lr,

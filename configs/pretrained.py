@@ -104,7 +104,8 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
 def _tiny(c: ml_collections.ConfigDict) -> None:
     # L = 16, the tiny Llama's max_position_embeddings; one table for every model
     c.sweep.models = tuple(
-        dict(name=case, source=str(TINY_MODELS / case), train_length=16) for case in TINY_CASES
+        dict(name=case, source=str(TINY_MODELS / case), train_length=16, random_weights=True)
+        for case in TINY_CASES
     )
     c.train.progress = False
     c.eval.update(

@@ -6,6 +6,8 @@
     flaxformer-lite generate --workdir=runs/quick/runs/rope-seed0 --prompt="def "
     flaxformer-lite demo
     flaxformer-lite SUBCOMMAND --help     # that subcommand's flags
+    flaxformer-lite study --config=extrapolation_lm:quick --list-fields   # every --config.* field
+    flaxformer-lite --version
 
 ``python -m flaxformer_lite SUBCOMMAND ...`` and the ``scripts/`` of a clone
 (``run_study.py``, ``train.py``, ``make_report.py``, ``generate.py``, ``demo.py``) run the
@@ -36,7 +38,8 @@ def usage() -> str:
     lines = [f"usage: {PROG} SUBCOMMAND [flags]   ({PROG} SUBCOMMAND --help for its flags)", ""]
     lines += [f"  {name:<{width}}  {what}" for name, what in COMMANDS.items()]
     lines += ["", "--config takes a packaged study config by name (extrapolation_lm:quick) or a"]
-    lines += ["config file by path (configs/extrapolation_lm.py:quick)."]
+    lines += ["config file by path (configs/extrapolation_lm.py:quick); --list-fields prints every"]
+    lines += ["--config.* field of it with its type, value and meaning. --version: the version."]
     return "\n".join(lines)
 
 
@@ -47,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
         print(usage(), file=sys.stdout if len(argv) >= 2 else sys.stderr)
         sys.exit(0 if len(argv) >= 2 else 2)
     name = argv[1]
+    if name == "--version":  # the subcommands' `common.version_line`
+        print(importlib.import_module(f"{__name__}.common").version_line())
+        sys.exit(0)
     if name not in COMMANDS:
         print(
             f"error: unknown subcommand {name!r}; allowed: {', '.join(COMMANDS)} ({PROG} --help)",

@@ -35,7 +35,9 @@ from absl import logging as absl_logging
 from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import ConfigError, one_line, shown
 from flaxformer_lite.base.io import StateWriteError, write_error
+from flaxformer_lite.study.sweeps import SWEEP_FIELD_DOCS
 from flaxformer_lite.train import provenance
+from flaxformer_lite.train.run_config import field_docs
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -48,6 +50,16 @@ flags.DEFINE_multi_string(
     "registers a positional encoding with flaxformer_lite.register; a module name is looked up "
     "on sys.path and in the current directory",
 )
+
+LIST_FIELDS_FLAG = "list-fields"
+flags.DEFINE_bool(
+    LIST_FIELDS_FLAG,
+    False,
+    "print every --config.* field of the config (with the overrides given) as "
+    "'config.section.field (type) = value  # meaning', and exit",
+)
+VERSION_FLAG = "version"
+flags.DEFINE_bool(VERSION_FLAG, False, "print the package's version and exit")
 
 
 def fail(message: str) -> typing.NoReturn:
@@ -139,7 +151,8 @@ def run_command(
     sys.argv[:] = argv  # absl's --help names sys.argv[0]'s flags and usage
     for flag in flags.FLAGS.get_key_flags_for_module(module):
         flags.FLAGS.register_key_flag_for_module(argv[0], flag)
-    flags.FLAGS.register_key_flag_for_module(argv[0], flags.FLAGS[IMPORT_FLAG])
+    for name in (IMPORT_FLAG, LIST_FIELDS_FLAG, VERSION_FLAG):
+        flags.FLAGS.register_key_flag_for_module(argv[0], flags.FLAGS[name])
     main_module = sys.modules.get("__main__")
     if main_module is not None and doc:
         main_module.__doc__ = doc
@@ -260,7 +273,19 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     ``--import`` modules are imported first (`import_modules`). ``--config=NAME:PRESET``
     names a packaged config (`resolve_config`). A config whose file defines ``PRESETS`` must
-    name one (``FILE.py:PRESET``), so that no preset runs without being asked for."""
+    name one (``FILE.py:PRESET``), so that no preset runs without being asked for.
+
+    ``--version`` prints `version_line` and exits; ``--list-fields`` prints `config_fields`
+    of the config (its overrides applied) and exits, without the flags a run requires."""
+    if f"--{VERSION_FLAG}" in argv[1:]:
+        print(version_line())
+        sys.exit(0)
+    listing = f"--{LIST_FIELDS_FLAG}" in argv[1:]
+    if listing:
+        if "config" not in flags.FLAGS or _flag_value(argv, "config") is None:
+            fail(f"--{LIST_FIELDS_FLAG}: name a config, e.g. --config=extrapolation_lm:quick")
+        if "workdir" in flags.FLAGS and _flag_value(argv, "workdir") is None:
+            argv = [*argv, "--workdir="]  # required to run, not to list; never used
     import_modules(argv)
     typed = _flag_value(argv, "config")
     argv = resolve_config(argv)
@@ -278,7 +303,48 @@ def parse_flags(argv: list[str]) -> list[str]:
         if typed and resolved and typed != resolved:  # name the config as it was given
             message = message.replace(resolved, typed)
         fail(message)
+    if listing:
+        print("\n".join(config_fields(flags.FLAGS["config"].value)))
+        sys.exit(0)
     return args
+
+
+def version_line() -> str:
+    """``flaxformer-lite 0.1.0 (python 3.12.3, jax 0.6.0, flax 0.11.0)``: the installed
+    versions (`provenance.package_versions`), as every results row records them."""
+    versions = provenance.package_versions()
+    python = ".".join(map(str, sys.version_info[:3]))
+    return (
+        f"flaxformer-lite {versions['flaxformer-lite']} "
+        f"(python {python}, jax {versions['jax']}, flax {versions['flax']})"
+    )
+
+
+def config_fields(config: Any) -> list[str]:
+    """One line per field of ``config`` (a ConfigDict), nested fields by their full path::
+
+        config.model.positional_options.rope.base (float) = 10000.0  # frequency base; ...
+
+    The type is the one its dataclass annotates (else the value's), the value the current
+    one (overrides applied, cut to 80 characters), the meaning the comment beside the field
+    in its dataclass (`run_config.field_docs`; ``config.sweep``: `sweeps.SWEEP_FIELD_DOCS`).
+    Every line is a field a ``--config.`` flag sets."""
+    docs = field_docs()
+    docs.update({f"sweep.{k}": ("tuple", v) for k, v in SWEEP_FIELD_DOCS.items()})
+    lines: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        for key in node.keys():
+            value, name = node[key], f"{path}.{key}" if path else key
+            if hasattr(value, "keys") and not isinstance(value, dict):  # a ConfigDict section
+                walk(value, name)
+                continue
+            kind, meaning = docs.get(name, (type(value).__name__, ""))
+            line = f"config.{name} ({kind}) = {shown(value, 80)}"
+            lines.append(f"{line}  # {meaning}" if meaning else line)
+
+    walk(config, "")
+    return lines
 
 
 def import_modules(argv: list[str]) -> list[str]:

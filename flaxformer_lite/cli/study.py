@@ -9,7 +9,8 @@ r"""Run a study: every cell (encoding x seed x ...) of a study config's sweep, t
 
 (``python scripts/run_study.py`` and ``python -m flaxformer_lite study`` are the same command.)
 --config takes a packaged study config by name (NAME:PRESET) or a config file by path
-(FILE.py:PRESET); --helpfull lists the --config.* overrides.
+(FILE.py:PRESET); --list-fields prints every --config.* field with its type, value and
+meaning.
 
 --shard=I/N (0-based, 0 <= I < N) runs a deterministic 1/N of the selected cells, balanced
 by an estimated cost (`sweeps.shard_cells`), each shard into its own workdir; ``report``
@@ -39,7 +40,11 @@ from flaxformer_lite.study import sweeps
 _CONFIG = config_flags.DEFINE_config_file("config", None, common.config_help(), lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "the study directory")
 _ONLY = flags.DEFINE_list("only", [], "run only these encodings or cell names, e.g. alibi,rope")
-_PROGRESS = flags.DEFINE_bool("progress", True, "show progress bars")
+_PROGRESS = flags.DEFINE_bool(
+    "progress",
+    True,
+    "progress bars when stderr is a terminal; elsewhere (a log file, a pipe) one line per cell",
+)
 _RESTART = flags.DEFINE_bool(
     "restart_changed",
     False,

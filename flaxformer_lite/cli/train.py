@@ -5,7 +5,8 @@ r"""Train and evaluate one run.
 
 (``python scripts/train.py`` and ``python -m flaxformer_lite train`` are the same command.)
 --config takes a packaged study config by name (NAME:PRESET) or a config file by path
-(FILE.py:PRESET); --helpfull lists the --config.* overrides.
+(FILE.py:PRESET); --list-fields prints every --config.* field with its type, value and
+meaning.
 
 A second invocation with the same workdir resumes from the newest checkpoint (or returns the
 finished result). Bad overrides fail before anything is written. A second process on the same

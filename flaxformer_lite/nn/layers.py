@@ -678,9 +678,9 @@ class AddNorm(nnx.Module):
         self.pre = cfg.norm == "pre"
         self.norm = _norm(cfg, rngs=rngs)
         self.post_norm = _norm(cfg, rngs=rngs) if cfg.sandwich_norm else None
-        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=True, rngs=rngs)
 
-    def branch(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
+    def branch(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool | None):
         """The residual branch of pre-LN alone, ``Dropout(f(norm(x)))`` (parallel residual;
         ``Dropout(post_norm(f(norm(x))))`` with sandwich norms)."""
         y = sublayer(self.norm(x))
@@ -688,7 +688,7 @@ class AddNorm(nnx.Module):
             y = self.post_norm(y)
         return self.dropout(y, deterministic=deterministic)
 
-    def __call__(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool):
+    def __call__(self, x: Array, sublayer: Callable[[Array], Array], *, deterministic: bool | None):
         if self.pre:
             return x + self.branch(x, sublayer, deterministic=deterministic)
         return self.norm(x + self.dropout(sublayer(x), deterministic=deterministic))
@@ -716,7 +716,7 @@ class EncoderBlock(nnx.Module):
         *,
         pe: PositionalEncoding,
         mask: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """``x`` ``[b, l, d]``, positions ``[b, l]``, mask ``[b, 1, l, l]`` -> ``[b, l, d]``."""
         attend = lambda h: self.attention(h, q_positions=positions, pe=pe, mask=mask)
@@ -774,7 +774,7 @@ class DecoderBlock(nnx.Module):
         encoded: Array | None = None,
         encoded_positions: Array | None = None,
         cross_mask: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """``x`` ``[b, l, d]``; ``encoded`` ``[b, s, d]`` for cross-attention -> ``[b, l, d]``.
 
@@ -834,7 +834,9 @@ class DecoderBlock(nnx.Module):
             x = self.cross_attention_norm(x, cross_attend, deterministic=True)
         return self.ffn_norm(x, self.ffn, deterministic=True), new_cache
 
-    def _parallel(self, x: Array, attend: Callable[[Array], Array], deterministic: bool) -> Array:
+    def _parallel(
+        self, x: Array, attend: Callable[[Array], Array], deterministic: bool | None
+    ) -> Array:
         """``x + Dropout(attend(norm1 x)) + Dropout(ffn(norm2 x))`` (GPT-NeoX)."""
         a = self.self_attention_norm.branch(x, attend, deterministic=deterministic)
         f = self.ffn_norm.branch(x, self.ffn, deterministic=deterministic)

@@ -12,6 +12,12 @@ a ``cfg.layer_pattern`` gives each layer its own encoding and attention span
 (`ModelConfig.layer_kinds`): every distinct (encoding, options) is built once, shared by the
 layers that use it -- the model-wide one stays ``pe``, the others are ``layer_pe[i]`` -- and
 an encoding built per layer (`EncodingSpec.per_layer`) lives in its block (``blocks[i].pe``).
+
+Dropout (``cfg.dropout_rate``, on the embeddings and each sub-layer's output) follows NNX's
+modes: a model starts in eval mode (no dropout: evaluation, generation and the pretrained
+parity tests call it as built); ``model.train()`` turns dropout on and ``model.eval()`` off
+(`flax.nnx.Module.train`). A call's ``deterministic=True/False`` overrides the mode for that
+call (the training step passes ``False``, evaluation ``True``); None follows the mode.
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ class _Stack(nnx.Module):
         self.layer_pe_index = tuple(index)  # per layer: 0 = pe, i = layer_pe[i-1], None = own
         # BLOOM's word_embeddings_layernorm: a norm of the embeddings before the first block
         self.embed_norm = _norm(cfg, rngs=rngs) if cfg.embedding_norm else None
-        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=True, rngs=rngs)
         self.final_norm = _norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
 
     def layer_encoding(self, i: int) -> PositionalEncoding:
@@ -104,7 +110,7 @@ class _Stack(nnx.Module):
             return self.blocks[i].pe
         return self.pe if j == 0 else self.layer_pe[j - 1]
 
-    def _embed(self, tokens: Array, positions: Array, deterministic: bool) -> Array:
+    def _embed(self, tokens: Array, positions: Array, deterministic: bool | None) -> Array:
         """Embed (scaled), add the add-hook encoding, embedding norm, dropout."""
         x_BTD = self.pe.add(self.embed.encode(tokens), positions)
         if self.embed_norm is not None:
@@ -156,7 +162,7 @@ class Encoder(_Stack):
         positions: Array | None = None,
         *,
         valid: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """tokens ``[b, l]``, positions ``[b, l]`` or ``[l]`` (default ``0..l-1``), valid
         ``[b, l]`` bool -> ``[b, l, d]``."""
@@ -199,7 +205,7 @@ class Decoder(_Stack):
         encoded: Array | None = None,
         encoded_positions: Array | None = None,
         encoded_valid: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """tokens ``[b, l]`` (+ ``encoded`` ``[b, s, d]``) -> hidden states ``[b, l, d]``.
 
@@ -322,7 +328,7 @@ class DecoderOnlyLM(nnx.Module):
         positions: Array | None = None,
         *,
         valid: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """tokens int ``[b, l]``, positions int ``[b, l]`` or ``[l]`` (default ``0..l-1``),
         valid bool ``[b, l]`` (True = real token) -> float32 logits ``[b, l, vocab]``."""
@@ -362,7 +368,7 @@ class EncoderDecoder(nnx.Module):
         src_positions: Array | None = None,
         *,
         src_valid=None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """src ``[b, s]``, src_positions ``[b, s]`` or ``[s]`` (default ``0..s-1``) ->
         encoder states ``[b, s, d]``."""
@@ -379,7 +385,7 @@ class EncoderDecoder(nnx.Module):
         tgt_positions: Array | None = None,
         src_valid: Array | None = None,
         tgt_valid: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> Array:
         """src ``[b, s]``, tgt ``[b, t]`` (+ positions ``[b, len]`` or ``[len]``, default
         ``0..len-1``; validity) -> logits ``[b, t, vocab]``."""

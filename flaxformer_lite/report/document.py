@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,10 +19,8 @@ from flaxformer_lite.report.study_tables import (
     encoding_order,
 )
 from flaxformer_lite.report.table import (
-    Cell,
-    Column,
+    MISSING_MD,
     Table,
-    markdown_rows,
     md_code,
     md_escape,
     md_fence,
@@ -100,6 +99,10 @@ def _join(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def _code(x: Any) -> str:
+    return md_code(x)
+
+
 def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
     """``- label: a; b`` with row counts when the rows disagree (``fmt`` returns Markdown:
     `md_escape` d or `md_code`)."""
@@ -121,7 +124,7 @@ def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if commands:
         lines += ["Command(s) that produced the rows:", "", *md_fence(commands), ""]
     lines += [
-        _listing("Git commit(s)", _counted(rows, "git_commit"), md_code),
+        _listing("Git commit(s)", _counted(rows, "git_commit"), _code),
         _listing("Packages", _counted(rows, "packages"), _describe_packages),
         _listing("Python", _counted(rows, "python"), md_escape),
         _listing(
@@ -146,13 +149,13 @@ def _describe_data(data: Any) -> str:
         return md_escape(data)
     parts = [md_escape(data["name"])] if "name" in data else []
     if "sha256" in data:
-        parts.append(f"sha256 {md_code(data['sha256'])}")
+        parts.append(f"sha256 {_code(data['sha256'])}")
     size = data.get("num_bytes", data.get("bytes"))
     if size is not None:
         parts.append(md_escape(f"{size} bytes"))
     if data.get("num_files") is not None:
         parts.append(md_escape(f"{data['num_files']} files"))
-    return ", ".join(parts) or md_code(json.dumps(data, sort_keys=True))
+    return ", ".join(parts) or _code(json.dumps(data, sort_keys=True))
 
 
 def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -170,20 +173,24 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     train_lengths = sorted(n for n in _distinct(rows, "train_length") if n)
     eval_lengths = sorted(n for n in _distinct(rows, "eval_length") if n)
     stamps = sorted(t for t in _distinct(rows, "timestamp") if isinstance(t, str))
-    setup = [
-        ("Study (preset)", _join(studies)),
-        (f"Encodings ({len(encodings)})", _join(encodings)),
-        ("Seeds", _join(seeds) or None),
-        ("Train length L", _join(train_lengths) or None),
-        ("Evaluation lengths", _join(eval_lengths)),
-        ("Protocols", _join(protocols) or None),
+    cell = md_escape  # every value comes from the rows
+    lines = [
+        "| | |",
+        "|:--|:--|",
+        f"| Study (preset) | {cell(_join(studies))} |",
+        f"| Encodings ({len(encodings)}) | {cell(_join(encodings))} |",
+        f"| Seeds | {cell(_join(seeds)) or MISSING_MD} |",
+        f"| Train length L | {cell(_join(train_lengths)) or MISSING_MD} |",
+        f"| Evaluation lengths | {cell(_join(eval_lengths))} |",
+        f"| Protocols | {cell(_join(protocols)) or MISSING_MD} |",
     ]
     if tasks:
-        setup.append(("Tasks", _join(tasks)))
-    rates = sorted({r["learning_rate"] for r in rows if _is_number(r.get("learning_rate"))})
+        lines.append(f"| Tasks | {cell(_join(tasks))} |")
+    trained_rows = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    rates = sorted({r["learning_rate"] for r in trained_rows if _is_number(r.get("learning_rate"))})
     if rates:
         tags = _join(learning_rate_tag(x) for x in rates)
-        setup.append((f"Peak learning rate{'s' if len(rates) > 1 else ''}", tags))
+        lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
     params: dict[Any, list[float]] = {}
     for r in rows:
         if _is_number(r.get("num_params")):
@@ -195,20 +202,111 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             + "–".join(dict.fromkeys(f"{n:,.0f}" for n in (min(ns), max(ns))))
             for size, ns in sizes
         ]
-        setup.append(("Parameters", "; ".join(counts)))
-    setup += [
-        ("Runs / rows", f"{len(runs)} / {len(rows)}"),
-        (
-            "Wall time (sum over runs)",
-            f"{_fmt_seconds(train + evaluation)} = "
-            f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation",
-        ),
-    ]
+        lines.append(f"| Parameters | {cell('; '.join(counts))} |")
+    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
+    if steps:
+        lines.append(f"| Training steps | {cell(_join(steps))} |")
+    lines.append(f"| Overrides of the preset | {_overrides_cell(rows)} |")
+    lines.append(f"| Runs / rows | {len(runs)} / {len(rows)} |")
+    if trained:
+        lines.append(
+            f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
+            f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation |"
+        )
+    else:
+        lines.append(f"| Wall time (sum over runs) | {_fmt_seconds(evaluation)} evaluation |")
     if stamps:
-        setup.append(("Runs finished", f"{stamps[0]} … {stamps[-1]}" if stamps[1:] else stamps[0]))
-    # every value comes from the rows: text cells are escaped; None is not measured (—)
-    cells = tuple((Cell(label), Cell(value)) for label, value in setup)
-    return markdown_rows(Table("setup", "", "", (Column("", "l"), Column("", "l")), cells))
+        span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
+        lines.append(f"| Runs finished | {cell(span)} |")
+    return lines + _models_lines(rows)
+
+
+def _steps(row: Mapping[str, Any]) -> int | None:
+    """The training steps a row's run was configured for (its ``setting``)."""
+    setting = row.get("setting")
+    value = setting.get("train.num_steps") if isinstance(setting, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def command_overrides(command: Any) -> list[str]:
+    """The ``--config.*`` overrides of a recorded command line, ``["train.num_steps=200",
+    ...]`` in the order typed ([] for none, or a command that does not parse): every value
+    the run took from the command line instead of its preset."""
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:
+        return []
+    out = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config."):
+            name, eq, value = arg.removeprefix("--config.").partition("=")
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+            out.append(f"{name}={value}")
+    return out
+
+
+def _overrides_cell(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Each distinct set of command-line overrides, with its row count when they differ."""
+    sets = _counted(rows, "command")
+    by_set: dict[tuple[str, ...], int] = {}
+    for command, n in sets:
+        key = tuple(command_overrides(command))
+        by_set[key] = by_set.get(key, 0) + n
+    if not by_set:
+        return "not recorded"
+    many = len(by_set) > 1
+    shown = []
+    for overrides, n in by_set.items():
+        text = ", ".join(md_code(o, cell=True) for o in overrides) or "none (the preset as it is)"
+        shown.append(text + (f" ({n} rows)" if many else ""))
+    return "; ".join(shown)
+
+
+# what a report says of models whose weights are random (the tiny test models)
+RANDOM_WEIGHTS = "random weights: the numbers only show that the pipeline runs"
+
+
+def _short_hash(value: Any) -> str:
+    """``sha256:0123456789ab`` of a recorded ``sha256:<64 hex>`` (— when absent)."""
+    if not isinstance(value, str) or not value:
+        return "—"
+    algorithm, _, digest = value.rpartition(":")
+    return f"{algorithm or 'sha256'}:{digest[:12]}"
+
+
+def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pretrained models the rows evaluated (none trained): id, family, revision, weights
+    and tokenizer sha256 (shortened), the weights' stored format; each model's row names
+    whether its weights are random (`RANDOM_WEIGHTS`)."""
+    models = [(m, n) for m, n in _counted(rows, "pretrained") if isinstance(m, dict)]
+    if not models:
+        return []
+    lines = [
+        "",
+        "Models (evaluated as published; nothing trained):",
+        "",
+        "| model | family | revision | weights | tokenizer | weights format |",
+        "|:--|:--|:--|:--|:--|:--|",
+    ]
+    random_weights = False
+    for m, _ in models:
+        note = ""
+        if m.get("random_weights"):
+            random_weights, note = True, " (random weights)"
+        cells = [
+            md_escape(m.get("model_id", "?")) + note,
+            md_escape(m.get("family", "?")),
+            md_escape(m.get("revision") or "—"),
+            md_code(_short_hash(m.get("weights_sha256")), cell=True),
+            md_code(_short_hash(m.get("tokenizer_sha256")), cell=True),
+            md_escape(m.get("weights_format", "?")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if random_weights:
+        lines += ["", f"**{md_escape(RANDOM_WEIGHTS[0].upper() + RANDOM_WEIGHTS[1:])}.**"]
+    return lines
 
 
 def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -235,9 +333,20 @@ def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _default_title(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``Results: extrapolation_lm (quick), 1000 training steps``: the studies, their presets
+    and what ran (the training steps, or pretrained models)."""
     studies = list(dict.fromkeys((r.get("study"), r.get("preset")) for r in rows))
     names = _join(f"{s} ({p})" if p else str(s) for s, p in studies)
-    return f"Results: {names}"
+    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
+    what = []
+    if steps:
+        what.append(
+            f"{'–'.join(str(n) for n in dict.fromkeys((steps[0], steps[-1])))} training steps"
+        )
+    if len(trained) < len(rows):
+        what.append("pretrained models")
+    return f"Results: {names}" + (f", {' and '.join(what)}" if what else "")
 
 
 def render_report(

@@ -22,6 +22,7 @@ from flaxformer_lite.base.io import atomic_write_bytes
 from flaxformer_lite.report import cost, paired, sweep_report
 from flaxformer_lite.report.document import render_report
 from flaxformer_lite.report.figures import make_plots
+from flaxformer_lite.report.paths import portable
 from flaxformer_lite.report.study_tables import StudyResults, build_tables
 from flaxformer_lite.report.table import render_csv, render_latex, render_markdown
 from flaxformer_lite.results import comparable, store
@@ -73,7 +74,13 @@ def write_report(
     if not rows and not (failed or missing):
         raise ValueError("write_report needs at least one results row; got none")
     out_dir = Path(out_dir)
-    stated = dict(problems=list(problems), title=title, missing=list(missing), failed=failed)
+    # no path of this machine in REPORT.md: relative to out_dir, or named (`paths.portable`)
+    stated = dict(
+        problems=[portable(str(p), out_dir) for p in problems],
+        title=title,
+        missing=portable(list(missing), out_dir),
+        failed=portable(dict(failed or {}), out_dir),
+    )
     if not rows:
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_text(out_dir / "REPORT.md", render_report([], [], [], **stated))
@@ -105,7 +112,10 @@ def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, sta
             _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
     figures = make_plots(main_rows, tables, out_dir) if plots else []
     mixed = verdict.report_lines()
-    text = render_report(rows, tables, figures, pairs=pairs, derived=derived, mixed=mixed, **stated)
+    shown = portable(list(rows), out_dir)
+    text = render_report(
+        shown, tables, figures, pairs=pairs, derived=derived, mixed=mixed, **stated
+    )
     _write_text(out_dir / "REPORT.md", text)
     return out_dir / "REPORT.md"
 

@@ -66,8 +66,9 @@ def rows_for_cell(
         "device_kind": env["device_kind"],
         "device_count": env["device_count"],
         "data": env["data"],
-        # a pretrained model's id, family, revision and weights / tokenizer sha256 (else None)
-        "pretrained": env.get("pretrained"),
+        # a pretrained model's id, family, revision, weights / tokenizer sha256 and format,
+        # and random_weights when the sweep says its weights are random (else None)
+        "pretrained": _pretrained_record(env.get("pretrained"), labels or {}),
         "train_seconds": round(summary["train_seconds"], 3),
         "train_steps": summary.get("train_steps"),  # None in an eval.json from before it
         "eval_seconds": round(summary["eval_seconds"], 3),
@@ -104,6 +105,14 @@ def rows_for_cell(
         if "loss_by_position" in r:
             rows.append(head | {"metric": "loss_by_position", "value": r["loss_by_position"]})
     return rows
+
+
+def _pretrained_record(record: Any, labels: Mapping[str, Any]) -> Any:
+    """A pretrained model's record with ``random_weights: True`` when the sweep's entry says
+    its weights are random (the report then says its numbers only show the pipeline runs)."""
+    if isinstance(record, dict) and labels.get("random_weights"):
+        return record | {"random_weights": True}
+    return record
 
 
 def blocks_for_cell(run: RunConfig, name: str, summary: dict[str, Any]) -> list[dict[str, Any]]:

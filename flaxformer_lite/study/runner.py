@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from flaxformer_lite.base import interrupt
 from flaxformer_lite.base.checks import ConfigError, one_line
 from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
+from flaxformer_lite.base.progress import bars as progress_bars
 from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.results.comparable import MixedRowsError
 from flaxformer_lite.results.rows import (
@@ -402,17 +403,19 @@ def _run_locked(
     study.restart_changed_cells()
     failed: dict[str, str] = {}
     todo = [c for c in cells if not study.is_done(c.name, warn=True)]
+    draw = progress_bars(progress)
     bar = tqdm(
         total=len(cells),
         initial=len(cells) - len(todo),
         desc="study",
         unit="cell",
-        disable=not progress,
+        disable=not draw,
         position=0,
         dynamic_ncols=True,
     )
     t0, finished = time.perf_counter(), 0
     for cell in todo:
+        started = time.perf_counter()
         bar.set_postfix_str(cell.name)
         interrupt.where(run=f"cell {cell.name}", phase="starting")
         try:
@@ -438,6 +441,15 @@ def _run_locked(
         bar.update(1)
         eta = (time.perf_counter() - t0) / finished * (len(todo) - finished)
         bar.set_postfix_str(f"eta {eta / 60:.1f} min")
+        if progress and not draw:  # a log file or pipe: one line per cell, not a bar
+            done = len(cells) - len(todo) + finished
+            outcome = "failed" if cell.name in failed else "done"
+            print(
+                f"cell {done}/{len(cells)} {cell.name} {outcome} in "
+                f"{time.perf_counter() - started:.1f} s; eta {eta / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
         study.merge_results()
     bar.close()
     results = study.merge_results()

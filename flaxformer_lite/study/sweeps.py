@@ -32,17 +32,21 @@ from flaxformer_lite.train.run_config import MAX_SEED, RunConfig
 if TYPE_CHECKING:  # the runner's pre-flight, kept with its cell
     from flaxformer_lite.train.loop import Preflight
 
-SWEEP_FIELDS = (
-    "encodings",
-    "seeds",
-    "randomized",
-    "tasks",
-    "learning_rates",
-    "model_sizes",
-    "models",
-)
+# the fields of config.sweep and what each adds to the cells (`flaxformer-lite study
+# --list-fields` shows these lines)
+SWEEP_FIELD_DOCS = {
+    "encodings": "registry names: one cell per encoding (x seed, x rate, x size)",
+    "seeds": "one cell per seed (initialisation and data order)",
+    "randomized": "encodings also trained on randomized positions (Ruoss et al. 2023)",
+    "tasks": "synthetic task names: one cell per task",
+    "learning_rates": "peak rates, one cell per rate; (): optim.learning_rate for every cell",
+    "model_sizes": "dicts of model.* overrides with a 'name': one cell per size",
+    "models": "pretrained models (dicts of name, source, train_length, optional revision and "
+    "random_weights): one cell each",
+}
+SWEEP_FIELDS = tuple(SWEEP_FIELD_DOCS)
 # the keys of one entry of sweep.models (pretrained models, `configs/pretrained.py`)
-MODEL_FIELDS = ("name", "source", "train_length", "revision")
+MODEL_FIELDS = ("name", "source", "train_length", "revision", "random_weights")
 # A cell name is one directory under STUDY/runs/: a portable file name, nothing that a path
 # resolves (no separators, no "." or ".."), not hidden and not an option-like "-x".
 CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
@@ -89,9 +93,11 @@ def _model_sizes(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
+def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """``sweep.models``: pretrained models, each ``{"name", "source", "train_length"
-    (its training context in tokens), "revision" (optional)}`` -> (cell name, overrides)."""
+    (its training context in tokens), "revision" (optional), "random_weights" (optional,
+    True for models whose weights are random: the report says so)}`` -> (cell name,
+    overrides, labels)."""
     out = []
     for i, entry in enumerate(_field(sweep, "models")):
         entry = dict(entry.items()) if hasattr(entry, "items") else entry
@@ -103,7 +109,8 @@ def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
             fail(
                 f"config.sweep.models[{i}]",
                 entry,
-                f"must be a mapping with keys name, source, train_length (and revision); "
+                f"must be a mapping with keys name, source, train_length (and revision, "
+                "random_weights); "
                 f"allowed keys: {list(MODEL_FIELDS)}",
             )
         overrides = {
@@ -112,7 +119,10 @@ def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
             "pretrained.revision": entry.get("revision", ""),
             "data.train_length": entry["train_length"],
         }
-        out.append((entry["name"], overrides))
+        random_weights = entry.get("random_weights", False)
+        if not isinstance(random_weights, bool):
+            fail(f"config.sweep.models[{i}].random_weights", random_weights, "must be a bool")
+        out.append((entry["name"], overrides, {"random_weights": True} if random_weights else {}))
     return out
 
 
@@ -138,9 +148,9 @@ def expand_sweep(config: Any) -> list[dict[str, Any]]:
         )
     if not all(is_int(s) and 0 <= s <= MAX_SEED for s in seeds):
         fail("config.sweep.seeds", seeds, f"each seed must be an int in [0, {MAX_SEED}]")
-    models = pretrained or [(e, {"model.positional": e}) for e in encodings]
+    models = pretrained or [(e, {"model.positional": e}, {}) for e in encodings]
     models += [
-        (f"{e}-randomized", {"model.positional": e, "model.randomized_positions": True})
+        (f"{e}-randomized", {"model.positional": e, "model.randomized_positions": True}, {})
         for e in _field(sweep, "randomized")
     ]
     sizes: list[tuple[str | None, dict[str, Any]]] = [*_model_sizes(sweep)] or [(None, {})]
@@ -151,14 +161,15 @@ def expand_sweep(config: Any) -> list[dict[str, Any]]:
             setting = [size] if size else []
             setting += [f"lr{learning_rate_tag(rate)}"] if rate is not None else []
             rate_override = {} if rate is None else {"optim.learning_rate": rate}
-            for name, overrides in models:
+            for name, overrides, labels in models:
                 for seed in seeds:
                     cell = {
                         "name": "-".join([name, *setting, f"seed{seed}"]),
                         "overrides": overrides | size_overrides | rate_override | {"seed": seed},
                     }
-                    if size:
-                        cell["labels"] = {"model_size": size}
+                    labels = labels | ({"model_size": size} if size else {})
+                    if labels:
+                        cell["labels"] = labels
                     cells.append(cell)
     tasks = _field(sweep, "tasks")
     if not tasks:

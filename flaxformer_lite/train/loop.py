@@ -51,6 +51,7 @@ from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import check_path, fail, shown
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
+from flaxformer_lite.base.progress import bars as progress_bars
 from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.models import DecoderOnlyLM
@@ -410,7 +411,7 @@ def _evaluate_and_publish(
     the model says of it (steps, training time, its provenance)."""
     interrupt.where(phase="evaluating")
     t0 = time.perf_counter()
-    progress = run.train.progress and multihost.is_primary()
+    progress = progress_bars(run.train.progress) and multihost.is_primary()
     results = run_evaluation.evaluate_plan(model, ready.plan, ready.dataset, progress=progress)
     env = provenance.environment() | {"data": ready.dataset.provenance()} | made["provenance"]
     summary = {
@@ -524,7 +525,7 @@ def _train(training: _Training, state, start: int) -> tuple[Any, dict[str, Any]]
         initial=start,
         desc=f"train {run.model.positional}",
         unit="step",
-        disable=not (run.train.progress and multihost.is_primary()),
+        disable=not (progress_bars(run.train.progress) and multihost.is_primary()),
         dynamic_ncols=True,
     )
     pending = None  # (last step, device metrics) of the previous call, read while this one runs

@@ -22,9 +22,11 @@ from typing import Any
 
 from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base.checks import ConfigError, check_path, check_type, fail, shown
+from flaxformer_lite.base.fields import field_comments
 from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.eval_config import EvalConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
+from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.train import cpu_matmul, sizing
 
@@ -50,7 +52,7 @@ class TrainConfig:
     eval_every: int = 0  # validation loss at the training length every N steps (0: only at end)
     checkpoint_every: int = 250  # save a checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 2  # how many recent checkpoints to keep
-    progress: bool = True  # show a tqdm progress bar
+    progress: bool = True  # tqdm progress bars when stderr is a terminal (base.progress)
     # optimizer steps per compiled call (a `lax.scan` over that many batches): the same
     # numbers, less per-call overhead for small models (docs/performance.md); 1: one step.
     # Steps before a checkpoint or validation that do not fill a call run one per call.
@@ -103,16 +105,16 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    study: str
-    preset: str
-    seed: int
-    model: ModelConfig
-    data: DataConfig
-    optim: OptimConfig
-    train: TrainConfig
-    eval: EvalConfig
-    mesh: MeshConfig = MeshConfig()
-    pretrained: PretrainedConfig = PretrainedConfig()
+    study: str  # the study's name, recorded in every results row
+    preset: str  # the study config's preset, recorded in every results row
+    seed: int  # parameter initialisation, data order and dropout (a sweep sets it per cell)
+    model: ModelConfig  # the model (a pretrained run: how it computes, not what)
+    data: DataConfig  # the corpus or synthetic task, training length and batch size
+    optim: OptimConfig  # AdamW and its learning-rate schedule
+    train: TrainConfig  # steps, logging, checkpoints, progress
+    eval: EvalConfig  # evaluation lengths, protocols and the report's comparisons
+    mesh: MeshConfig = MeshConfig()  # how devices split the batch and the parameters
+    pretrained: PretrainedConfig = PretrainedConfig()  # a model to load instead of training
 
     @property
     def eval_lengths(self) -> tuple[int, ...]:
@@ -227,6 +229,51 @@ class RunConfig:
         the corpus content hash and the versions)."""
         blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "mesh": MeshConfig,
+    "pretrained": PretrainedConfig,
+}
+
+
+def field_docs() -> dict[str, tuple[str, str]]:
+    """``{"section.field": (type, meaning)}`` for every field of a run config, sections
+    included (``"model"``), and ``"model.positional_options.<encoding>.<option>"`` for the
+    options of every registered encoding; the type as its dataclass annotates it, the
+    meaning the comment beside the field in the dataclass's source
+    (`base.fields.field_comments`), so a listing of the fields and the code say the same.
+    ``config.sizing`` (`train.sizing.RECORDED_LENGTHS`) is included; ``config.sweep`` is the
+    study layer's."""
+    docs: dict[str, tuple[str, str]] = {}
+
+    def add(prefix: str, cls: type) -> None:
+        comments = field_comments(cls)
+        for f in dataclasses.fields(cls):
+            docs[f"{prefix}{f.name}"] = (_type_text(f.type), comments[f.name])
+
+    add("", RunConfig)
+    for section, cls in SECTIONS.items():
+        add(f"{section}.", cls)
+    for name in registry.positional_encoding_names():
+        docs[f"model.positional_options.{name}"] = ("section", f"options of the {name} encoding")
+        add(f"model.positional_options.{name}.", registry.get_positional_encoding(name).options)
+    docs["sizing"] = ("section", "the lengths the options sized to L were set for (train.sizing)")
+    for name, meaning in sizing.RECORDED_LENGTHS.items():
+        docs[f"sizing.{name}"] = ("int", meaning)
+    return docs
+
+
+def _type_text(annotation: Any) -> str:
+    """``"int | None"`` for an annotation (a string under postponed evaluation, or a type)."""
+    if isinstance(annotation, str):
+        return annotation
+    return getattr(annotation, "__name__", str(annotation))
 
 
 # Where a pretrained model is: left out of its run's identity, which `train.identity` gives

@@ -33,6 +33,13 @@ SIZED_OPTIONS = (
     "positional_options.xpos.scale_base",
 )
 
+# what ``config.sizing`` records (`sizing_lengths`): set with the preset, not an override
+RECORDED_LENGTHS = {
+    "train_length": "L the sized options were set for (recorded: an override of L resizes them)",
+    "length": "tokens per training sequence the sized options were set for (recorded)",
+    "longest": "tokens of the longest evaluation sequence they were set for (recorded)",
+}
+
 
 def sizing_lengths(config: Mapping[str, Any]) -> dict[str, int] | None:
     """The lengths the sized options follow: ``train_length`` (L), ``length`` (tokens per

@@ -521,6 +521,34 @@ def test_dropout_only_acts_when_not_deterministic():
     assert np.abs(b - a).max() > 1e-3 and np.abs(b - c).max() > 1e-3
 
 
+@pytest.mark.parametrize("kind", ["DecoderOnlyLM", "EncoderDecoder"])
+def test_dropout_follows_nnx_train_and_eval_modes(kind):
+    """A model starts in eval mode (no dropout); ``train()`` turns dropout on and ``eval()``
+    off, as for any NNX module; an explicit ``deterministic=`` overrides the mode."""
+    cfg = small_cfg("sinusoidal", dropout_rate=0.5)
+    tokens, pos = jnp.asarray(_tokens(17, T)), _positions(T)
+    if kind == "DecoderOnlyLM":
+        model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(16))
+
+        def call(**kw):
+            return np.asarray(model(tokens, pos, **kw))
+    else:
+        model = EncoderDecoder(cfg, rngs=nnx.Rngs(16))
+
+        def call(**kw):
+            return np.asarray(model(tokens, tokens, src_positions=pos, tgt_positions=pos, **kw))
+
+    evaluated = call()
+    np.testing.assert_array_equal(call(deterministic=True), evaluated)
+    model.train()
+    a, b = call(), call()
+    assert np.abs(a - evaluated).max() > 1e-3 and np.abs(a - b).max() > 1e-3
+    np.testing.assert_array_equal(call(deterministic=True), evaluated)  # the call overrides
+    model.eval()
+    np.testing.assert_array_equal(call(), evaluated)
+    assert np.abs(call(deterministic=False) - evaluated).max() > 1e-3
+
+
 def test_models_reject_inconsistent_inputs():
     lm = DecoderOnlyLM(small_cfg(), rngs=nnx.Rngs(0))
     tokens = jnp.asarray(_tokens(0, T))

@@ -4,6 +4,8 @@ models) through the study runner, rows, tables and the report, with nothing trai
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 from configs import pretrained
 from flaxformer_lite.cli.pipeline import run_study
@@ -12,13 +14,16 @@ from flaxformer_lite.study import runner
 from flaxformer_lite.study.sweeps import expand_sweep, select_cells
 from flaxformer_lite.train import loop
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_the_tiny_preset_runs_end_to_end(tmp_path):
     config = pretrained.get_config("tiny")
     config.eval.update(length_multiples=(1, 2), max_bytes=512, protocols=("nonoverlapping",))
     config.eval.rope_scalings = ("yarn",)
     sweep = select_cells(expand_sweep(config), ["gpt2", "llama", "bloom"])
-    out = run_study(config, tmp_path, sweep=sweep, progress=False)
+    typed = f"flaxformer-lite study --config=pretrained:tiny --workdir={tmp_path} --only=gpt2"
+    out = run_study(config, tmp_path, sweep=sweep, progress=False, command=typed)
     assert not out.get("failed"), out
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     bpb = {
@@ -39,7 +44,22 @@ def test_the_tiny_preset_runs_end_to_end(tmp_path):
     table = (tmp_path / "tables" / "bits_per_byte_nonoverlapping.md").read_text()
     for name in ("gpt2", "llama", "llama+yarn", "bloom"):
         assert f"| {name} |" in table.replace("\\_", "_")
-    assert (tmp_path / "REPORT.md").is_file()
+    # REPORT.md names each model by content (family, hashes, format), says that these
+    # weights are random, and names no folder of this machine
+    report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+    assert report.startswith("# Results: pretrained (tiny), pretrained models\n")
+    gpt2 = next(r["pretrained"] for (name, _), r in bpb.items() if name == "gpt2")
+    assert gpt2["random_weights"] is True
+    line = next(x for x in report.splitlines() if x.startswith("| .../gpt2 "))
+    assert line == (
+        "| .../gpt2 (random weights) | gpt2 | — | "
+        f"`sha256:{gpt2['weights_sha256'][7:19]}` | `sha256:{gpt2['tokenizer_sha256'][7:19]}` | "
+        "safetensors |"
+    )
+    assert "**Random weights: the numbers only show that the pipeline runs.**" in report
+    assert "Peak learning rate" not in report and "Training steps" not in report
+    for place in (tmp_path, Path.home(), sys.prefix, sys.base_prefix, ROOT):
+        assert str(place) not in report, place
 
 
 def test_a_pretrained_cell_maps_its_config_once_and_runs_one_preflight(tmp_path, monkeypatch):

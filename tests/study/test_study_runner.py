@@ -241,8 +241,18 @@ def run(workdir: Path) -> tuple[dict, list[str]]:
     """The study rerun in ``workdir``: its outcome and the warnings it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome = run_study(config(), workdir, progress=False)
+        outcome = run_study(config(), workdir, progress=False, command=command(workdir))
     return outcome, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def command(workdir: Path) -> str:
+    """The command line `config` stands for, as the study command records it."""
+    return (
+        f"flaxformer-lite study --config=extrapolation_lm:tiny --workdir={workdir} "
+        "--config.sweep.encodings=\"('rope', 'alibi')\" --config.train.num_steps=4 "
+        "--config.train.checkpoint_every=4 --config.eval.length_multiples=(1,2) "
+        "--config.eval.max_bytes=256"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +269,24 @@ def study(finished, tmp_path) -> Path:
     copy = tmp_path / "study"
     shutil.copytree(finished, copy)
     return copy
+
+
+def test_the_report_says_what_ran_and_names_no_path_of_the_machine(finished):
+    """REPORT.md's title names the preset and the steps, its Setup every command-line
+    override of the preset; no absolute path of this machine is in it (the workdir, the
+    corpus cache, the interpreter's folders, the home directory)."""
+    text = (finished / "REPORT.md").read_text(encoding="utf-8")
+    assert text.startswith("# Results: extrapolation\\_lm (tiny), 4 training steps\n")
+    overrides = (
+        "| Overrides of the preset | `sweep.encodings=('rope', 'alibi')`, `train.num_steps=4`, "
+        "`train.checkpoint_every=4`, `eval.length_multiples=(1,2)`, `eval.max_bytes=256` |"
+    )
+    assert overrides in text
+    assert "| Training steps | 4 |" in text
+    assert "--workdir=. " in text  # the recorded command, relative to the report
+    for place in (finished, finished.parent, Path.home(), sys.prefix, sys.base_prefix):
+        assert str(place) not in text, place
+    assert "/home/" not in text and "/usr/" not in text and "/root/" not in text
 
 
 def measurements(workdir: Path) -> dict:
@@ -360,3 +388,21 @@ def test_a_duplicated_row_of_one_seed_is_an_error_not_an_interval(study):
     assert f"metric={first['metric']!r}" in error
     assert f"{study / 'results.jsonl'}:1 and" in error and str(rows_file) in error
     assert (study / "REPORT.md").read_bytes() == report_before  # no averaged table written
+
+
+def test_off_a_terminal_a_study_prints_one_line_per_cell_and_no_bar(cells, tmp_path, capsys):
+    """stderr captured by pytest is no terminal: no tqdm bar (no carriage return, no ``it/s``),
+    one line per finished cell instead; ``progress=False`` prints neither."""
+    cells["rope-seed0"] = FloatingPointError("loss is nan")
+    config = extrapolation_lm.get_config("tiny")
+    run_study(config, tmp_path / "a", only=("alibi", "rope"), progress=True, command="test")
+    err = capsys.readouterr().err
+    assert "\r" not in err and "it/s" not in err and "cell/s" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("cell ")]
+    assert [line.split(" in ")[0] for line in lines] == [
+        "cell 1/2 rope-seed0 failed",
+        "cell 2/2 alibi-seed0 done",
+    ]
+    assert all(re.fullmatch(r".* in \d+\.\d s; eta \d+\.\d min", line) for line in lines), lines
+    run_study(config, tmp_path / "b", only=("alibi", "rope"), progress=False, command="test")
+    assert "cell " not in capsys.readouterr().err

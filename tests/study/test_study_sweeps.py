@@ -307,6 +307,21 @@ def test_every_run_of_every_preset_validates(module, preset):
         assert run.eval_plan() is not None  # every evaluation cell is buildable
 
 
+def test_the_dev_preset_is_quicks_model_at_a_small_part_of_its_cost():
+    """`dev`: RoPE and ALiBi with quick's model, evaluation capped in bytes of text; its
+    estimated compute (`sweeps.cell_cost`) is under a tenth of quick's."""
+    dev, quick = extrapolation_lm.get_config("dev"), extrapolation_lm.get_config("quick")
+    assert [c["name"] for c in expand_sweep(dev)] == ["rope-seed0", "alibi-seed0"]
+    for field in ("d_model", "num_heads", "d_ff", "num_decoder_layers", "norm", "activation"):
+        assert dev.model[field] == quick.model[field], field
+    assert dev.eval.max_bytes == 65536 and quick.eval.max_bytes == 0
+    cost = {
+        name: sum(sweeps.cell_cost(c, cell) for cell in expand_sweep(c))
+        for name, c in (("dev", dev), ("quick", quick))
+    }
+    assert cost["dev"] < cost["quick"] / 10, cost
+
+
 def test_associative_recall_holds_the_task_studies_longest_length():
     """64 pairs (16 x 4, the task studies' longest evaluation): distinct keys per row, and
     the one scored target is the value that followed the queried key."""
