@@ -126,3 +126,23 @@ def test_the_identity_of_a_model_is_its_content_not_its_path(evaluated, tmp_path
         r"--restart_changed to start it afresh in place",
         lines[0],
     ), lines[0]
+
+
+def test_a_pretrained_runs_identity_holds_how_its_documents_are_scored():
+    """The separator, the BOS and how text is scored change the numbers: they are in the
+    identity, also when the model's files are unchanged since a record that lacks them (a run
+    scored otherwise is not resumed as if it were this one)."""
+    from configs import pretrained as presets
+    from flaxformer_lite.train import identity
+    from flaxformer_lite.train.run_config import RunConfig
+
+    c = presets.get_config("tiny")
+    c.pretrained.source = str(Path(presets.TINY_MODELS) / "gpt2")
+    c.data.train_length = 16
+    run = RunConfig.from_config(c)
+    content, stats = identity.pretrained_content(run)
+    want = {"separator_id": 0, "bos_id": None, "scored_text": identity.SCORED_TEXT}
+    assert content["documents"] == want
+    old = {"pretrained": {k: content[k] for k in ("weights_sha256", "tokenizer_sha256")}}
+    old["recorded"] = {"pretrained_files": stats}
+    assert identity.pretrained_content(run, old)[0] == content
