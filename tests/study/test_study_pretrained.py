@@ -96,7 +96,31 @@ def test_the_offline_preset_resolves_to_its_packaged_models_at_quarter_to_four_t
         assert lengths == list(run.eval_lengths)
         variants = {str(c.label) for c in plan.cells}
         assert len(variants) >= 4  # the model, +pi, +ntk, +yarn
-        assert 4 * L <= config.eval.max_bytes
+
+
+@__import__("pytest").mark.slow
+def test_every_window_of_the_offline_preset_fits_its_text(request):
+    """Each model's tokens of the scored split (tokenized, every byte reproduced) hold its
+    longest window, 4L + 1 tokens (minutes: two tokenizers over 731 kB; run with -m slow)."""
+    import pytest
+
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("minutes of tokenizing: select it with -m slow")
+
+    from flaxformer_lite.base.checks import ConfigError
+    from flaxformer_lite.study.sweeps import apply_overrides
+    from flaxformer_lite.train import batches
+    from flaxformer_lite.train.run_config import RunConfig
+
+    try:
+        config = pretrained.get_config("offline")
+    except ConfigError as e:
+        pytest.skip(str(e))
+    for cell in expand_sweep(config):
+        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
+        split = batches.open_run_data(run).split(config.eval.split)  # the plan's checks too
+        assert split.num_tokens > 4 * run.data.train_length + 1
+        assert split.token_bytes[split.scored].sum() == split.num_text_bytes
 
 
 def test_the_offline_preset_names_the_pip_command_of_a_missing_package(monkeypatch):
