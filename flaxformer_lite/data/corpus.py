@@ -80,6 +80,9 @@ class Split:
       token_bytes, token_offset, scored: int64 / int64 / bool ``[num_tokens]``, or None for a
         byte corpus (each token is one byte at its own offset, every token scored).
       num_text_bytes: bytes of text of the split (a byte corpus: ``num_tokens``).
+      document_ends: int64 ``[documents - 1]``, a tokenized split's position of the token
+        that ends each document but the last (its separator); None: every unscored token
+        (a byte corpus: every 0x00).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class Split:
         token_offset: np.ndarray | None = None,
         scored: np.ndarray | None = None,
         num_text_bytes: int | None = None,
+        document_ends: np.ndarray | None = None,
     ) -> None:
         self.data = data
         self.name = name
@@ -103,7 +107,8 @@ class Split:
             raise ValueError("token_bytes, token_offset and scored are given together or not")
         self.token_bytes, self.token_offset, self.scored = arrays
         self.num_text_bytes = self.num_tokens if num_text_bytes is None else int(num_text_bytes)
-        self._separators: np.ndarray | None = None  # `document_of`'s, found on first use
+        # `document_of`'s, found on first use unless given
+        self._separators = None if document_ends is None else np.asarray(document_ends, np.int64)
         self._text_end: np.ndarray | None = None  # `tokens_within`'s, found on first use
 
     @property
@@ -160,17 +165,19 @@ class Split:
             )
 
     def tokens_within(self, max_bytes: int) -> int:
-        """How many leading tokens lie within the split's first ``max_bytes + 1`` bytes of
-        text: the window data that scores the targets covering bytes ``1 .. max_bytes`` (byte
-        0 has no context). A byte corpus: ``max_bytes + 1``; a tokenized split: the tokens
-        whose text ends by then, so every tokenizer is scored on the same text."""
+        """How many leading tokens of the split score ``max_bytes`` bytes of text. A byte
+        corpus: ``max_bytes + 1`` (targets: bytes ``1 .. max_bytes``; byte 0 has no context);
+        a tokenized split, which starts with a context token: the tokens whose text ends
+        within the first ``max_bytes`` bytes (targets: bytes ``0 .. max_bytes - 1``, exactly
+        those for every tokenizer when it was tokenized with a boundary there:
+        `flaxformer_lite.data.tokens.TokenCorpus` ``cut_bytes``)."""
         max_bytes = check_positive_int("max_bytes", max_bytes)
         if self.is_bytes:
             return min(max_bytes + 1, self.num_tokens)
         if self._text_end is None:
             ends = np.asarray(self.token_offset, np.int64) + np.asarray(self.token_bytes, np.int64)
             self._text_end = np.maximum.accumulate(ends) if ends.size else ends
-        return int(np.searchsorted(self._text_end, max_bytes + 1, side="right"))
+        return int(np.searchsorted(self._text_end, max_bytes, side="right"))
 
     def sample_batch(
         self, rng: np.random.Generator, batch_size: int, length: int
@@ -262,7 +269,7 @@ class Split:
         The protocols (non-overlapping for `stride=None`, sliding window for `stride < length`)
         and the exact coverage guarantee are described in `flaxformer_lite.data.windows`: over all
         batches, the scored targets (`loss_mask == 1`) are the tokens at positions
-        `1 .. n-1` of the split (or of its tokens within the first `max_bytes + 1` bytes of
+        `1 .. n-1` of the split (or of its tokens that score its first `max_bytes` bytes of
         text: `tokens_within`), each exactly once. `max_windows` keeps only the first windows
         (then a prefix of those positions is scored). `pad_batch=True` fills the last batch up
         to `batch_size` with all-zero rows (loss_mask 0), so every batch has the same shape.

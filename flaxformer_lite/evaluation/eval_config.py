@@ -14,6 +14,9 @@ SPLITS = ("validation", "test")
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)  # eval lengths = L x these
+    # and L / these (each >= 2, dividing L): lengths below a pretrained model's training
+    # context, its in-distribution curve (a trained run's say nothing about extrapolation)
+    length_divisors: tuple[int, ...] = ()
     # "nonoverlapping", "sliding" (windows advance by stride_fraction x length) and/or
     # "context" (the same targets at every context length: evaluation.protocols.Context)
     protocols: tuple[str, ...] = ("nonoverlapping",)
@@ -59,13 +62,10 @@ class EvalConfig:
                 "each multiple must be >= 1 (an eval length shorter than the training length "
                 "says nothing about extrapolation)",
             )
-        for name in (
-            "length_multiples",
-            "protocols",
-            "context_multiples",
-            "rope_scalings",
-            "temperatures",
-        ):
+        if any(d < 2 for d in self.length_divisors):
+            bad("length_divisors", "each must be >= 2 (evaluation lengths L / d; () for none)")
+        names = ("length_multiples", "length_divisors", "protocols", "context_multiples")
+        for name in (*names, "rope_scalings", "temperatures"):
             values = getattr(self, name)
             if len(set(values)) != len(values):  # each would be evaluated, and its rows, twice
                 repeated = next(v for i, v in enumerate(values) if v in values[:i])
@@ -94,3 +94,18 @@ class EvalConfig:
             bad("temperatures", f"each must be one of {list(TEMPERATURE_VARIANTS)}")
         if self.split not in SPLITS:
             bad("split", f"allowed: {list(SPLITS)}")
+
+
+def evaluation_lengths(train_length: int, eval: EvalConfig) -> list[int]:
+    """The evaluation lengths of a run, ascending: ``L / d`` for ``eval.length_divisors``
+    (`ConfigError` unless ``d`` divides ``L``), then ``L x m`` for ``eval.length_multiples``."""
+    for d in eval.length_divisors:
+        if train_length % d:
+            fail(
+                "config.eval.length_divisors",
+                eval.length_divisors,
+                f"each must divide the training length {train_length} (evaluation lengths L / d "
+                "are whole tokens)",
+            )
+    shorter = [train_length // d for d in sorted(eval.length_divisors, reverse=True)]
+    return shorter + [train_length * m for m in eval.length_multiples]

@@ -18,7 +18,7 @@ from typing import Any
 from flaxformer_lite.base.checks import ConfigError, fail
 from flaxformer_lite.core.positions import PositionScheme
 from flaxformer_lite.data.data_config import DataConfig
-from flaxformer_lite.evaluation.eval_config import PROTOCOLS, EvalConfig
+from flaxformer_lite.evaluation.eval_config import PROTOCOLS, EvalConfig, evaluation_lengths
 from flaxformer_lite.evaluation.protocols import Context, TaskLength, Windows
 from flaxformer_lite.evaluation.score import attention_config, sliding_stride
 from flaxformer_lite.nn.encodings import registry
@@ -295,7 +295,7 @@ def _check_rope_scalings(eval: EvalConfig) -> None:
 
 def _corpus_scorings(data: DataConfig, eval: EvalConfig) -> list[Windows | Context]:
     """The window and context protocols of a corpus run, protocol x length."""
-    lengths = [data.train_length * m for m in eval.length_multiples]
+    lengths = evaluation_lengths(data.train_length, eval)
     cap, L = eval.max_bytes or None, data.train_length
     out: list[Windows | Context] = []
     for protocol in eval.protocols:

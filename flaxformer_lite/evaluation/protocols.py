@@ -44,8 +44,8 @@ class Windows:
     Attributes:
       length: the window length L' (tokens).
       stride: the sliding stride S (1..L'), None (or L') for non-overlapping windows.
-      max_bytes: score only the targets within the split's first ``max_bytes + 1`` bytes of
-        text (`data.corpus.Split.tokens_within`: the same text for every tokenizer); None:
+      max_bytes: score only the targets of the split's first ``max_bytes`` bytes of text
+        (`data.corpus.Split.tokens_within`: the same text for every tokenizer); None:
         every target of the split.
       train_length: the training length L, for ``bucket_loss`` (None: no buckets).
       block_tokens: statistics blocks are ranges of this many bytes of text.

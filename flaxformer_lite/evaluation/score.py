@@ -208,8 +208,8 @@ def evaluate_lengths(
     or ``"sliding"``, whose stride is `sliding_stride` ``(length, stride_fraction)``).
 
     Lengths above ``model.cfg.chunked_threshold`` keys use chunked attention (same numbers to
-    float32 tolerance, ``O(length)`` memory). ``max_bytes``: score only the targets within the
-    split's first ``max_bytes + 1`` bytes of text; ``train_length``: for ``bucket_loss``;
+    float32 tolerance, ``O(length)`` memory). ``max_bytes``: score only the targets of the
+    split's first ``max_bytes`` bytes of text; ``train_length``: for ``bucket_loss``;
     ``kwargs`` go to `score`. A study evaluates its whole
     `flaxformer_lite.evaluation.plan.EvalPlan` instead (`flaxformer_lite.evaluation.run`).
     """

@@ -28,6 +28,27 @@ text                                         base 1e4, then 1 global, base 1e6, 
                                              embeddings x sqrt(d), GQA, tied head
 ========  =====================  ==========  ==============================================
 
+How documents are joined when a model scores a corpus (`Family.separator`, `Family.bos`; applied
+by `flaxformer_lite.pretrained.load.Checkpoint`), as each family's models saw them in pretraining
+and as transformers' tokenizer of the family encodes a text:
+
+===========  ==================================  ============================================
+family       separator between documents         token before each document (never scored)
+===========  ==================================  ============================================
+gpt2, qwen2  ``<|endoftext|>``                    none (the separator starts the split)
+gpt_neox,
+mpt
+opt          ``</s>`` (eos)                      ``</s>`` (bos_token_id; OPT's tokenizer
+                                                 prepends it): the separator itself
+xglm         ``</s>`` (eos)                      none (XGLM's tokenizer prepends ``</s>``,
+                                                 the separator)
+bloom        ``</s>`` (eos: no ``<|endoftext|>``)  none
+llama        ``<|endoftext|>`` if the tokenizer  the tokenizer's own choice: its BOS when it
+             has it (SmolLM), else eos           adds one by default (Llama, Mistral:
+                                                 ``<s>``; a GGUF file's ``add_bos_token``)
+gemma3_text  eos (``<eos>``)                     ``<bos>`` (bos_token_id; Gemma needs it)
+===========  ==================================  ============================================
+
 A config field that would change the model's function and that the library does not
 implement is refused in one line that names the family, the field and its value; fields
 that do not change the function (dropout, initialisation, token ids, dtypes) are ignored.
@@ -77,6 +98,10 @@ class Family:
       prefixes: base-model prefixes a checkpoint may or may not store (``"transformer."``).
       buffers: regular expressions of stored tensors that are not parameters (causal-mask
         buffers, cached rotary frequencies): read by nothing and not an error.
+      separator: the token between documents (module docstring): ``"endoftext"`` (the
+        tokenizer's ``<|endoftext|>`` when it has one, else the eos token) or ``"eos"``.
+      bos: the token before each document: ``"none"``, ``"bos_token"`` (the config's
+        ``bos_token_id``) or ``"tokenizer"`` (the one its tokenizer adds by default, if any).
     """
 
     name: str
@@ -87,6 +112,8 @@ class Family:
     weights: Callable[[CheckpointFiles, ModelConfig], Weights]
     prefixes: tuple[str, ...] = ()
     buffers: tuple[str, ...] = ()
+    separator: str = "endoftext"
+    bos: str = "none"
 
     def is_buffer(self, name: str) -> bool:
         return any(re.fullmatch(p, name) for p in self.buffers)
@@ -708,6 +735,8 @@ FAMILIES: tuple[Family, ...] = (
         _opt_weights,
         prefixes=("model.",),
         buffers=(r"lm_head\.weight",),
+        separator="eos",
+        bos="bos_token",
     ),
     Family(
         "xglm",
@@ -718,6 +747,7 @@ FAMILIES: tuple[Family, ...] = (
         _xglm_weights,
         prefixes=("model.",),
         buffers=(r"embed_positions\.weights?", r"lm_head\.weight"),
+        separator="eos",
     ),
     Family(
         "gpt_neox",
@@ -738,6 +768,7 @@ FAMILIES: tuple[Family, ...] = (
         _llama_weights,
         prefixes=("model.",),
         buffers=(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight"),
+        bos="tokenizer",
     ),
     Family(
         "qwen2",
@@ -778,6 +809,7 @@ FAMILIES: tuple[Family, ...] = (
         _gemma3_weights,
         prefixes=("model.",),
         buffers=(r"lm_head\.weight",),
+        bos="bos_token",
     ),
 )
 

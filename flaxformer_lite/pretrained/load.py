@@ -206,24 +206,76 @@ class Checkpoint:
         check_vocabulary(tok, self.config.vocab_size, where=f"{self.family.name} {self.folder}")
         return tok
 
-    @property
+    @functools.cached_property
     def separator_id(self) -> int:
-        """The token that joins documents when the model scores a corpus: its end-of-text
-        token (``config.json``'s ``eos_token_id``; the first of a list), 0 when it has none."""
-        eos = self.hf_config.get("eos_token_id")
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        return int(eos) if isinstance(eos, int) and not isinstance(eos, bool) else 0
+        """The token that joins documents when the model scores a corpus, by its family's
+        rule (`families.Family.separator`): the tokenizer's ``<|endoftext|>`` when it has
+        one and the rule allows it (the pretraining separator of GPT-2-style vocabularies:
+        SmolLM2's ``config.json`` names ``<|im_end|>`` as eos, but it was pretrained with
+        ``<|endoftext|>`` between documents), else ``eos_token_id`` (the first of a list;
+        a GGUF file's ``tokenizer.ggml.eos_token_id``). Refused in one line when neither
+        exists."""
+        if self.family.separator == "endoftext":
+            found = self.tokenizer.backend.token_to_id("<|endoftext|>")
+            if found is not None and found < self.config.vocab_size:
+                return int(found)
+        eos = self._token_id("eos_token_id")
+        if eos is None:
+            raise PretrainedError(
+                f"{self.family.name} {self.source}: no token to join documents with: the "
+                "tokenizer has no <|endoftext|> and the config no eos_token_id"
+            )
+        return eos
 
-    def scored_text(self, corpus: Any) -> TokenCorpus:
+    @functools.cached_property
+    def bos_id(self) -> int | None:
+        """The token fed (never scored) before each document, by the family's rule
+        (`families.Family.bos`): None (``"none"``), the config's ``bos_token_id``
+        (``"bos_token"``; refused in one line when it has none), or the token the tokenizer
+        prepends by default (``"tokenizer"``: its post-processor, as transformers encodes a
+        text; a GGUF file's ``tokenizer.ggml.add_bos_token``), None when it prepends none."""
+        rule = self.family.bos
+        if rule == "none":
+            return None
+        if rule == "bos_token":
+            bos = self._token_id("bos_token_id")
+            if bos is None:
+                raise PretrainedError(
+                    f"{self.family.name} {self.source}: the family starts documents with its "
+                    "BOS token but the config has no bos_token_id"
+                )
+            return bos
+        plain = self.tokenizer.encode("a")
+        special = self.tokenizer.encode("a", add_special_tokens=True)
+        if len(special) > len(plain) and special[1 : len(plain) + 1] == plain:
+            return int(special[0])
+        return None
+
+    def _token_id(self, field: str) -> int | None:
+        """``hf_config[field]`` as one token id (the first of a list), None when absent."""
+        value = self.hf_config.get(field)
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        return None
+
+    def scored_text(self, corpus: Any, *, max_bytes: int | None = None) -> TokenCorpus:
         """``corpus`` (a `ByteCorpus`) as this model scores it: each document tokenized by its
-        tokenizer, documents joined by its `separator_id`, every token with the bytes of text
-        it covers (`flaxformer_lite.data.tokens`: bits per UTF-8 byte of the same text for
-        every tokenizer)."""
+        tokenizer, documents joined by its `separator_id` and started by its `bos_id` (fed,
+        never scored), every token with the bytes of text it covers
+        (`flaxformer_lite.data.tokens`: bits per UTF-8 byte of the same text for every
+        tokenizer). The tokens must decode to the text (a lossy tokenizer is refused in one
+        line when a split is tokenized); ``max_bytes`` (the evaluation's cap) forces a token
+        boundary at that byte, so every model scores exactly the same bytes."""
         tok = self.tokenizer
         return TokenCorpus(
             corpus,
             tok.encode_with_offsets,
             separator_id=self.separator_id,
+            bos_id=self.bos_id,
+            decode=tok.decode,
+            cut_bytes=max_bytes or None,
+            model=f"{self.family.name} {self.source}",
             tokenizer_sha256=tok.sha256,
             vocab_size=self.config.vocab_size,
         )

@@ -163,16 +163,37 @@ def interval(grid: Grid, confidence: float) -> tuple[float, float, float]:
     )
 
 
+class PairingError(ValueError):
+    """Two cells that should be compared pairwise did not score the same blocks of data."""
+
+
 def compare(a: Grid, b: Grid, confidence: float = 0.95) -> dict[str, float] | None:
-    """`stats.paired_difference` of two cells on their common seeds (None if they share no
-    seed or their blocks or files differ)."""
+    """`stats.paired_difference` of two cells on their common seeds; None when they share no
+    seed (nothing to pair).
+
+    Raises `PairingError`, saying why, when their blocks differ (their number, their size or
+    their files): the two evaluations did not score the same data (for models with different
+    tokenizers, evaluate both with the same ``eval.max_bytes``: `flaxformer_lite.data.tokens`
+    makes every tokenizer score exactly the same bytes), and a paired test of blocks that are
+    not the same bytes would be wrong rather than merely missing."""
     common = [s for s in a.seeds if s in b.seeds]
-    if not common or a.values.shape[1] != b.values.shape[1] or a.block_size != b.block_size:
+    if not common:
         return None
-    if (a.units is None) != (b.units is None) or (
+    why = None
+    if a.block_size != b.block_size:
+        why = f"blocks of {a.block_size} vs {b.block_size} {a.unit or 'targets'}"
+    elif a.values.shape[1] != b.values.shape[1]:
+        why = f"{a.values.shape[1]} vs {b.values.shape[1]} scored blocks of {a.block_size}"
+    elif (a.units is None) != (b.units is None) or (
         a.units is not None and not np.array_equal(a.units, b.units)
     ):
-        return None
+        why = f"their blocks lie in different files ({a.unit_name} vs {b.unit_name})"
+    if why is not None:
+        raise PairingError(
+            f"cannot pair two cells ({why}): they did not score the same data; evaluate both "
+            "on the same split with the same eval.max_bytes (every tokenizer then scores the "
+            "same bytes)"
+        )
     a, b = a.select(common), b.select(common)
     return stats.paired_difference(
         a.values,
@@ -197,7 +218,7 @@ def column_marks(
     pick = min if better == "lower" else max
     best = pick(means, key=lambda e: means[e])
     others = [e for e in means if e != best]
-    results = [compare(grids[best], grids[e]) for e in others]
+    results = [compare(grids[best], grids[e]) for e in others]  # PairingError: not the same data
     if any(r is None for r in results):
         return None
     adjusted = stats.holm([r["p"] for r in results])

@@ -32,7 +32,8 @@ def open_run_data(run: RunConfig, plan: EvalPlan | None = None) -> Any:
     dataset = open_dataset(run.data)
     if run.pretrained.source:
         try:
-            dataset = run.pretrained.checkpoint().scored_text(dataset)
+            checkpoint = run.pretrained.checkpoint()
+            dataset = checkpoint.scored_text(dataset, max_bytes=run.eval.max_bytes or None)
         except hf.PretrainedError as e:
             raise ConfigError(f"config.pretrained.source={run.pretrained.source!r}: {e}") from None
     elif not run.data.is_task:

@@ -4,7 +4,8 @@
         "config":        RunConfig.identity(): the resolved config fields that change numbers
         "corpus_sha256": the corpus content hash (its provenance "sha256"; None for a task)
         "versions":      python, flaxformer-lite, jax, jaxlib, flax, optax, numpy
-        "pretrained":    a pretrained model's run only: {"weights_sha256", "tokenizer_sha256"}
+        "pretrained":    a pretrained model's run only: {"weights_sha256", "tokenizer_sha256",
+                         "documents" (separator, BOS, how text is scored)}
     }
 
 `current(run, dataset)` adds ``"hash"`` (short sha256 of exactly that identity: the
@@ -74,6 +75,11 @@ from flaxformer_lite.train.run_config import PRETRAINED_PLACE, RunConfig, flat_d
 
 IDENTITY_FILE = "identity.json"
 CONFIG_FILE = "config.json"
+# How a pretrained model's scored text is made (`flaxformer_lite.data.tokens`), in its run's
+# identity: "prefix-cut" -- the split starts with a context token (its first token of text is
+# scored) and a token boundary is forced at eval.max_bytes. A run recorded before has none, so
+# its workdir is not resumed as if its numbers were these.
+SCORED_TEXT = "prefix-cut"
 VERSION_PACKAGES = ("flaxformer-lite", "jax", "jaxlib", "flax", "optax", "numpy")
 # What a workdir's run leaves, beside its identity: evidence of a run even without a record.
 STATE = ("checkpoints", "eval.json", "rows.jsonl", "metrics.jsonl")
@@ -137,7 +143,8 @@ def current(run: RunConfig, dataset: Any, previous: dict[str, Any] | None = None
 def pretrained_content(
     run: RunConfig, previous: dict[str, Any] | None = None
 ) -> tuple[dict[str, str | None], dict[str, list[int]]] | None:
-    """``({"weights_sha256", "tokenizer_sha256"}, {file: [size, mtime_ns]})`` of the model
+    """``({"weights_sha256", "tokenizer_sha256", "documents"}, {file: [size, mtime_ns]})`` of
+    the model
     ``run.pretrained.source`` names (None for a trained run): the hashes of `previous` when
     its recorded files have the same names, sizes and times, else computed (`content_hash`).
     `ConfigError` naming the source when its files cannot be listed or read."""
@@ -148,12 +155,20 @@ def pretrained_content(
         checkpoint = hf.open_checkpoint(source, revision=run.pretrained.revision or None)
         weights, tokens = checkpoint.content_files()
         stats = hf.file_stats(checkpoint.folder, weights + tokens)
+        # how documents are joined and started (`Checkpoint.separator_id`, `bos_id`) and how
+        # text is credited (`SCORED_TEXT`): the scores change with them
+        documents = {
+            "separator_id": checkpoint.separator_id,
+            "bos_id": checkpoint.bos_id,
+            "scored_text": SCORED_TEXT,
+        }
         old = previous or {}
         if old.get("pretrained") and (old.get("recorded") or {}).get("pretrained_files") == stats:
-            return old["pretrained"], stats
+            return old["pretrained"] | {"documents": documents}, stats
         hashes = {
             "weights_sha256": hf.content_hash(weights),
             "tokenizer_sha256": hf.content_hash(tokens) if tokens else None,
+            "documents": documents,
         }
     except (OSError, ValueError) as e:  # PretrainedError is a ValueError
         raise ConfigError(f"config.pretrained.source={shown(source)}: {e}") from None

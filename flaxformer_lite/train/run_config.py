@@ -24,7 +24,7 @@ from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base.checks import ConfigError, check_path, check_type, fail, shown
 from flaxformer_lite.base.fields import field_comments
 from flaxformer_lite.data.data_config import DataConfig
-from flaxformer_lite.evaluation.eval_config import EvalConfig
+from flaxformer_lite.evaluation.eval_config import EvalConfig, evaluation_lengths
 from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.nn.encodings import registry
 from flaxformer_lite.nn.model_config import ModelConfig
@@ -118,7 +118,7 @@ class RunConfig:
 
     @property
     def eval_lengths(self) -> tuple[int, ...]:
-        return tuple(self.data.train_length * m for m in self.eval.length_multiples)
+        return tuple(evaluation_lengths(self.data.train_length, self.eval))
 
     def eval_plan(self) -> EvalPlan:
         """Every evaluation of this run (`flaxformer_lite.evaluation.plan.EvalPlan`)."""
@@ -321,7 +321,7 @@ IDENTITY_ADDED_FIELDS = {
         "temperature_floor_scale",
         "temperature_attn_scale",
     ),
-    "eval": ("temperatures",),
+    "eval": ("temperatures", "length_divisors"),
 }
 # Options added to an encoding since runs were recorded (ALiBi's position interpolation), left
 # out of the chosen encoding's options in the identity while at this default.
@@ -397,6 +397,15 @@ def _validate(run: RunConfig) -> None:
     o, t = run.optim, run.train
     run.data.validate()
     run.eval.validate()
+    if run.eval.length_divisors and not run.pretrained.source:
+        fail(
+            "config.eval.length_divisors",
+            run.eval.length_divisors,
+            "must be () for a trained model (an eval length shorter than the training length "
+            "says nothing about extrapolation); it is for a pretrained model's in-distribution "
+            "lengths",
+        )
+    evaluation_lengths(run.data.train_length, run.eval)
     if not 0 <= run.seed <= MAX_SEED:
         fail("config.seed", run.seed, f"must be an int in [0, {MAX_SEED}]")
     _positive_finite("config.optim.learning_rate", o.learning_rate)

@@ -83,13 +83,118 @@ def test_documents_are_joined_by_an_unscored_separator_token():
         vocab_size=97,
     )
     split = corpus.split("validation")
-    assert split.data.tolist() == [97 % 97, 98 % 97, 95, 233 % 97, 95]
-    assert split.token_bytes.tolist() == [1, 1, 0, 2, 0]
-    assert split.token_offset.tolist() == [0, 1, 2, 3, 5]  # byte positions in the split
-    assert split.scored.tolist() == [True, True, False, True, False]
-    (batch,) = list(split.eval_batches(4, 1))
-    # targets are tokens 1..4: "b", separator (not scored), "é", separator (not scored)
-    assert batch["loss_mask"].tolist() == [[1, 0, 1, 0]]
-    assert batch["target_bytes"].tolist() == [[1, 0, 2, 0]]
-    assert batch["target_offset"].tolist() == [[1, 2, 3, 5]]
+    # the split starts with the separator (lm-evaluation-harness's prefix token), so "a" is
+    # scored too
+    assert split.data.tolist() == [95, 97 % 97, 98 % 97, 95, 233 % 97, 95]
+    assert split.token_bytes.tolist() == [0, 1, 1, 0, 2, 0]
+    assert split.token_offset.tolist() == [0, 0, 1, 2, 3, 5]  # byte positions in the split
+    assert split.scored.tolist() == [False, True, True, False, True, False]
+    assert split.document_of(np.arange(6)).tolist() == [0, 0, 0, 0, 1, 1]
+    batch = next(iter(split.eval_batches(4, 1)))
+    # targets are tokens 1..4: "a", "b", separator (not scored), "é"
+    assert batch["loss_mask"].tolist() == [[1, 1, 0, 1]]
+    assert batch["target_bytes"].tolist() == [[1, 1, 0, 2]]
+    assert batch["target_offset"].tolist() == [[0, 1, 2, 3]]
     assert corpus.provenance()["tokenizer_sha256"] == "sha256:t"
+
+
+TEXT = "def f(x):\n    return  x + 1\n\n\nclass A:\n    pass  # é日\n"
+
+
+def _corpus_of(tokenizer, **kwargs):
+    """The toy corpus (two documents) through a `tokenizers` tokenizer, decode checked."""
+
+    def encode(text):
+        e = tokenizer.encode(text, add_special_tokens=False)
+        return e.ids, e.offsets
+
+    return TokenCorpus(
+        _Corpus((TEXT + "\0" + TEXT.upper() + "\0").encode()),
+        encode,
+        separator_id=0,
+        tokenizer_sha256="sha256:t",
+        vocab_size=tokenizer.get_vocab_size(),
+        decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+        model="toy-model",
+        **kwargs,
+    )
+
+
+def _trained(normalizer=None, *, byte_level=True):
+    tk = pytest.importorskip("tokenizers")
+    tok = tk.Tokenizer(tk.models.BPE(unk_token=None if byte_level else "[UNK]"))
+    if byte_level:
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.normalizer = normalizer
+        tok.pre_tokenizer = tk.pre_tokenizers.Metaspace()
+        tok.decoder = tk.decoders.Metaspace()
+        alphabet = []
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "[UNK]"], initial_alphabet=alphabet
+    )
+    tok.train_from_iterator([TEXT * 5], trainer)
+    return tok
+
+
+def test_an_exact_bpe_tokenizer_reproduces_every_byte():
+    split = _corpus_of(_trained()).split("validation")
+    assert int(split.token_bytes[split.scored].sum()) == 2 * len(TEXT.encode())
+
+
+def test_a_whitespace_collapsing_tokenizer_is_refused_with_its_coverage():
+    tk = pytest.importorskip("tokenizers")
+    collapse = tk.normalizers.Replace(tk.Regex(r"\s+"), " ")
+    tok = _trained(collapse, byte_level=False)
+    with pytest.raises(ValueError) as e:
+        _corpus_of(tok).split("validation")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("toy-model: its tokens do not reproduce")
+    # the bytes it keeps: everything but the collapsed whitespace (decoded text aligned with
+    # the original); "(x):\n    return" loses the newline and 3 spaces at least
+    fraction = float(message.split("decode to ")[1].split("%")[0]) / 100
+    total = 2 * len(TEXT.encode())
+    lost = sum(len(m) - 1 for m in __import__("re").findall(r"\s+", TEXT)) * 2
+    assert fraction <= (total - lost) / total + 1e-4 and fraction > 0.5
+    assert "document 0, byte 9: " in message  # the first difference: the newline after ':'
+
+
+def test_an_unk_tokenizer_is_refused():
+    tk = pytest.importorskip("tokenizers")
+    # the characters of TEXT but 日: the upper-case document is mostly unknown
+    vocab = {c: i for i, c in enumerate(["<|endoftext|>", "[?]", *sorted(set(TEXT) - {"日"})])}
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[], unk_token="[?]"))
+    tok.decoder = tk.decoders.Fuse()
+    with pytest.raises(ValueError) as e:
+        _corpus_of(tok).split("validation")
+    docs = TEXT + TEXT.upper()
+    known = sum(len(c.encode()) for c in docs if c in vocab) / len(docs.encode())
+    assert f"decode to {known:.2%} of its {len(docs.encode())} bytes" in str(e.value)
+    assert "(document 0, byte 53: '日\\n' decodes as '[?]\\n')" in str(e.value)
+
+
+def test_a_cut_gives_every_tokenizer_the_same_bytes():
+    # two tokenizers, a cut inside a word and one inside a 3-byte character: the tokens that
+    # end within the cut cover exactly its bytes for both
+    tk = pytest.importorskip("tokenizers")
+    coarse = _trained()  # merges trained on the text
+    fine = tk.Tokenizer(tk.models.BPE())
+    fine.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    fine.decoder = tk.decoders.ByteLevel()
+    fine.train_from_iterator(  # no merges: one token per byte
+        ["x"], tk.trainers.BpeTrainer(initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    )
+    doc = len(TEXT.encode())
+    for cut in (17, doc - 3, doc + 1 + 12):  # "ret|urn", inside 日, in the second document
+        scored = []
+        for tok in (coarse, fine):
+            split = _corpus_of(tok, cut_bytes=cut).split("validation")
+            n = split.tokens_within(cut)
+            mask = split.scored[:n]
+            scored.append(int(split.token_bytes[:n][mask].sum()))
+        # bytes of text: the cut moved back to the start of 日; the 0x00 between the
+        # documents is a byte of the split but not of text
+        want = {17: 17, doc - 3: doc - 4}.get(cut, cut - 1)
+        assert scored == [want, want]

@@ -110,12 +110,13 @@ def test_token_split_documents_follow_its_separator_tokens():
         _Corpus(raw, 3), _chars, separator_id=9, tokenizer_sha256="x", vocab_size=10
     )
     split = tokens.split("validation")
-    # one token per byte here, so token positions are byte positions
-    owner = np.repeat([0, 1, 2], [9, 4, 11])
+    # one token per byte after the split's first (context) token: position = byte + 1
+    owner = np.repeat([0, 1, 2], [10, 4, 11])
     np.testing.assert_array_equal(split.document_of(np.arange(owner.size)), owner)
     result = score(Uniform(10), Windows(4, block_tokens=4), split, batch_size=2)
-    # a block's first *scored* target: separators are context, never targets
+    # a block (4 bytes) and its first *scored* target: separators are context, never targets
     scored = [p for p in range(1, owner.size) if split.scored[p]]
-    first = [min(p for p in scored if p // 4 == b) for b in range(owner.size // 4)]
-    assert first[2] == 9  # byte 8, the first separator, is not scored
+    offset = split.token_offset
+    first = [min(p for p in scored if offset[p] // 4 == b) for b in range(len(raw) // 4)]
+    assert offset[first[2]] == 9  # byte 8, the first separator, is not scored
     np.testing.assert_array_equal(result["blocks"]["file"], owner[first])

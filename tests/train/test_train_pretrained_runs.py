@@ -126,3 +126,48 @@ def test_the_identity_of_a_model_is_its_content_not_its_path(evaluated, tmp_path
         r"--restart_changed to start it afresh in place",
         lines[0],
     ), lines[0]
+
+
+def test_a_pretrained_runs_identity_holds_how_its_documents_are_scored():
+    """The separator, the BOS and how text is scored change the numbers: they are in the
+    identity, also when the model's files are unchanged since a record that lacks them (a run
+    scored otherwise is not resumed as if it were this one)."""
+    from configs import pretrained as presets
+    from flaxformer_lite.train import identity
+    from flaxformer_lite.train.run_config import RunConfig
+
+    c = presets.get_config("tiny")
+    c.pretrained.source = str(Path(presets.TINY_MODELS) / "gpt2")
+    c.data.train_length = 16
+    run = RunConfig.from_config(c)
+    content, stats = identity.pretrained_content(run)
+    want = {"separator_id": 0, "bos_id": None, "scored_text": identity.SCORED_TEXT}
+    assert content["documents"] == want
+    old = {"pretrained": {k: content[k] for k in ("weights_sha256", "tokenizer_sha256")}}
+    old["recorded"] = {"pretrained_files": stats}
+    assert identity.pretrained_content(run, old)[0] == content
+
+
+def test_lengths_below_l_are_for_pretrained_models_and_whole_tokens():
+    """``eval.length_divisors``: L / d before the multiples for a pretrained model; refused
+    for a trained one (says nothing about extrapolation) and where d does not divide L; a
+    run without them keeps the identity it had before the field existed."""
+    from configs import extrapolation_lm
+    from configs import pretrained as presets
+    from flaxformer_lite.base.checks import ConfigError
+    from flaxformer_lite.train.run_config import RunConfig
+
+    c = presets.get_config("tiny")
+    c.pretrained.source = str(Path(presets.TINY_MODELS) / "gpt2")
+    c.data.train_length = 16
+    c.eval.update(length_multiples=(1, 2), length_divisors=(2, 4))
+    assert RunConfig.from_config(c).eval_lengths == (4, 8, 16, 32)
+    c.eval.length_divisors = (3,)
+    with pytest.raises(ConfigError, match=r"length_divisors=\(3,\): each must divide .* 16"):
+        RunConfig.from_config(c)
+    trained = extrapolation_lm.get_config("tiny")
+    before = RunConfig.from_config(trained)
+    assert "length_divisors" not in before.identity()["eval"]
+    trained.eval.length_divisors = (2,)
+    with pytest.raises(ConfigError, match="must be \\(\\) for a trained model"):
+        RunConfig.from_config(trained)
