@@ -50,10 +50,13 @@ from pathlib import Path
 
 import ml_collections
 
+import flaxformer_lite
 from flaxformer_lite.base.checks import ConfigError
 
-# The tiny models the tests load (committed in a clone of the repository).
-TINY_MODELS = Path(__file__).resolve().parent.parent / "tests" / "pretrained" / "hf_models"
+# The tiny models the tests load, committed in a clone of the repository beside the package
+# (found from the package, so a copy of this file elsewhere still finds them).
+CLONE = Path(flaxformer_lite.__file__).resolve().parents[1]
+TINY_MODELS = CLONE / "tests" / "pretrained" / "hf_models"
 TINY_CASES = ("gpt2", "opt", "xglm", "gpt_neox", "llama", "qwen2", "bloom", "mpt")
 SMALL_MODELS = (
     dict(name="gpt2", source="gpt2", train_length=1024),

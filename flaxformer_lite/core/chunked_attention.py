@@ -585,6 +585,17 @@ def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, ma
     return out_BNTH, lse_BNT
 
 
+def _key_block(k_block_len: int, j, k_BNSH, v_BNSH, kpos_BS, c_k_BNS) -> tuple:
+    """Key block ``j``: its keys and values ``[b, h, bk, d]``, positions ``[b, bk]`` and FoX
+    prefix sums ``[b, h, bk]`` (None without FoX)."""
+
+    def cut(x, axis):
+        return lax.dynamic_slice_in_dim(x, j * k_block_len, k_block_len, axis=axis)
+
+    c_k_BNs = None if c_k_BNS is None else cut(c_k_BNS, 2)
+    return cut(k_BNSH, 2), cut(v_BNSH, 2), cut(kpos_BS, 1), c_k_BNs
+
+
 def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
     """The ``fori_loop`` body of `_backward` for key block ``j``: one query block ``i``.
 
@@ -670,7 +681,6 @@ def _backward(
     block holding one of the first keys also visits the query blocks past ``end``. Returns
     the gradients of q, k, v, the bias parameters and ``extras`` (sinks, FoX prefix sums).
     """
-    k_block_len = cfg.k_block_len
     sinks_N, fox = extras
     c_q_BNT, c_k_BNS = (None, None) if fox is None else fox
     # D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's diagonal correction.
@@ -680,14 +690,7 @@ def _backward(
 
     def key_block(carry, j):  # a lax.scan body over key blocks
         dq_BNTH, dconsts, dc_q_BNT = carry
-        kv_j = (
-            lax.dynamic_slice_in_dim(k_BNSH, j * k_block_len, k_block_len, axis=2),
-            lax.dynamic_slice_in_dim(v_BNSH, j * k_block_len, k_block_len, axis=2),
-            lax.dynamic_slice_in_dim(kpos_BS, j * k_block_len, k_block_len, axis=1),
-            None
-            if c_k_BNS is None
-            else lax.dynamic_slice_in_dim(c_k_BNS, j * k_block_len, k_block_len, axis=2),
-        )
+        kv_j = _key_block(cfg.k_block_len, j, k_BNSH, v_BNSH, kpos_BS, c_k_BNS)
         zeros = jnp.zeros(kv_j[0].shape, _F32)
         start, end = _q_start(cfg, j), _q_end(cfg, j)
         lo, hi = _split(start, *_q_full(cfg, j), end)

@@ -186,24 +186,14 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     if tasks:
         lines.append(f"| Tasks | {cell(_join(tasks))} |")
-    trained_rows = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
-    rates = sorted({r["learning_rate"] for r in trained_rows if _is_number(r.get("learning_rate"))})
+    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    rates = sorted({r["learning_rate"] for r in trained if _is_number(r.get("learning_rate"))})
     if rates:
         tags = _join(learning_rate_tag(x) for x in rates)
         lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
-    params: dict[Any, list[float]] = {}
-    for r in rows:
-        if _is_number(r.get("num_params")):
-            params.setdefault(r.get("model_size"), []).append(r["num_params"])
-    if params:  # a model size: the smallest and largest count of its encodings
-        sizes = sorted(params.items(), key=lambda kv: min(kv[1]))
-        counts = [
-            ("" if size is None else f"{size}: ")
-            + "–".join(dict.fromkeys(f"{n:,.0f}" for n in (min(ns), max(ns))))
-            for size, ns in sizes
-        ]
-        lines.append(f"| Parameters | {cell('; '.join(counts))} |")
-    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    counts = _parameter_counts(rows)
+    if counts:
+        lines.append(f"| Parameters | {cell(counts)} |")
     steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
     if steps:
         lines.append(f"| Training steps | {cell(_join(steps))} |")
@@ -220,6 +210,21 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
         lines.append(f"| Runs finished | {cell(span)} |")
     return lines + _models_lines(rows)
+
+
+def _parameter_counts(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``"size: smallest–largest; ..."``: each model size's parameter counts over its
+    encodings, smallest size first ("" when no row counts them)."""
+    params: dict[Any, list[float]] = {}
+    for r in rows:
+        if _is_number(r.get("num_params")):
+            params.setdefault(r.get("model_size"), []).append(r["num_params"])
+    sizes = sorted(params.items(), key=lambda kv: min(kv[1]))
+    return "; ".join(
+        ("" if size is None else f"{size}: ")
+        + "–".join(dict.fromkeys(f"{n:,.0f}" for n in (min(ns), max(ns))))
+        for size, ns in sizes
+    )
 
 
 def _steps(row: Mapping[str, Any]) -> int | None:

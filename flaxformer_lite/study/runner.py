@@ -296,6 +296,25 @@ class Study:
             )
         return errors, [line]
 
+    def record_failure(self, cell: StudyCell, error: Exception) -> str:
+        """``"Type: message"`` of a cell's failure, its traceback written to the cell's
+        ``error.txt``; re-raised instead when writing state failed (`environment_error`: the
+        next cell would fail too)."""
+        stop = environment_error(error)
+        if stop is error:
+            raise error
+        if stop is not None:
+            raise stop from error
+        line = f"{type(error).__name__}: {error}"
+        tqdm.write(f"cell {cell.name} failed: {line}")
+        error_file = self.cell_dir(cell.name) / "error.txt"
+        try:
+            error_file.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as mkdir_error:
+            raise write_error(mkdir_error, error_file) from mkdir_error
+        atomic_write_text(error_file, traceback.format_exc())
+        return line
+
     def run_cell(self, cell: StudyCell) -> None:
         """Train and evaluate ``cell`` (`train_and_evaluate` of its run config) and write its
         blocks and rows (``rows.jsonl`` last: it marks the cell finished)."""
@@ -423,19 +442,7 @@ def _run_locked(
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a failed cell must not stop the study ...
-            stop = environment_error(e)  # ... unless writing state failed: the next cell would too
-            if stop is e:
-                raise
-            if stop is not None:
-                raise stop from e
-            failed[cell.name] = f"{type(e).__name__}: {e}"
-            tqdm.write(f"cell {cell.name} failed: {failed[cell.name]}")
-            error_file = study.cell_dir(cell.name) / "error.txt"
-            try:
-                error_file.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as mkdir_error:
-                raise write_error(mkdir_error, error_file) from mkdir_error
-            atomic_write_text(error_file, traceback.format_exc())
+            failed[cell.name] = study.record_failure(cell, e)
         interrupt.where(run=None, phase="merging the results")
         finished += 1
         bar.update(1)

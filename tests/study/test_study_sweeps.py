@@ -368,3 +368,20 @@ def test_the_modern_preset_expands_and_every_cell_validates():
     assert encodings["fox-ssmax-seed0"] == {"fox+ssmax"}
     assert "rope+gpt_oss+sinks+logn" in encodings["rope-gpt_oss-seed0"]
     assert "none+gpt_oss+sinks" in encodings["none-gpt_oss-seed0"]
+
+
+def test_a_copied_pretrained_config_still_finds_the_tiny_models(tmp_path):
+    """The tiny preset's models are found from the package, not from the config file's own
+    folder, so a researcher's copy of configs/pretrained.py elsewhere keeps its tiny preset."""
+    import importlib.util
+    import shutil
+
+    from configs import pretrained
+
+    copy = tmp_path / "my_pretrained.py"
+    shutil.copy(pretrained.__file__, copy)
+    spec = importlib.util.spec_from_file_location("my_pretrained", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sources = [m["source"] for m in module.get_config("tiny").sweep.models]
+    assert sources and all(Path(s).is_dir() for s in sources), sources
