@@ -21,17 +21,21 @@ from flaxformer_lite.pretrained.files import (
 from flaxformer_lite.pretrained.generation import generate_ids
 from flaxformer_lite.pretrained.load import (
     Checkpoint,
+    MissingModelError,
     Pretrained,
     PretrainedInfo,
     load_pretrained,
+    missing_models_message,
     open_checkpoint,
     resolve,
+    training_length,
 )
 from flaxformer_lite.pretrained.tokenizer import Tokenizer, load_tokenizer, tokenizer_files
 
 __all__ = [
     "FAMILIES",
     "Checkpoint",
+    "MissingModelError",
     "Pretrained",
     "PretrainedError",
     "PretrainedInfo",
@@ -42,10 +46,12 @@ __all__ = [
     "generate_ids",
     "load_pretrained",
     "load_tokenizer",
+    "missing_models_message",
     "model_config",
     "open_checkpoint",
     "read_config",
     "resolve",
     "tokenizer_files",
+    "training_length",
     "weight_files",
 ]

@@ -93,6 +93,63 @@ class Pretrained:
     info: PretrainedInfo
 
 
+# The config.json fields that state a model's context, in the order they are read
+# (`training_length`): Llama-like and most families, GPT-2, MPT, others' older names.
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+class MissingModelError(PretrainedError):
+    """A hub id that is neither in the local Hugging Face cache nor downloadable (offline,
+    no network, no ``huggingface_hub``). ``repo``: the id; ``reason``: why it could not be
+    fetched; the message is one line."""
+
+    def __init__(self, message: str, *, repo: str, reason: str):
+        super().__init__(message)
+        self.repo = repo
+        self.reason = reason
+
+
+def fetch_command(repo: str) -> tuple[str, str]:
+    """``(command, folder)``: the ``hf download`` command that fetches the files of the hub
+    model ``repo`` that loading needs (config, safetensors, tokenizer) into ``folder``
+    (``models/<the id's last part>``), to run where there is internet."""
+    folder = f"models/{repo.rstrip('/').rsplit('/', 1)[-1]}"
+    command = (
+        f"hf download {repo} --include '*.json' '*.safetensors' 'tokenizer*' 'vocab.json' "
+        f"'merges.txt' --local-dir {folder}"
+    )
+    return command, folder
+
+
+def missing_models_message(errors: list[MissingModelError]) -> str:
+    """One line naming every missing hub model of ``errors`` (in order, each once) with the
+    command that fetches it (`fetch_command`) and the ``--model=FOLDER`` flag of
+    ``flaxformer-lite study`` that takes the result."""
+    repos = list(dict.fromkeys(e.repo for e in errors))
+    parts = []
+    for repo in repos:
+        command, folder = fetch_command(repo)
+        parts.append(f"{repo}: `{command}`, then --model={folder}")
+    reason = errors[-1].reason.split(". ")[0]
+    return (
+        f"{len(repos)} hub model(s) are not in the local Hugging Face cache and cannot be "
+        f"downloaded here ({reason}); where there is internet, fetch each: "
+        + "; ".join(parts)
+        + " (or fill the cache, HF_HOME, with them)"
+    )
+
+
+def training_length(hf_config: dict[str, Any]) -> int | None:
+    """The context a model states in its ``config.json`` (a GGUF file's ``context_length``,
+    as `gguf` maps it): the first positive int of `CONTEXT_FIELDS`, None when it states
+    none (e.g. BLOOM: ALiBi has no length limit)."""
+    for field in CONTEXT_FIELDS:
+        value = hf_config.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def resolve(source: str | os.PathLike, *, revision: str | None = None) -> tuple[Path, str | None]:
     """A local model folder for ``source`` (a folder, or a hub id fetched with
     ``huggingface_hub``: the cache first, then the network unless ``HF_HUB_OFFLINE=1``),
@@ -111,9 +168,11 @@ def resolve(source: str | os.PathLike, *, revision: str | None = None) -> tuple[
     try:
         import huggingface_hub
     except ImportError:
-        raise PretrainedError(
+        raise MissingModelError(
             f"{repo}: no such folder, and loading a hub id needs huggingface_hub (pip install "
-            f"'flaxformer-lite[pretrained]'); or {how}"
+            f"'flaxformer-lite[pretrained]'); or {how}",
+            repo=repo,
+            reason="huggingface_hub is not installed",
         ) from None
     errors = []
     for local_only in (True, False):
@@ -127,8 +186,10 @@ def resolve(source: str | os.PathLike, *, revision: str | None = None) -> tuple[
             errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             continue
         return Path(folder), Path(folder).name
-    raise PretrainedError(
-        f"{repo}: not in the local cache and not downloadable ({errors[-1]}); {how}"
+    raise MissingModelError(
+        f"{repo}: not in the local cache and not downloadable ({errors[-1]}); {how}",
+        repo=repo,
+        reason=errors[-1] if errors else "HF_HUB_OFFLINE is set",
     )
 
 

