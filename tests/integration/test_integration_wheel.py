@@ -137,4 +137,4 @@ def test_the_installed_command_runs_a_study_by_config_name_from_another_director
         timeout=120,
     )
     assert help_.returncode == 0, help_.stderr[-2000:]
-    assert "extrapolation_lm: tiny, quick, cpu" in " ".join(help_.stdout.split())
+    assert "extrapolation_lm: tiny, dev, quick, cpu" in " ".join(help_.stdout.split())
