@@ -235,9 +235,14 @@ class Checkpoint:
     @property
     def weights_format(self) -> str:
         """ "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"."""
+        return self._format(None)
+
+    def _format(self, files: CheckpointFiles | None) -> str:
+        """`weights_format`, from ``files`` when they are already open."""
         if self.gguf is None:
             return "safetensors"
-        return f"gguf {self.files().quantization()} dequantized to float32"
+        files = self.files() if files is None else files
+        return f"gguf {files.quantization()} dequantized to float32"
 
     def load(self, cfg: ModelConfig | None = None, *, shardings=None) -> DecoderOnlyLM:
         """The model of ``cfg`` (default `config`) with the checkpoint's weights: memory
@@ -353,7 +358,7 @@ class Checkpoint:
             weights_sha256=content_hash(files.files),
             tokenizer_sha256=self.tokenizer.sha256 if tokenizer else None,
             hf_config=self.hf_config,
-            weights_format=self.weights_format,
+            weights_format=self._format(files),
         )
 
 
