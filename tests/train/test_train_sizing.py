@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {
     "positional_options.learned.max_length": ("learned", "max_length"),
     "positional_options.rope.original_length": ("rope", "original_length"),
+    "positional_options.p_rope.original_length": ("p_rope", "original_length"),
     "positional_options.t5.max_distance": ("t5", "max_distance"),
     "positional_options.t5.num_buckets": ("t5", "num_buckets"),
     "positional_options.fire.threshold_init": ("fire", "threshold_init"),
@@ -43,6 +44,7 @@ def test_every_sized_option_has_a_closed_form_value_for_l_128():
         "max_position": 2048,
         "positional_options.learned.max_length": 128,
         "positional_options.rope.original_length": 128,
+        "positional_options.p_rope.original_length": 128,
         "positional_options.t5.max_distance": 32,
         "positional_options.t5.num_buckets": 32,
         "positional_options.fire.threshold_init": 32.0,
