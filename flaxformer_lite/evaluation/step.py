@@ -56,30 +56,70 @@ def forward(graphdef, params, rest, batch, *, deterministic: bool):
     return logits, new_rest
 
 
-def make_eval_step(graphdef: nnx.GraphDef):
+# Target positions whose logits exist at once when a model scores a window: a model with
+# ``hidden`` / ``logits`` (`nn.models.DecoderOnlyLM`) maps its final hidden states to the
+# vocabulary this many positions at a time, so a window of T tokens holds
+# ``[batch, LOGIT_CHUNK, vocab]`` logits, not ``[batch, T, vocab]`` (SmolLM2's 49,152 tokens
+# at 16k: 3.2 GB per window; Gemma 3's 262,144: 17 GB).
+LOGIT_CHUNK = 512
+
+
+def make_eval_step(graphdef: nnx.GraphDef, *, logit_chunk: int = LOGIT_CHUNK):
     """``eval_step(params, rest, batch) -> sums``: per-position sums over the batch.
 
     Returns ``loss_sum``, ``correct_sum`` and ``count`` (float32 ``[length]``: summed over the
     batch, only counted targets), ``predictions`` (int32 ``[batch, length]``, argmax) and the
     per-target ``token_loss`` / ``token_correct`` (float32 ``[batch, length]``, 0 where not
-    counted) from which the per-block sums are made.
+    counted) from which the per-block sums are made. A model with ``hidden`` and ``logits``
+    methods is scored ``logit_chunk`` positions at a time (`LOGIT_CHUNK`; the same numbers).
     """
 
     def eval_step(params, rest, batch):
-        logits, _ = forward(graphdef, params, rest, batch, deterministic=True)
-        return _sums(logits, batch)
+        model = nnx.merge(graphdef, params, rest)
+        if not (hasattr(model, "hidden") and hasattr(model, "logits")):
+            return _sums(
+                *_per_token(
+                    model(batch["inputs"], batch["positions"], deterministic=True), batch["targets"]
+                ),
+                batch,
+            )
+        h_BTD = model.hidden(batch["inputs"], batch["positions"], deterministic=True)
+        return _sums(*_chunked_per_token(model.logits, h_BTD, batch["targets"], logit_chunk), batch)
 
     return eval_step
 
 
-def _sums(logits: Array, batch: dict[str, Array]) -> dict[str, Array]:
-    ce, correct = token_losses(logits, batch["targets"])
+def _per_token(logits: Array, targets: Array) -> tuple[Array, Array, Array]:
+    """Cross-entropy, correctness (float32) and the argmax (int32), each ``[batch, length]``."""
+    ce, correct = token_losses(logits, targets)
+    return ce, correct, argmax_last(logits).astype(jnp.int32)
+
+
+def _chunked_per_token(
+    head, h_BTD: Array, targets: Array, chunk: int
+) -> tuple[Array, Array, Array]:
+    """`_per_token` of ``head(h_BTD)`` computed ``chunk`` positions at a time (`jax.lax.map`:
+    one chunk's logits alive at once; the last chunk padded)."""
+    b, t, d = h_BTD.shape
+    if t <= chunk:
+        return _per_token(head(h_BTD), targets)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    h_NBCD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
+    y_NBC = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+    outs = jax.lax.map(lambda xs: _per_token(head(xs[0]), xs[1]), (h_NBCD, y_NBC))
+    return tuple(o.swapaxes(0, 1).reshape(b, n * chunk)[:, :t] for o in outs)
+
+
+def _sums(
+    ce: Array, correct: Array, predictions: Array, batch: dict[str, Array]
+) -> dict[str, Array]:
     mask = batch["loss_mask"].astype(jnp.float32)
     return {
         "loss_sum": (ce * mask).sum(axis=0),
         "correct_sum": (correct * mask).sum(axis=0),
         "count": mask.sum(axis=0),
-        "predictions": jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        "predictions": predictions,
         "token_loss": ce * mask,  # [batch, length]: for per-block sums (evaluation.blocks)
         "token_correct": correct * mask,
     }
@@ -135,13 +175,14 @@ def make_incremental_eval_step(graphdef: nnx.GraphDef):
         tokens, positions = batch["inputs"], batch["positions"]
         cache = model.init_cache(tokens.shape[0], tokens.shape[1], positions=positions)
 
-        def step(cache, xs):
-            token, position = xs
+        def step(cache, xs):  # one token's loss: no [length, vocab] logits are stacked
+            token, position, target = xs
             logits, cache = model.decode_step(token[:, None], position[:, None], cache)
-            return cache, logits[:, 0]
+            return cache, _per_token(logits[:, 0], target)
 
-        _, logits = jax.lax.scan(step, cache, (tokens.T, positions.T))
-        return _sums(jnp.swapaxes(logits, 0, 1), batch)
+        xs = (tokens.T, positions.T, batch["targets"].T)
+        _, outs = jax.lax.scan(step, cache, xs)
+        return _sums(*(o.swapaxes(0, 1) for o in outs), batch)
 
     return eval_step
 

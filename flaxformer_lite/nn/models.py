@@ -332,7 +332,23 @@ class DecoderOnlyLM(nnx.Module):
     ) -> Array:
         """tokens int ``[b, l]``, positions int ``[b, l]`` or ``[l]`` (default ``0..l-1``),
         valid bool ``[b, l]`` (True = real token) -> float32 logits ``[b, l, vocab]``."""
-        h_BTD = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
+        return self.logits(self.hidden(tokens, positions, valid=valid, deterministic=deterministic))
+
+    def hidden(
+        self,
+        tokens: Array,
+        positions: Array | None = None,
+        *,
+        valid: Array | None = None,
+        deterministic: bool | None = None,
+    ) -> Array:
+        """`__call__` before the output head: the final hidden states ``[b, l, d_model]``
+        (`logits` maps them, a slice at a time if asked: evaluation never holds the whole
+        ``[b, l, vocab]``)."""
+        return self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
+
+    def logits(self, h_BTD: Array) -> Array:
+        """Hidden states ``[b, l, d_model]`` -> float32 logits ``[b, l, vocab]``."""
         return self.decoder.embed.decode(h_BTD)
 
     def init_cache(

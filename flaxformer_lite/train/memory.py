@@ -28,8 +28,10 @@ of ``V``:
   (`chunked_attention.DEFAULT_BLOCK_Q` / ``_K``);
 * evaluation: every cell of the evaluation plan is one forward pass of ``eval.batch_size``
   windows of its sequence length ``T'`` (one layer's activations alive at a time):
-  ``4 B' T' (C_DE d + C_F f + C_VE V)`` with ``C_DE = 8``, ``C_VE = 2`` (logits and
-  log-softmax), plus the scores of one layer --
+  ``4 B' [T' (C_DE d + C_F f) + T_V C_VE V]`` with ``C_DE = 8``, ``C_VE = 2`` (logits and
+  log-softmax) for the ``T_V = min(T', 512)`` positions whose logits exist at once
+  (`evaluation.step.LOGIT_CHUNK`; one for a cell scored token by token), plus the scores of
+  one layer --
   ``2 h T'`` per token for dense attention, two ``h x block_q x block_k`` blocks per window
   for chunked (the implementation each cell uses: `evaluation.score.attention_config`,
   chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally,
@@ -85,6 +87,7 @@ from flaxformer_lite.core import attention
 from flaxformer_lite.core.chunked_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from flaxformer_lite.data.data_config import DataConfig
 from flaxformer_lite.evaluation.plan import EvalPlan
+from flaxformer_lite.evaluation.step import LOGIT_CHUNK
 from flaxformer_lite.nn import param_count
 from flaxformer_lite.nn.model_config import ModelConfig
 from flaxformer_lite.train.run_config import RunConfig
@@ -235,8 +238,9 @@ def evaluation_estimate(
         if cell.na is not None:
             continue
         seq, cm = cell.sequence_length, cell.model
-        per_token = C_DE * cm.d_model + C_F * cm.d_ff + C_VE * cm.vocab_size
-        need = FLOAT_BYTES * batch * seq * per_token
+        per_token = C_DE * cm.d_model + C_F * cm.d_ff
+        logit_rows = 1 if cell.incremental else min(seq, LOGIT_CHUNK)
+        need = FLOAT_BYTES * batch * (seq * per_token + logit_rows * C_VE * cm.vocab_size)
         need += _scores(cm, batch, seq, cm.attention_impl, C_SE)
         if cell.incremental:  # the key/value cache of every layer
             need += FLOAT_BYTES * batch * 2 * cm.kv_cache_slots(seq) * cm.d_model

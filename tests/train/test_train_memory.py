@@ -194,8 +194,9 @@ def test_evaluation_estimate_closed_form():
     est = memory.evaluation_estimate(
         tiny_run(model__chunked_threshold=16, eval__length_multiples=(1, 64))
     )
-    t = 1024
-    assert est.activations == 4 * b * t * (8 * d + 2 * f + 2 * v) + 4 * 2 * b * h * 512 * 512
+    t = 1024  # the logits of 512 positions at a time (evaluation.step.LOGIT_CHUNK)
+    want = 4 * b * (t * (8 * d + 2 * f) + 512 * 2 * v) + 4 * 2 * b * h * 512 * 512
+    assert est.activations == want
 
 
 def test_a_batch_of_ten_million_sequences_is_refused_with_the_estimate_and_setting():
@@ -208,14 +209,14 @@ def test_a_batch_of_ten_million_sequences_is_refused_with_the_estimate_and_setti
     assert "lower config.data.batch_size" in message and "\n" not in message
 
 
-def test_an_evaluation_length_of_ten_million_tokens_is_refused_before_training():
-    run = tiny_run(eval__length_multiples=(1, 625_000), eval__max_bytes=0)  # 10M-token windows
+def test_an_evaluation_length_of_twenty_million_tokens_is_refused_before_training():
+    run = tiny_run(eval__length_multiples=(1, 1_250_000), eval__max_bytes=0)  # 20M-token windows
     with pytest.raises(ConfigError) as error:
         memory.check_memory(run, available=HOST_22)
     message = str(error.value)
     # even one window does not fit: the length is the setting to change
-    assert message.startswith("config.eval.length_multiples=(1, 625000): evaluating ")
-    assert "10000000-token sequences" in message and "lower config.eval.length_multiples" in message
+    assert message.startswith("config.eval.length_multiples=(1, 1250000): evaluating ")
+    assert "20000000-token sequences" in message and "lower config.eval.length_multiples" in message
     # a smaller batch would fit: the batch is named
     run = tiny_run(eval__length_multiples=(1, 62_500), eval__max_bytes=0, eval__batch_size=64)
     with pytest.raises(ConfigError, match=r"^config\.eval\.batch_size=64: evaluating 1000000-"):
