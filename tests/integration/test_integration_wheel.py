@@ -138,3 +138,24 @@ def test_the_installed_command_runs_a_study_by_config_name_from_another_director
     )
     assert help_.returncode == 0, help_.stderr[-2000:]
     assert "extrapolation_lm: tiny, dev, quick, cpu" in " ".join(help_.stdout.split())
+
+
+def test_the_notebook_takes_its_config_from_an_uploaded_wheel(installed, tmp_path):
+    """The notebook's install, backend and study cells run where there is no checkout and no
+    repository URL, only the uploaded wheel: the study config comes from the wheel."""
+    (wheel,) = (installed.parent.parent / "dist").glob("flaxformer_lite-*.whl")
+    shutil.copy(wheel, tmp_path / wheel.name)
+    cells = json.loads((ROOT / "notebooks" / "extrapolation.ipynb").read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    script = "\n".join("".join(c["source"]) for c in code[:3])  # install, backend, the study
+    proc = subprocess.run(
+        [installed / "python", "-c", script],
+        cwd=tmp_path,
+        env=_env() | {"FLAXFORMER_LITE_NOTEBOOK_PRESET": "tiny"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"flaxformer_lite installed from: {tmp_path / wheel.name}" in proc.stdout
+    assert "preset 'tiny': " in proc.stdout
