@@ -56,7 +56,7 @@ from flaxformer_lite.study.sweeps import (
     select_cells,
     shard_cells,
 )
-from flaxformer_lite.train import identity
+from flaxformer_lite.train import cost, identity
 from flaxformer_lite.train.loop import (
     check_writable_dir,
     preflight,
@@ -446,6 +446,16 @@ def _run_locked(
     study.restart_changed_cells()
     failed: dict[str, str] = {}
     todo = [c for c in cells if not study.is_done(c.name, warn=True)]
+    if progress and todo:  # what to expect, before the first cell starts
+        flops = sum(cost.run_flops(c.run, c.ready.plan, c.ready.dataset) for c in todo)
+        compiles = sum(cost.run_compiles(c.run, c.ready.plan) for c in todo)
+        done = len(cells) - len(todo)
+        print(
+            f"study: {len(todo)} cell(s) to run ({done} done), "
+            f"{cost.describe(flops, compiles, cost.matmul_rate())}",
+            file=sys.stderr,
+            flush=True,
+        )
     draw = progress_bars(progress)
     bar = tqdm(
         total=len(cells),

@@ -404,5 +404,13 @@ def test_off_a_terminal_a_study_prints_one_line_per_cell_and_no_bar(cells, tmp_p
         "cell 2/2 alibi-seed0 done",
     ]
     assert all(re.fullmatch(r".* in \d+\.\d s; eta \d+\.\d min", line) for line in lines), lines
+    # before the first cell: what to expect (train.cost), the estimate and what it rests on
+    (first,) = [line for line in err.splitlines() if line.startswith("study: ")]
+    assert re.fullmatch(
+        r"study: 2 cell\(s\) to run \(0 done\), ≈ \d+ s \(\d\.\de\+\d+ FLOP at 15% of this "
+        r"machine's \d+ GFLOP/s matmul rate, \d+ compiles\)",
+        first,
+    ), first
     run_study(config, tmp_path / "b", only=("alibi", "rope"), progress=False, command="test")
-    assert "cell " not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cell " not in err and "study: " not in err
