@@ -283,8 +283,9 @@ def _short_hash(value: Any) -> str:
 
 def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The pretrained models the rows evaluated (none trained): id, family, revision, weights
-    and tokenizer sha256 (shortened), the weights' stored format; each model's row names
-    whether its weights are random (`RANDOM_WEIGHTS`)."""
+    and tokenizer sha256 (shortened), the weights' stored format, the training context L the
+    rows' lengths are multiples of and the RoPE scalings evaluated as extra rows; each
+    model's row names whether its weights are random (`RANDOM_WEIGHTS`)."""
     models = [(m, n) for m, n in _counted(rows, "pretrained") if isinstance(m, dict)]
     if not models:
         return []
@@ -292,14 +293,17 @@ def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "",
         "Models (evaluated as published; nothing trained):",
         "",
-        "| model | family | revision | weights | tokenizer | weights format |",
-        "|:--|:--|:--|:--|:--|:--|",
+        "| model | family | revision | weights | tokenizer | weights format | context | scalings |",
+        "|:--|:--|:--|:--|:--|:--|--:|:--|",
     ]
     random_weights = False
     for m, _ in models:
         note = ""
         if m.get("random_weights"):
             random_weights, note = True, " (random weights)"
+        own = [r for r in rows if r.get("pretrained") == m]
+        contexts = sorted({r["train_length"] for r in own if r.get("train_length")})
+        scalings = [v for v, _ in _counted(own, "variant") if v != "base"]
         cells = [
             md_escape(m.get("model_id", "?")) + note,
             md_escape(m.get("family", "?")),
@@ -307,6 +311,8 @@ def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             md_code(_short_hash(m.get("weights_sha256")), cell=True),
             md_code(_short_hash(m.get("tokenizer_sha256")), cell=True),
             md_escape(m.get("weights_format", "?")),
+            md_escape(_join(contexts) or "?"),
+            md_escape(_join(scalings) or "—"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if random_weights:

@@ -51,14 +51,17 @@ def test_the_tiny_preset_runs_end_to_end(tmp_path):
     # weights are random, and names no folder of this machine
     report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
     assert report.startswith("# Results: pretrained (tiny), pretrained models\n")
-    gpt2 = next(r["pretrained"] for (name, _), r in bpb.items() if name == "gpt2")
+    gpt2_row = next(r for (name, _), r in bpb.items() if name == "gpt2")
+    gpt2 = gpt2_row["pretrained"]
     assert gpt2["random_weights"] is True
     line = next(x for x in report.splitlines() if x.startswith("| .../gpt2 "))
-    assert line == (
+    assert line == (  # learned positions: no RoPE scaling rows
         "| .../gpt2 (random weights) | gpt2 | — | "
         f"`sha256:{gpt2['weights_sha256'][7:19]}` | `sha256:{gpt2['tokenizer_sha256'][7:19]}` | "
-        "safetensors |"
+        f"safetensors | {gpt2_row['train_length']} | — |"
     )
+    llama = next(x for x in report.splitlines() if x.startswith("| .../llama "))
+    assert llama.endswith(" | safetensors | 16 | yarn |"), llama  # the test runs yarn only
     assert "**Random weights: the numbers only show that the pipeline runs.**" in report
     assert "Peak learning rate" not in report and "Training steps" not in report
     for place in (tmp_path, Path.home(), sys.prefix, sys.base_prefix, ROOT):
