@@ -301,15 +301,30 @@ def non_finite(files: CheckpointFiles, parameter: str, value: np.ndarray) -> str
     )
 
 
+# content_hash's answers in this process, by the files' paths, sizes and modification times
+_HASHED: dict[tuple, str] = {}
+
+
 def content_hash(paths: list[Path]) -> str:
     """``sha256:<hex>`` over the files' contents in order (the hub cache's blob names are
-    the sha256 of each file, so linked blobs are read once more only to be sure)."""
+    the sha256 of each file, so linked blobs are read once more only to be sure). Read once
+    per process while the files keep their sizes and modification times (a run's identity
+    and its loaded model's info ask for the same files)."""
+    key = tuple((str(Path(p).resolve()), *_stat(p)) for p in paths)
+    if key in _HASHED:
+        return _HASHED[key]
     digest = hashlib.sha256()
     for path in paths:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    _HASHED[key] = "sha256:" + digest.hexdigest()
+    return _HASHED[key]
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    info = Path(path).stat()
+    return info.st_size, info.st_mtime_ns
 
 
 def file_stats(folder: Path, paths: list[Path]) -> dict[str, list[int]]:

@@ -191,3 +191,25 @@ def test_a_hub_cache_snapshot_loads_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     lm = load_pretrained("tiny/gpt2")
     assert lm.info.revision == "0" * 40 and lm.info.family == "gpt2"
+
+
+def test_content_hash_reads_files_once_while_their_size_and_time_hold(tmp_path):
+    """A run's identity and its loaded model's info hash the same weights: the second asks
+    get the first answer while the files keep their sizes and modification times, and a
+    file changed (its time moves) is read again."""
+    import hashlib
+    import os
+
+    from flaxformer_lite.pretrained.files import content_hash
+
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"first file")
+    b.write_bytes(b"second")
+    want = "sha256:" + hashlib.sha256(b"first filesecond").hexdigest()
+    assert content_hash([a, b]) == want
+    stat = a.stat()
+    a.write_bytes(b"FIRST FILE")  # same size; its time set back: taken as unchanged
+    os.utime(a, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert content_hash([a, b]) == want
+    os.utime(a, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert content_hash([a, b]) == "sha256:" + hashlib.sha256(b"FIRST FILEsecond").hexdigest()
