@@ -57,7 +57,7 @@ def forward(graphdef, params, rest, batch, *, deterministic: bool):
 
 
 # Target positions whose logits exist at once when a model scores a window: a model with
-# ``hidden`` / ``logits`` (`nn.models.DecoderOnlyLM`) maps its final hidden states to the
+# ``logits`` (`nn.models.DecoderOnlyLM`) maps its decoder's final hidden states to the
 # vocabulary this many positions at a time, so a window of T tokens holds
 # ``[batch, LOGIT_CHUNK, vocab]`` logits, not ``[batch, T, vocab]`` (SmolLM2's 49,152 tokens
 # at 16k: 3.2 GB per window; Gemma 3's 262,144: 17 GB).
@@ -70,20 +70,21 @@ def make_eval_step(graphdef: nnx.GraphDef, *, logit_chunk: int = LOGIT_CHUNK):
     Returns ``loss_sum``, ``correct_sum`` and ``count`` (float32 ``[length]``: summed over the
     batch, only counted targets), ``predictions`` (int32 ``[batch, length]``, argmax) and the
     per-target ``token_loss`` / ``token_correct`` (float32 ``[batch, length]``, 0 where not
-    counted) from which the per-block sums are made. A model with ``hidden`` and ``logits``
-    methods is scored ``logit_chunk`` positions at a time (`LOGIT_CHUNK`; the same numbers).
+    counted) from which the per-block sums are made. A model with a ``logits`` method over
+    its ``decoder``'s hidden states (`nn.models.DecoderOnlyLM`) is scored ``logit_chunk``
+    positions at a time (`LOGIT_CHUNK`; the same numbers).
     """
 
     def eval_step(params, rest, batch):
         model = nnx.merge(graphdef, params, rest)
-        if not (hasattr(model, "hidden") and hasattr(model, "logits")):
+        if not hasattr(model, "logits"):
             return _sums(
                 *_per_token(
                     model(batch["inputs"], batch["positions"], deterministic=True), batch["targets"]
                 ),
                 batch,
             )
-        h_BTD = model.hidden(batch["inputs"], batch["positions"], deterministic=True)
+        h_BTD = model.decoder(batch["inputs"], batch["positions"], deterministic=True)
         return _sums(*_chunked_per_token(model.logits, h_BTD, batch["targets"], logit_chunk), batch)
 
     return eval_step

@@ -332,23 +332,13 @@ class DecoderOnlyLM(nnx.Module):
     ) -> Array:
         """tokens int ``[b, l]``, positions int ``[b, l]`` or ``[l]`` (default ``0..l-1``),
         valid bool ``[b, l]`` (True = real token) -> float32 logits ``[b, l, vocab]``."""
-        return self.logits(self.hidden(tokens, positions, valid=valid, deterministic=deterministic))
-
-    def hidden(
-        self,
-        tokens: Array,
-        positions: Array | None = None,
-        *,
-        valid: Array | None = None,
-        deterministic: bool | None = None,
-    ) -> Array:
-        """`__call__` before the output head: the final hidden states ``[b, l, d_model]``
-        (`logits` maps them, a slice at a time if asked: evaluation never holds the whole
-        ``[b, l, vocab]``)."""
-        return self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
+        h_BTD = self.decoder(tokens, positions, valid=valid, deterministic=deterministic)
+        return self.logits(h_BTD)
 
     def logits(self, h_BTD: Array) -> Array:
-        """Hidden states ``[b, l, d_model]`` -> float32 logits ``[b, l, vocab]``."""
+        """The decoder's final hidden states ``[b, l, d_model]`` -> float32 logits
+        ``[b, l, vocab]`` (evaluation maps them a slice of positions at a time: never the
+        whole ``[b, l, vocab]`` at once)."""
         return self.decoder.embed.decode(h_BTD)
 
     def init_cache(
@@ -365,7 +355,7 @@ class DecoderOnlyLM(nnx.Module):
         """Logits ``[b, l, vocab]`` (float32) of ``l`` new tokens ``[b, l]`` at positions
         ``[b, l]``, and the updated cache. Equal to `__call__` over all tokens so far."""
         h, cache = self.decoder.decode_step(tokens, positions, cache)
-        return self.decoder.embed.decode(h), cache
+        return self.logits(h), cache
 
 
 class EncoderDecoder(nnx.Module):
