@@ -6,9 +6,12 @@ interrupted write could leave (``temporary_files``). A plain module, as `tiny_mo
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from flaxformer_lite.base import faults
@@ -69,15 +72,17 @@ def restricted(cmd: list[str], *, fsize: int = 0, read_only: bool = False) -> li
 
 
 # The command-line harness: run as ``python -c HARNESS SCRIPT CASES`` with SCRIPT
-# scripts/run_study.py or scripts/train.py and CASES a JSON list of argument lists (or @FILE
-# holding one: a command line caps one argument at 128 KiB), it imports
+# scripts/run_study.py, scripts/train.py or scripts/generate.py and CASES a JSON list of
+# argument lists (or @FILE holding one: a command line caps one argument at 128 KiB), it imports
 # the script's command once and forks a child per case, which calls the command's ``run``
 # as ``python SCRIPT ARGS`` does; it prints RESULTS and a JSON list of {"rc", "output"}.
 HARNESS = r"""
 import importlib.util, json, os, sys, tempfile, traceback
 script, cases = sys.argv[1], sys.argv[2]
 cases = json.loads(open(cases[1:]).read() if cases.startswith("@") else cases)
-command = {"run_study.py": "study", "train.py": "train"}[os.path.basename(script)]
+command = {"run_study.py": "study", "train.py": "train", "generate.py": "generate"}[
+    os.path.basename(script)
+]
 module = importlib.import_module("flaxformer_lite.cli." + command)
 out = []
 for args in cases:
@@ -102,3 +107,29 @@ for args in cases:
         out.append({"rc": os.waitstatus_to_exitcode(status), "output": log.read()})
 print("RESULTS" + json.dumps(out))
 """
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cases(
+    script: str, cases: list[list[str]], *, environment: dict[str, str] | None = None
+) -> list[dict]:
+    """``python SCRIPT ARGS`` for each argument list of ``cases`` through `HARNESS` (one
+    import of the command, a forked child per case), in the repository root with
+    ``environment`` (default `env`): ``[{"rc", "output"}]``, in the order of ``cases``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cases, f)  # a file: a command line caps one argument at 128 KiB
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", HARNESS, script, "@" + f.name],
+            cwd=ROOT,
+            env=env() if environment is None else environment,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        os.unlink(f.name)
+    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULTS", 1)[1])

@@ -3,7 +3,6 @@ symbolic link, a hard link or a special file in one line and leave its target un
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -12,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from subprocess_checks import HARNESS, STUDY_ARGS, env, last_line
+from subprocess_checks import STUDY_ARGS, env, last_line, run_cases
 
 from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.base.io import (
@@ -154,18 +153,7 @@ def outcomes(tmp_path_factory):
             (workdir / link).symlink_to(target)
             only = ["--only=rope"] if script == "run_study" else []
             argvs.append([CONFIG, f"--workdir={workdir}", *only])
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        env.pop("FLAXFORMER_LITE_FAULT", None)
-        proc = subprocess.run(
-            [sys.executable, "-c", HARNESS, f"scripts/{script}.py", json.dumps(argvs)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-        results = json.loads(proc.stdout.split("RESULTS", 1)[1])
+        results = run_cases(f"scripts/{script}.py", argvs)
         for (case, _, link, _), result in zip(cases, results, strict=True):
             outside = base / case / "outside"
             out[case] = (result, _snapshot(outside), base / case / "w" / link)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from subprocess_checks import HARNESS, env, last_line, restricted
+from subprocess_checks import env, last_line, restricted, run_cases
 
 from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite import cli
@@ -308,20 +308,8 @@ def _run_all(script: str, tmp: Path) -> dict[str, tuple[dict, dict, dict]]:
         )
         extra = [a.replace("{base}", str(base)) for a in extra]
         argvs.append([*config, f"--workdir={workdir}", *only, *extra])
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    env.pop("FLAXFORMER_LITE_FAULT", None)
-    (tmp / "cases.json").write_text(json.dumps(argvs))  # longer than one argument may be
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, f"scripts/{script}.py", f"@{tmp / 'cases.json'}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    outcomes = json.loads(proc.stdout.split("RESULTS", 1)[1])
+    eight = env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    outcomes = run_cases(f"scripts/{script}.py", argvs, environment=eight)
     return {
         case_id: (out, before[case_id], _snapshot(bases[case_id]))
         for (case_id, _, _), out in zip(_all_cases(script), outcomes, strict=True)

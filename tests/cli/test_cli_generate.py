@@ -5,13 +5,13 @@ with its one-line error and no traceback at exit."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from subprocess_checks import run_cases
 
 from configs import extrapolation_lm
 from flaxformer_lite.base import faults
@@ -35,36 +35,6 @@ def workdirs(tmp_path_factory) -> tuple[Path, Path]:
     empty.mkdir()
     (empty / "config.json").write_bytes((base / "run" / "config.json").read_bytes())
     return base / "run", empty
-
-
-# Runs in a helper process: argv[1] = JSON list of argument lists; one forked child per case
-# (the import of JAX and orbax is most of a call's time).
-HARNESS = r"""
-import json, os, sys, tempfile, traceback
-from flaxformer_lite.cli import generate
-out = []
-for args in json.loads(sys.argv[1]):
-    with tempfile.TemporaryFile("w+") as log:
-        pid = os.fork()
-        if pid == 0:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            code = 0
-            try:
-                generate.run(["generate", *args], prog="flaxformer-lite generate")
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        log.seek(0)
-        out.append({"rc": os.waitstatus_to_exitcode(status), "output": log.read()})
-print("RESULTS" + json.dumps(out))
-"""
 
 
 def env() -> dict[str, str]:
@@ -120,16 +90,8 @@ def refusals(workdirs, tmp_path_factory) -> dict[str, dict]:
         [f"--workdir={workdirs[0]}", *(a.format(big=big) for a in args)]
         for args, _ in REFUSED.values()
     ]
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, json.dumps(argvs)],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    return dict(zip(REFUSED, json.loads(proc.stdout.split("RESULTS", 1)[1]), strict=True))
+    outcomes = run_cases("scripts/generate.py", argvs, environment=env())
+    return dict(zip(REFUSED, outcomes, strict=True))
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -162,16 +124,7 @@ def test_a_run_without_a_checkpoint_ends_with_one_line_and_no_traceback(workdirs
 
 
 def _harness(argvs: list[list[str]]) -> list[dict]:
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, json.dumps(argvs)],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    return json.loads(proc.stdout.split("RESULTS", 1)[1])
+    return run_cases("scripts/generate.py", argvs, environment=env())
 
 
 def test_a_pretrained_model_continues_text_and_stops_at_the_stop_token(workdirs):

@@ -7,11 +7,9 @@ command once and forks a child per case (`subprocess_checks.HARNESS`), offline
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from subprocess_checks import HARNESS, env
+from subprocess_checks import env, run_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT2 = "tests/pretrained/hf_models/gpt2"
@@ -27,17 +25,8 @@ SMALL_EVAL = (
 
 
 def _run_cases(tmp_path: Path, cases: list[list[str]]) -> list[dict]:
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, "scripts/run_study.py", f"@{tmp_path / 'cases.json'}"],
-        cwd=ROOT,
-        env=env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home")),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    return json.loads(proc.stdout.split("RESULTS", 1)[1])
+    offline = env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
+    return run_cases("scripts/run_study.py", cases, environment=offline)
 
 
 def test_study_models_from_the_command_line(tmp_path):

@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from subprocess_checks import HARNESS, env
+from subprocess_checks import run_cases
 
 from flaxformer_lite.pretrained.files import CheckpointFiles
 
@@ -294,16 +292,7 @@ def outcomes(tmp_path_factory) -> dict[str, dict]:
         [f"--config={base / 'hostile.py'}:{preset}", f"--workdir={base / preset}", "--progress=0"]
         for preset in STUDIES
     ]
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, "scripts/run_study.py", json.dumps(cases)],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.split("RESULTS", 1)[1])
+    results = run_cases("scripts/run_study.py", cases)
     return dict(zip(STUDIES, results, strict=True))
 
 

@@ -55,10 +55,13 @@ def test_the_tiny_preset_runs_end_to_end(tmp_path):
     gpt2 = gpt2_row["pretrained"]
     assert gpt2["random_weights"] is True
     line = next(x for x in report.splitlines() if x.startswith("| .../gpt2 "))
-    assert line == (  # learned positions: no RoPE scaling rows
-        "| .../gpt2 (random weights) | gpt2 | — | "
-        f"`sha256:{gpt2['weights_sha256'][7:19]}` | `sha256:{gpt2['tokenizer_sha256'][7:19]}` | "
-        f"safetensors | {gpt2_row['train_length']} | — |"
+    assert (
+        line
+        == (  # learned positions: no RoPE scaling rows
+            "| .../gpt2 (random weights) | gpt2 | — | "
+            f"`sha256:{gpt2['weights_sha256'][7:19]}` | `sha256:{gpt2['tokenizer_sha256'][7:19]}` | "
+            f"safetensors | {gpt2_row['train_length']} | — |"
+        )
     )
     llama = next(x for x in report.splitlines() if x.startswith("| .../llama "))
     assert llama.endswith(" | safetensors | 16 | yarn |"), llama  # the test runs yarn only

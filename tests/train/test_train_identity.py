@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from subprocess_checks import HARNESS, env
+from subprocess_checks import env, run_cases
 
 from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.cli.pipeline import run_study
@@ -425,16 +425,7 @@ def add_user_files(folder: Path, files: dict[str, str]) -> None:
 def run_train_cases(cases: list[list[str]]) -> list[dict]:
     """``flaxformer-lite train`` with each argument list (`subprocess_checks.HARNESS`: one
     import, a forked child per case): ``[{"rc", "output"}]``."""
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, "scripts/train.py", json.dumps(cases)],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    return json.loads(proc.stdout.split("RESULTS", 1)[1])
+    return run_cases("scripts/train.py", cases)
 
 
 def test_restarts_and_resumes_never_delete_what_the_run_did_not_make(finished, tmp_path):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from subprocess_checks import HARNESS, env
+from subprocess_checks import env, run_cases
 
 from configs import pretrained
 from flaxformer_lite.train import loop
@@ -101,16 +101,7 @@ def test_the_identity_of_a_model_is_its_content_not_its_path(evaluated, tmp_path
         [*TRAIN_ARGS, f"--config.pretrained.source={source}", f"--workdir={copy}"]
         for source, copy in zip((moved, changed), workdirs, strict=True)
     ]
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS, "scripts/train.py", json.dumps(cases)],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RESULTS" in proc.stdout, proc.stderr[-3000:]
-    same, other = json.loads(proc.stdout.split("RESULTS", 1)[1])
+    same, other = run_cases("scripts/train.py", cases)
 
     assert same["rc"] == 0, same["output"][-3000:]
     assert (workdirs[0] / "eval.json").read_bytes() == finished  # the finished result
