@@ -353,7 +353,8 @@ def check_memory(
     run: RunConfig, plan: EvalPlan | None = None, *, available: tuple | None = None
 ) -> None:
     """Raise `ConfigError` when training or evaluating ``run`` needs more memory than there
-    is (see the module docstring); the message gives the estimate, the memory available
+    is (see the module docstring; a pretrained model's run is only evaluated, so only its
+    evaluation counts); the message gives the estimate, the memory available
     and the setting to change. ``available``: `available_memory` 's answer (default: asked
     now). Skipped when ``FLAXFORMER_LITE_MEMORY_CHECK=off`` or the memory is unknown."""
     if os.environ.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
@@ -375,7 +376,8 @@ def check_memory(
         est = evaluation_estimate(run, plan, batch, copies=1 if per_device else data)
         return dataclasses.replace(est, state=-(-est.state // fsdp)) if per_device else est
 
-    for phase in (training, evaluation):
+    # a pretrained model's run trains nothing: its training length is its context
+    for phase in (evaluation,) if run.pretrained.source else (training, evaluation):
         est = phase()
         if est.total <= free:
             continue

@@ -6,6 +6,7 @@ any work; the generation estimate; no refusal of a shipped preset."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from flaxformer_lite.nn.models import DecoderOnlyLM
 from flaxformer_lite.nn.schedules import LayerKind
 from flaxformer_lite.study.sweeps import apply_overrides, expand_sweep
 from flaxformer_lite.train import memory
-from flaxformer_lite.train.run_config import RunConfig
+from flaxformer_lite.train.run_config import PretrainedConfig, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HOST = (22 * 2**30, "test host", False)
@@ -207,6 +208,10 @@ def test_a_batch_of_ten_million_sequences_is_refused_with_the_estimate_and_setti
     assert message.startswith("config.data.batch_size=10000000: one training step needs ≈ ")
     assert "TiB (activations" in message and "22.0 GiB available (test host)" in message
     assert "lower config.data.batch_size" in message and "\n" not in message
+    # a pretrained model's run trains nothing (Gemma 3's context of 32k tokens "trained" on a
+    # CPU would need over 100 GiB): only its evaluation is checked
+    pretrained = dataclasses.replace(run, pretrained=PretrainedConfig(source="a-model"))
+    memory.check_memory(pretrained, run.eval_plan(), available=HOST_22)
 
 
 def test_an_evaluation_length_of_twenty_million_tokens_is_refused_before_training():
