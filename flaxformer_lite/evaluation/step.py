@@ -78,12 +78,8 @@ def make_eval_step(graphdef: nnx.GraphDef, *, logit_chunk: int = LOGIT_CHUNK):
     def eval_step(params, rest, batch):
         model = nnx.merge(graphdef, params, rest)
         if not hasattr(model, "logits"):
-            return _sums(
-                *_per_token(
-                    model(batch["inputs"], batch["positions"], deterministic=True), batch["targets"]
-                ),
-                batch,
-            )
+            logits = model(batch["inputs"], batch["positions"], deterministic=True)
+            return _sums(*_per_token(logits, batch["targets"]), batch)
         h_BTD = model.decoder(batch["inputs"], batch["positions"], deterministic=True)
         return _sums(*_chunked_per_token(model.logits, h_BTD, batch["targets"], logit_chunk), batch)
 
