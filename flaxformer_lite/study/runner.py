@@ -438,6 +438,15 @@ def run_study(
         return _run_locked(study, cells, report, progress)
 
 
+def _estimate_line(todo: list[StudyCell], done: int) -> str:
+    """``study: N cell(s) to run (M done), ≈ ...``: the time `train.cost` estimates for the
+    cells left."""
+    flops = sum(cost.run_flops(c.run, c.ready.plan, c.ready.dataset) for c in todo)
+    compiles = sum(cost.run_compiles(c.run, c.ready.plan) for c in todo)
+    estimate = cost.describe(flops, compiles, cost.matmul_rate())
+    return f"study: {len(todo)} cell(s) to run ({done} done), {estimate}"
+
+
 def _run_locked(
     study: Study, cells: list[StudyCell], report: Reporter | None, progress: bool
 ) -> dict:
@@ -447,15 +456,7 @@ def _run_locked(
     failed: dict[str, str] = {}
     todo = [c for c in cells if not study.is_done(c.name, warn=True)]
     if progress and todo:  # what to expect, before the first cell starts
-        flops = sum(cost.run_flops(c.run, c.ready.plan, c.ready.dataset) for c in todo)
-        compiles = sum(cost.run_compiles(c.run, c.ready.plan) for c in todo)
-        done = len(cells) - len(todo)
-        print(
-            f"study: {len(todo)} cell(s) to run ({done} done), "
-            f"{cost.describe(flops, compiles, cost.matmul_rate())}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(_estimate_line(todo, done=len(cells) - len(todo)), file=sys.stderr, flush=True)
     draw = progress_bars(progress)
     bar = tqdm(
         total=len(cells),
