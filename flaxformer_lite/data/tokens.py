@@ -41,7 +41,6 @@ tokenizer and keep their own byte count.
 from __future__ import annotations
 
 import difflib
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -283,8 +282,3 @@ class TokenCorpus:
     def provenance(self) -> dict:
         """The byte corpus's provenance plus the tokenizer's hash."""
         return self.corpus.provenance() | {"tokenizer_sha256": self.tokenizer_sha256}
-
-
-def tokens_digest(split: Split) -> str:
-    """``sha256:`` of a split's token ids (a check that two runs scored the same tokens)."""
-    return "sha256:" + hashlib.sha256(np.ascontiguousarray(split.data).tobytes()).hexdigest()
