@@ -3,6 +3,8 @@ positions at a time gives the sums of the full logits."""
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -68,3 +70,35 @@ def test_scoring_a_slice_of_positions_at_a_time_equals_the_full_logits():
             np.testing.assert_allclose(got[key], want[key], atol=2e-5, err_msg=f"{name} {key}")
         np.testing.assert_array_equal(got["predictions"], want["predictions"], err_msg=name)
         np.testing.assert_allclose(got["loss_sum"], want["token_loss"].sum(0), atol=5e-5)
+
+
+def test_no_array_of_length_times_vocabulary_in_the_compiled_step():
+    """The compiled evaluation step of a 2048-token window holds no array of more than
+    ``LOGIT_CHUNK x vocabulary`` values with a vocabulary axis (the logits exist a slice at a
+    time); with a slice longer than the window, the ``[1, 2048, 97]`` logits appear."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from flaxformer_lite.evaluation import step
+    from flaxformer_lite.nn.model_config import ModelConfig
+    from flaxformer_lite.nn.models import DecoderOnlyLM
+
+    cfg = ModelConfig(
+        vocab_size=97, d_model=32, num_heads=2, d_ff=64, num_decoder_layers=1, positional="rope"
+    )
+    graphdef, params, rest = step.split_model(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)))
+    fields = {"inputs": jnp.int32, "targets": jnp.int32, "loss_mask": jnp.float32}
+    batch = {k: jax.ShapeDtypeStruct((1, 2048), d) for k, d in fields.items()}
+    batch["positions"] = jax.ShapeDtypeStruct((1, 2048), jnp.int32)
+
+    def vocabulary_sized(chunk: int) -> set[str]:
+        fn = jax.jit(step.make_eval_step(graphdef, logit_chunk=chunk))
+        text = fn.lower(params, rest, batch).compile().as_text()
+        shapes = {s for s in re.findall(r"\w+\[([\d,]*)\]", text) if "97" in s.split(",")}
+        return {s for s in shapes if math.prod(int(x) for x in s.split(",")) > 512 * 97}
+
+    assert vocabulary_sized(step.LOGIT_CHUNK) == set()
+    assert "1,2048,97" in vocabulary_sized(4096)
