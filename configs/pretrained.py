@@ -33,9 +33,8 @@ Presets:
                at L/4, L/2, L, 2L and 4L tokens (below L: the in-distribution curve), on
                the stdlib corpus's whole test split (731 kB with Python 3.11: every window
                fits; the validation split holds no 4 x 32768 tokens), RoPE rows under PI,
-               NTK and YaRN (dynamic NTK
-               scores token by token: too slow at 131k tokens). A missing package is refused
-               in one line naming its pip command. Hours on one GPU.
+               NTK, dynamic NTK and YaRN (Gemma 3: its global layers). A missing package is
+               refused in one line naming its pip command. Hours on one GPU.
   yarn_table1  the protocol of the YaRN paper's Table 1 (Peng et al. 2023): Llama-2-7B
                extended from 4k to 8k by PI (s = 2), NTK (theta = 20k) and YaRN (s = 2), token
                perplexity with a sliding window of stride 256 at 2048 ... 10240 tokens, in
@@ -206,7 +205,7 @@ def _offline(c: ml_collections.ConfigDict) -> None:
         # its validation split (264 kB, ~70k tokens) holds no window of 4 x 32768 tokens
         split="test",
         max_bytes=0,
-        rope_scalings=("pi", "ntk", "yarn"),
+        rope_scalings=("pi", "ntk", "dynamic_ntk", "yarn"),
         paired_reference="smollm2-135m-instruct",
     )
 

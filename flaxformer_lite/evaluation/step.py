@@ -131,9 +131,13 @@ def _jitted_eval_step(graphdef: nnx.GraphDef):
 
 class Evaluator:
     """Jit-compiled per-position sums for one model, one compile per batch shape;
-    ``incremental=True`` scores token by token (`make_incremental_eval_step`)."""
+    ``incremental=True`` scores each target at its own prefix's length: in one pass where
+    the model's encodings allow it (`one_pass`), else token by token
+    (`make_incremental_eval_step`)."""
 
     def __init__(self, model: nnx.Module, *, incremental: bool = False):
+        if incremental and (prefix := one_pass(model)) is not None:
+            model, incremental = prefix, False  # the same numbers in one pass
         graphdef, self.params, self.rest = split_model(model)
         make = _jitted_incremental_eval_step if incremental else _jitted_eval_step
         self.step = make(graphdef)
@@ -142,6 +146,28 @@ class Evaluator:
         faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.base.faults)
         out = self.step(self.params, self.rest, {k: jnp.asarray(v) for k, v in batch.items()})
         return jax.device_get(out)
+
+
+def one_pass(model: nnx.Module) -> nnx.Module | None:
+    """``model`` (a new module sharing its state) scoring in one pass what token-by-token
+    scoring gives: every encoding that reads the current length (dynamic NTK, LongRoPE:
+    `EncodingSpec.scores_incrementally`) takes each token's own prefix length
+    (``prefix_lengths``, as a KV cache rotates each key when it is written). None when some
+    such encoding has no ``prefix_lengths`` (a registered one of a user): then score token
+    by token (`make_incremental_eval_step`)."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(cfg, "pattern_kinds"):
+        return None
+    reading = [
+        k.encoding
+        for k in cfg.pattern_kinds()
+        if k.encoding.scores_incrementally(k.positional_options)
+    ]
+    if not all(hasattr(spec.factory, "prefix_lengths") for spec in reading):
+        return None
+    copy = nnx.merge(*nnx.split(model))
+    copy.set_attributes(prefix_lengths=True, raise_if_not_found=False)
+    return copy
 
 
 def rebuild_model(model: nnx.Module, cfg: Any) -> nnx.Module:

@@ -235,6 +235,44 @@ def test_dynamic_ntk_is_scored_as_cached_decoding_with_hf_convention():
     assert not np.allclose(got[4:], prefix[4:], atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "positional, options",
+    [
+        ("rope", {"scaling": "dynamic_ntk", "original_length": 4, "scale": 2.0}),
+        ("p_rope", {"scaling": "dynamic_ntk", "original_length": 4, "p": 0.5}),
+        (
+            "rope",
+            {
+                "scaling": "longrope",
+                "original_length": 4,
+                "longrope_short_factor": (1.0, 1.5, 2.0, 3.0),
+                "longrope_long_factor": (2.0, 4.0, 8.0, 16.0),
+            },
+        ),
+    ],
+)
+def test_one_pass_at_each_prefix_length_equals_token_by_token_scoring(positional, options):
+    """Evaluation scores length-dependent scalings in one pass (`evaluation.step.one_pass`:
+    each query and key at position p with the frequencies of length p + 1) with the numbers
+    of the token-by-token scan through the cache, on 2 layers and 12 tokens past L = 4."""
+    import jax
+
+    from flaxformer_lite.evaluation import step
+
+    cfg = tiny_model_config(positional, options=options, num_decoder_layers=2)
+    model = fl.DecoderOnlyLM(cfg, rngs=nnx.Rngs(2))
+    batch = _batch(3, 2, 12)
+    graphdef, params, rest = step.split_model(model)
+    scanned = jax.jit(step.make_incremental_eval_step(graphdef))(params, rest, batch)
+    evaluator = step.Evaluator(model, incremental=True)
+    assert evaluator.step is not step._jitted_incremental_eval_step(graphdef)  # one pass
+    got = evaluator(batch)
+    for key in ("token_loss", "token_correct", "loss_sum"):
+        np.testing.assert_allclose(got[key], np.asarray(scanned[key]), rtol=2e-5, atol=2e-5)
+    # the window's own length (one pass without prefix lengths) gives other numbers
+    assert not np.allclose(step.Evaluator(model)(batch)["loss_sum"], got["loss_sum"], atol=1e-4)
+
+
 def test_the_study_scores_dynamic_ntk_incrementally():
     from configs import extrapolation_lm
     from flaxformer_lite.train.run_config import RunConfig

@@ -55,13 +55,10 @@ def test_the_tiny_preset_runs_end_to_end(tmp_path):
     gpt2 = gpt2_row["pretrained"]
     assert gpt2["random_weights"] is True
     line = next(x for x in report.splitlines() if x.startswith("| .../gpt2 "))
-    assert (
-        line
-        == (  # learned positions: no RoPE scaling rows
-            "| .../gpt2 (random weights) | gpt2 | — | "
-            f"`sha256:{gpt2['weights_sha256'][7:19]}` | `sha256:{gpt2['tokenizer_sha256'][7:19]}` | "
-            f"safetensors | {gpt2_row['train_length']} | — |"
-        )
+    weights, tokenizer = gpt2["weights_sha256"][7:19], gpt2["tokenizer_sha256"][7:19]
+    assert line == (  # learned positions: no RoPE scaling rows
+        f"| .../gpt2 (random weights) | gpt2 | — | `sha256:{weights}` | `sha256:{tokenizer}` | "
+        f"safetensors | {gpt2_row['train_length']} | — |"
     )
     llama = next(x for x in report.splitlines() if x.startswith("| .../llama "))
     assert llama.endswith(" | safetensors | 16 | yarn |"), llama  # the test runs yarn only
@@ -102,8 +99,9 @@ def test_a_pretrained_cell_maps_its_config_once_and_runs_one_preflight(tmp_path,
 
 def test_the_offline_preset_resolves_to_its_packaged_models_at_quarter_to_four_times_l():
     """`pretrained:offline`: the GGUF files that packages ship, each at its training context
-    L, evaluated at L/4 ... 4L with every window within the cap, RoPE rows under PI, NTK and
-    YaRN. Skipped, saying which pip command is missing, without the packages."""
+    L, evaluated at L/4 ... 4L with every window within the cap, RoPE rows under PI, NTK,
+    dynamic NTK (scored at each target's prefix length, in one pass) and YaRN. Skipped, saying
+    which pip command is missing, without the packages."""
     import pytest
 
     from flaxformer_lite.base.checks import ConfigError
@@ -123,8 +121,14 @@ def test_the_offline_preset_resolves_to_its_packaged_models_at_quarter_to_four_t
         plan = run.eval_plan()  # max_bytes >= the longest window: checked here
         lengths = sorted({c.scoring.length for c in plan.cells if c.na is None})
         assert lengths == list(run.eval_lengths)
-        variants = {str(c.label) for c in plan.cells}
-        assert len(variants) >= 4  # the model, +pi, +ntk, +yarn
+        variants = {c.label.variant: c.incremental for c in plan.cells}
+        assert variants == {
+            "base": False,
+            "pi": False,
+            "ntk": False,
+            "dynamic_ntk": True,
+            "yarn": False,
+        }
 
 
 @__import__("pytest").mark.slow

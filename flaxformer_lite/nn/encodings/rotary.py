@@ -189,6 +189,10 @@ class RotaryEncoding(PositionalEncoding):
 
     hook = "rotate"
     caches_rotated_keys = True
+    # Dynamic NTK and LongRoPE in one pass as a cache computes them token by token: each
+    # query and key at position p with the frequencies of length p + 1 (its own prefix),
+    # instead of the sequence's length. Evaluation sets it (`evaluation.step.one_pass`).
+    prefix_lengths = False
 
     def __init__(self, dims: ModelDims, options: RopeOptions, *, rngs: nnx.Rngs):
         del rngs
@@ -234,16 +238,30 @@ class RotaryEncoding(PositionalEncoding):
     def rotate(
         self, q: Array, k: Array, q_positions: Array, k_positions: Array
     ) -> tuple[Array, Array]:
-        inv_freq_P = self.inv_frequencies(q_positions)  # [pairs] or [batch or 1, pairs]
         for name, x, pos in (("q_positions", q, q_positions), ("k_positions", k, k_positions)):
             as_batched_positions(pos, name=name, length=x.shape[1], batch=x.shape[0])
-        angles_BTP = rotary.rope_angles(q_positions, inv_freq_P)
-        angles_BSP = rotary.rope_angles(k_positions, inv_freq_P)
+        if self.prefix_lengths and self.scaling in ("dynamic_ntk", "longrope"):
+            angles_BTP, angles_BSP = (
+                self._prefix_angles(q_positions),
+                self._prefix_angles(k_positions),
+            )
+        else:
+            inv_freq_P = self.inv_frequencies(q_positions)  # [pairs] or [batch or 1, pairs]
+            angles_BTP = rotary.rope_angles(q_positions, inv_freq_P)
+            angles_BSP = rotary.rope_angles(k_positions, inv_freq_P)
         q_BTNH = rotary.apply_rotary(q, angles_BTP, layout=self.layout)
         k_BSKH = rotary.apply_rotary(k, angles_BSP, layout=self.layout)
         if self.attention_factor != 1.0:
             q_BTNH, k_BSKH = self._scale(q_BTNH), self._scale(k_BSKH)
         return q_BTNH, k_BSKH
+
+    def _prefix_angles(self, positions: Array) -> Array:
+        """``[batch, length, pairs]`` angles, each position ``p`` at the frequencies of
+        the length ``p + 1`` (each token a row of its own for `inv_frequencies`)."""
+        pos_BT = as_batched_positions(positions)
+        b, t = pos_BT.shape
+        inv_freq_BTP = self.inv_frequencies(pos_BT.reshape(b * t, 1)).reshape(b, t, -1)
+        return pos_BT.astype(jnp.float32)[..., None] * inv_freq_BTP
 
     def _scale(self, x: Array) -> Array:
         """``x`` with its first ``factor_dims`` dimensions (R: the rotated ones, or all of
