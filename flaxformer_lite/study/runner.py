@@ -441,9 +441,13 @@ def run_study(
 def _estimate_line(todo: list[StudyCell], done: int) -> str:
     """``study: N cell(s) to run (M done), ≈ ...``: the time `train.cost` estimates for the
     cells left."""
-    flops = sum(cost.run_flops(c.run, c.ready.plan, c.ready.dataset) for c in todo)
+    flops = [cost.run_flops(c.run, c.ready.plan, c.ready.dataset) for c in todo]
+    # the fraction of the rate reached, weighted by work (each cell's evaluated model's width)
+    models = [c.ready.plan.quick.model for c in todo]
+    at_rate = sum(f / cost.efficiency(m) for f, m in zip(flops, models, strict=True))
+    reached = sum(flops) / at_rate if at_rate else cost.EFFICIENCY
     compiles = sum(cost.run_compiles(c.run, c.ready.plan) for c in todo)
-    estimate = cost.describe(flops, compiles, cost.matmul_rate())
+    estimate = cost.describe(sum(flops), compiles, cost.matmul_rate(), reached)
     return f"study: {len(todo)} cell(s) to run ({done} done), {estimate}"
 
 

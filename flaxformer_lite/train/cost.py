@@ -14,10 +14,12 @@ The seconds are that work over ``EFFICIENCY x`` this machine's matmul rate, plus
 ``COMPILE_SECONDS`` for each step XLA compiles (the training step, and one evaluation step per
 evaluated cell: `run_compiles`), the rate measured on
 the default device (`matmul_rate`: a float32 matmul of 1024 x 1024, best of 3, as loaded
-as the machine is now). ``EFFICIENCY`` is the fraction of that rate the library's runs reach
-(fitted to the ``quick`` preset: 1.8e13 FLOP in 7 min 9 s on a 2-core CPU whose matmul rate
-is about 296 GFLOP/s; compiles and small batches make a short run reach less of it), so the
-figure is an estimate to plan with; the study's per-cell lines measure.
+as the machine is now). The fraction of that rate a run reaches grows with the model's width
+(`efficiency`: ``EFFICIENCY x (d_model / 64)^0.45``, at most 0.5), fitted to two runs on a
+2-core CPU: the ``quick`` preset's byte model (width 64, about 15 %) and SmolLM2-135M
+evaluated at 2k-16k tokens (width 576, about 41 %: 4.2e14 FLOP in 99 CPU-minutes at a
+340 GFLOP/s matmul rate). The figure is an estimate to plan with; the study's per-cell lines
+measure.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from flaxformer_lite.nn.model_config import ModelConfig
 
 EFFICIENCY = 0.15
 COMPILE_SECONDS = 2.0  # one jit compile of a small model's step on a CPU (larger take longer)
+
+
+def efficiency(model: ModelConfig) -> float:
+    """The fraction of the matmul rate a run of ``model`` reaches (see the module docstring)."""
+    return min(0.5, EFFICIENCY * (model.d_model / 64) ** 0.45)
 
 
 def token_flops(model: ModelConfig, length: int, *, training: bool) -> float:
@@ -83,10 +90,11 @@ def matmul_rate() -> float:
     return 2 * 1024**3 / best
 
 
-def describe(flops: float, compiles: int, rate: float) -> str:
+def describe(flops: float, compiles: int, rate: float, reached: float = EFFICIENCY) -> str:
     """The estimate as one phrase: ``"≈ 9 min (1.2e+13 FLOP at 15% of this machine's
-    150 GFLOP/s matmul rate, 10 compiles)"``."""
-    seconds = flops / (EFFICIENCY * rate) + COMPILE_SECONDS * compiles
+    150 GFLOP/s matmul rate, 10 compiles)"``; ``reached``: the fraction of the rate
+    (`efficiency`)."""
+    seconds = flops / (reached * rate) + COMPILE_SECONDS * compiles
     if seconds < 90:
         when = f"{seconds:.0f} s"
     elif seconds < 5400:
@@ -94,6 +102,6 @@ def describe(flops: float, compiles: int, rate: float) -> str:
     else:
         when = f"{seconds / 3600:.1f} h"
     return (
-        f"≈ {when} ({flops:.2g} FLOP at {EFFICIENCY:.0%} of this machine's "
+        f"≈ {when} ({flops:.2g} FLOP at {reached:.0%} of this machine's "
         f"{rate / 1e9:.0f} GFLOP/s matmul rate, {compiles} compiles)"
     )

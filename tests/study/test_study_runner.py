@@ -407,7 +407,7 @@ def test_off_a_terminal_a_study_prints_one_line_per_cell_and_no_bar(cells, tmp_p
     # before the first cell: what to expect (train.cost), the estimate and what it rests on
     (first,) = [line for line in err.splitlines() if line.startswith("study: ")]
     assert re.fullmatch(
-        r"study: 2 cell\(s\) to run \(0 done\), ≈ \d+ s \(\d\.\de\+\d+ FLOP at 15% of this "
+        r"study: 2 cell\(s\) to run \(0 done\), ≈ \d+ s \(\d\.\de\+\d+ FLOP at \d+% of this "
         r"machine's \d+ GFLOP/s matmul rate, \d+ compiles\)",
         first,
     ), first

@@ -50,6 +50,11 @@ def test_the_estimate_reads_as_time_work_rate_and_compiles(tmp_path):
     )
     assert cost.describe(cost.EFFICIENCY * rate * 26, 2, rate).startswith("≈ 30 s ")
     assert cost.describe(cost.EFFICIENCY * rate * 7200, 0, rate).startswith("≈ 2.0 h ")
+    assert cost.describe(1.2e13, 0, rate, reached=0.4).startswith("≈ 3 min (1.2e+13 FLOP at 40% ")
+    # wider models reach more of the rate: the byte model 15 %, SmolLM2's width 576 about 40 %
+    assert cost.efficiency(_tiny().model.replace(d_model=64)) == cost.EFFICIENCY == 0.15
+    assert 0.38 < cost.efficiency(_tiny().model.replace(d_model=576, num_heads=8)) < 0.42
+    assert cost.efficiency(_tiny().model.replace(d_model=8192, num_heads=64)) == 0.5
     assert cost.matmul_rate() > 1e8  # any machine multiplies faster than 0.1 GFLOP/s
     run = _tiny(length_multiples=(1, 2, 4))
     plan = run.eval_plan()
