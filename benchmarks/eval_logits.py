@@ -73,24 +73,6 @@ def _worker(length: int, chunk: int, layers: int, rounds: int) -> dict:
     }
 
 
-def _matmul_rate() -> float:
-    """GFLOP/s of a jitted 2048^2 float32 dot (the best of 3 calls)."""
-    import time
-
-    import jax
-    import jax.numpy as jnp
-
-    x = jnp.ones((2048, 2048), jnp.float32)
-    f = jax.jit(lambda a: a @ a)
-    f(x).block_until_ready()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        f(x).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * 2048**3 / best / 1e9
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
@@ -113,7 +95,9 @@ def main() -> None:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
             got[name] = json.loads(proc.stdout.split("RESULT", 1)[1])
         rows.append((length, got["sliced"], got["all at once"]))
-    rate = _matmul_rate()
+    from flaxformer_lite.train.cost import matmul_rate
+
+    rate = matmul_rate(2048) / 1e9
     print(
         f"{datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"matmul {rate:.0f} GFLOP/s (2048^2 float32), {args.layers} layer(s), "

@@ -76,10 +76,10 @@ def run_compiles(run: Any, plan: EvalPlan) -> int:
     return evaluated + (0 if run.pretrained.source else 2)
 
 
-def matmul_rate() -> float:
-    """This machine's float32 matmul rate on the default device in FLOP/s (1024 x 1024, the
-    best of 3 after one compile)."""
-    x = jnp.ones((1024, 1024), jnp.float32)
+def matmul_rate(size: int = 1024) -> float:
+    """This machine's float32 matmul rate on the default device in FLOP/s (``size x size``,
+    the best of 3 after one compile)."""
+    x = jnp.ones((size, size), jnp.float32)
     f = jax.jit(lambda a: a @ a)
     f(x).block_until_ready()
     best = float("inf")
@@ -87,7 +87,7 @@ def matmul_rate() -> float:
         t0 = time.perf_counter()
         f(x).block_until_ready()
         best = min(best, time.perf_counter() - t0)
-    return 2 * 1024**3 / best
+    return 2 * size**3 / best
 
 
 def describe(flops: float, compiles: int, rate: float, reached: float = EFFICIENCY) -> str:
