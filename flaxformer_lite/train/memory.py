@@ -30,14 +30,15 @@ of ``V``:
   windows of its sequence length ``T'`` (one layer's activations alive at a time):
   ``4 B' [T' (C_DE d + C_F f) + T_V C_VE V]`` with ``C_DE = 8``, ``C_VE = 2`` (logits and
   log-softmax) for the ``T_V = min(T', 512)`` positions whose logits exist at once
-  (`evaluation.step.LOGIT_CHUNK`; one for a cell scored token by token), plus the scores of
-  one layer --
+  (`evaluation.step.LOGIT_CHUNK`; a cell scored at each target's prefix length runs in one
+  pass where its encodings allow, `evaluation.step.one_pass`, so it counts them too), plus
+  the scores of one layer --
   ``2 h T'`` per token for dense attention, two ``h x block_q x block_k`` blocks per window
   for chunked (the implementation each cell uses: `evaluation.score.attention_config`,
-  chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally,
-  its key/value cache ``2 n T' d`` per window (a layer with a sliding window W or chunk C
-  holds ``min(W or C, T')`` slots instead of ``T'``: `ModelConfig.kv_cache_slots`). The
-  largest cell counts.
+  chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally
+  (token by token where it cannot run in one pass), its key/value cache ``2 n T' d`` per
+  window (a layer with a sliding window W or chunk C holds ``min(W or C, T')`` slots
+  instead of ``T'``: `ModelConfig.kv_cache_slots`). The largest cell counts.
 
 The constants were fitted to XLA's own accounting of the compiled steps' temporary buffers
 (``jit(...).lower(...).compile().memory_analysis()``) for the ``tiny`` and ``quick`` models
@@ -239,7 +240,7 @@ def evaluation_estimate(
             continue
         seq, cm = cell.sequence_length, cell.model
         per_token = C_DE * cm.d_model + C_F * cm.d_ff
-        logit_rows = 1 if cell.incremental else min(seq, LOGIT_CHUNK)
+        logit_rows = min(seq, LOGIT_CHUNK)  # token by token holds fewer: this bounds both
         need = FLOAT_BYTES * batch * (seq * per_token + logit_rows * C_VE * cm.vocab_size)
         need += _scores(cm, batch, seq, cm.attention_impl, C_SE)
         if cell.incremental:  # the key/value cache of every layer

@@ -198,6 +198,15 @@ def test_evaluation_estimate_closed_form():
     t = 1024  # the logits of 512 positions at a time (evaluation.step.LOGIT_CHUNK)
     want = 4 * b * (t * (8 * d + 2 * f) + 512 * 2 * v) + 4 * 2 * b * h * 512 * 512
     assert est.activations == want
+    # a dynamic-NTK cell (scored at each target's prefix length) counts the same logits, and
+    # its key/value cache for the token-by-token path: 2 layers x 64 slots
+    est = memory.evaluation_estimate(
+        tiny_run(model__positional="rope", eval__rope_scalings=("dynamic_ntk",))
+    )
+    t, n = 64, 2
+    want = 4 * b * (t * (8 * d + 2 * f) + t * 2 * v) + 4 * 2 * b * t * h * t
+    assert est.activations == want + 4 * b * 2 * n * t * d
+    assert "(nonoverlapping, rope+dynamic_ntk)" in est.what
 
 
 def test_a_batch_of_ten_million_sequences_is_refused_with_the_estimate_and_setting():
