@@ -136,20 +136,10 @@ def model_entry(spec: str) -> dict[str, object]:
     if not name:
         fail("--model", spec, "must be a model folder, hub id (org/name) or GGUF file")
     if length:
-        if not Path(source).expanduser().exists():
-            try:  # a hub id: fetched (or found cached) now, as the study would
-                pretrained.resolve(source)
-            except pretrained.MissingModelError:
-                raise
-            except pretrained.PretrainedError as e:
-                raise ConfigError(f"--model={spec}: {e}") from None
+        if not Path(source).expanduser().exists():  # a hub id: fetched (or found cached) now
+            _opened(spec, pretrained.resolve, source)
         return dict(name=name, source=source, train_length=int(length))
-    try:
-        checkpoint = pretrained.open_checkpoint(source)
-    except pretrained.MissingModelError:
-        raise
-    except pretrained.PretrainedError as e:
-        raise ConfigError(f"--model={spec}: {e}") from None
+    checkpoint = _opened(spec, pretrained.open_checkpoint, source)
     found = pretrained.training_length(checkpoint.hf_config)
     if found is None:
         fail(
@@ -159,6 +149,18 @@ def model_entry(spec: str) -> dict[str, object]:
             f"as --model={source}:LENGTH",
         )
     return dict(name=name, source=source, train_length=found)
+
+
+def _opened(spec: str, opener: Any, source: str) -> Any:
+    """``opener(source)``; a `pretrained.PretrainedError` as a `ConfigError` naming
+    ``--model``, except a `pretrained.MissingModelError` (every missing hub model is named
+    together, `use_models`)."""
+    try:
+        return opener(source)
+    except pretrained.MissingModelError:
+        raise
+    except pretrained.PretrainedError as e:
+        raise ConfigError(f"--model={spec}: {e}") from None
 
 
 def use_models(config: Any, specs: list[str], *, overrides: list[tuple[str, Any]]) -> None:
