@@ -40,8 +40,10 @@ unless ``eval.max_bytes`` caps it):
           plain, as gpt-oss (sliding-window layers of W = L / 4 alternating with global ones,
           every layer with attention sinks) and with SSMax; evaluation rows for YaRN, ALiBi
           with position interpolation and the training-free temperatures logn and llama4
-          (floor scale L). quick's model and training, 1 seed: 15 runs. The designs are
-          swept as ``sweep.model_sizes`` (rows' ``model_size``: plain, gpt_oss, ssmax).
+          (floor scale L). quick's model and training, cpu's two protocols (the context
+          protocol also scores its key targets: bits per key byte), 5 seeds: 75 runs. The
+          designs are swept as ``sweep.model_sizes`` (rows' ``model_size``: plain, gpt_oss,
+          ssmax).
   wikitext103_bytes
           a byte-level study on WikiText-103 raw for one accelerator (L = 512 bytes, 25M
           parameters, to 16k bytes). Not the ALiBi paper's setting (a word-level 247M model at
@@ -312,8 +314,9 @@ def _scaling(c: ml_collections.ConfigDict) -> None:
 
 
 def _modern(c: ml_collections.ConfigDict) -> None:
-    # Recent designs at quick's size (4 layers, L = 64, evaluation to 16 L); docs/encodings.md.
-    _quick(c)
+    # Recent designs at cpu's size and protocols (4 layers, L = 64, evaluation to 16 L, 5
+    # seeds); docs/encodings.md.
+    _cpu(c)
     length = c.data.train_length
     c.sweep.encodings = MODERN_ENCODINGS
     c.sweep.model_sizes = modern_designs(length)

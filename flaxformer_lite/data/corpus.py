@@ -110,6 +110,7 @@ class Split:
         # `document_of`'s, found on first use unless given
         self._separators = None if document_ends is None else np.asarray(document_ends, np.int64)
         self._text_end: np.ndarray | None = None  # `tokens_within`'s, found on first use
+        self._key_targets: dict[tuple, np.ndarray] = {}  # `context_key_targets`'s
 
     @property
     def is_bytes(self) -> bool:
@@ -299,6 +300,19 @@ class Split:
         return windows.context_block_starts(
             self.num_tokens, max_context=max_context, block=block, blocks=blocks
         )
+
+    def context_key_targets(
+        self, starts: np.ndarray, *, block: int, near: int, far: int
+    ) -> np.ndarray:
+        """`windows.copy_key_targets` of this split (bool ``[blocks, block]``), computed once
+        per set of blocks: every context length of a study asks for the same."""
+        starts = np.asarray(starts, np.int64)
+        key = (starts.tobytes(), block, near, far)
+        if key not in self._key_targets:
+            self._key_targets[key] = windows.copy_key_targets(
+                self.data, starts, block=block, near=near, far=far
+            )
+        return self._key_targets[key]
 
     def context_batches(
         self, starts: np.ndarray, context: int, block: int, batch_size: int

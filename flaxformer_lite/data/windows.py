@@ -149,3 +149,61 @@ def context_window_arrays(
         "targets": np.ascontiguousarray(window[:, 1:]),
         "loss_mask": mask,
     }
+
+
+KEY_NGRAM = 8  # tokens of the match that makes a context-protocol target a key target
+
+
+def copy_key_targets(
+    data: np.ndarray,
+    starts: np.ndarray,
+    *,
+    block: int,
+    near: int,
+    far: int,
+    ngram: int = KEY_NGRAM,
+) -> np.ndarray:
+    """Which context-protocol targets only a long context can copy: bool ``[blocks, block]``.
+
+    The key-token idea of LongPPL (Fang et al. 2024, "What is Wrong with Perplexity for
+    Long-context Language Modeling?", arXiv 2410.23771): score the tokens whose loss falls
+    with more context, chosen by a reference model. The reference here is an exact copy model:
+    target ``p`` (in the block starting at ``p0``) is a key target when the ``ngram`` tokens
+    ``data[p - ngram + 1 : p + 1]`` (its ``ngram - 1`` predecessors and itself) occurred before,
+    wholly inside the longest context (from ``p0 - far``), but nowhere wholly inside the
+    context ``near`` (from ``p0 - near``, e.g. the training length). A model that reads the
+    context up to ``far`` can copy such a target from its earlier occurrence; one that reads
+    only ``near`` tokens cannot. Deterministic and the same for every model and seed (no
+    reference training run); exact for any token dtype (n-grams compared as rows, no hash).
+
+    Args:
+      data: the split's token ids ``[n]``.
+      starts: int ``[blocks]``, the first target of each block (`context_block_starts`).
+      block: targets per block.
+      near, far: the short and the long context (tokens before a block's first target),
+        ``ngram <= near < far``.
+      ngram: the length of the copied match, the target included.
+    """
+    starts = np.asarray(starts, np.int64)
+    check_positive_int("block", block)
+    if not 1 <= ngram <= near < far:
+        raise ValueError(
+            f"need 1 <= ngram <= near < far; got ngram={ngram}, near={near}, far={far}"
+        )
+    end = int(starts.max()) + block if starts.size else 0
+    if starts.size and (int(starts.min()) < far or end > data.shape[0]):
+        raise ValueError(f"key targets need {far} tokens before each block inside the split")
+    if end < ngram:
+        return np.zeros((starts.shape[0], block), bool)
+    grams = np.lib.stride_tricks.sliding_window_view(np.asarray(data[:end]), ngram)
+    _, ids = np.unique(grams, axis=0, return_inverse=True)
+    ids = ids.reshape(-1)
+    # previous[r]: the latest r' < r with the same n-gram (-1: none); row r ends at r + ngram - 1
+    order = np.argsort(ids, kind="stable")
+    same = np.r_[False, ids[order][1:] == ids[order][:-1]]
+    previous = np.full(ids.shape[0], -1, np.int64)
+    previous[order[1:][same[1:]]] = order[:-1][same[1:]]
+    targets = starts[:, None] + np.arange(block)[None, :]  # positions predicted
+    rows = targets - ngram + 1  # the n-gram ending at each target starts here
+    last = np.where(rows >= 0, previous[np.maximum(rows, 0)], -1)  # start of its latest copy
+    return (last >= 0) & (last >= starts[:, None] - far) & (last < starts[:, None] - near)

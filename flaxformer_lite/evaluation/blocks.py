@@ -23,7 +23,18 @@ DEFAULT_BLOCK_TOKENS = 1024  # target bytes per statistics block (corpus protoco
 DEFAULT_BLOCK_EXAMPLES = 8  # examples per statistics block (tasks)
 # "bytes": the UTF-8 bytes the scored tokens cover (tokenized corpora; for byte-level models
 # every target is one byte and "count" is the bytes)
-FIELDS = ("loss", "correct", "count", "bytes", "exact", "examples")
+# "key_*": the context protocol's key targets only (`evaluation.protocols.Context.key_near`)
+FIELDS = (
+    "loss",
+    "correct",
+    "count",
+    "bytes",
+    "exact",
+    "examples",
+    "key_loss",
+    "key_count",
+    "key_bytes",
+)
 
 
 class BlockSums:

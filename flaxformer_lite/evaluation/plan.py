@@ -18,6 +18,7 @@ from typing import Any
 from flaxformer_lite.base.checks import ConfigError, fail
 from flaxformer_lite.core.positions import PositionScheme
 from flaxformer_lite.data.data_config import DataConfig
+from flaxformer_lite.data.windows import KEY_NGRAM
 from flaxformer_lite.evaluation.eval_config import PROTOCOLS, EvalConfig, evaluation_lengths
 from flaxformer_lite.evaluation.protocols import Context, TaskLength, Windows
 from flaxformer_lite.evaluation.score import attention_config, sliding_stride
@@ -302,7 +303,9 @@ def _corpus_scorings(data: DataConfig, eval: EvalConfig) -> list[Windows | Conte
         if protocol == "context":
             block = eval.context_block or max(1, L // 2)
             contexts = list(dict.fromkeys(max(1, round(L * m)) for m in eval.context_multiples))
-            out += [Context(c, block, max(contexts), eval.context_targets) for c in contexts]
+            far = max(contexts)  # key targets: copied from beyond L, within the longest context
+            near = L if KEY_NGRAM <= L < far else None
+            out += [Context(c, block, far, eval.context_targets, key_near=near) for c in contexts]
             continue
         if protocol == "sliding" and eval.sliding_stride > min(lengths):
             fail(

@@ -109,6 +109,9 @@ class Context:
         context length scores the same targets (`data.corpus.Split.context_starts`).
       targets: how many targets in all (``targets // block`` blocks).
       block_tokens: statistics blocks group ``block_tokens // block`` consecutive windows.
+      key_near: the training length L, to also score the key targets (batches' ``key``:
+        targets that a copy from beyond L tokens before their block, within
+        ``max_context``, predicts: `data.windows.copy_key_targets`); None: no key targets.
     """
 
     context: int
@@ -116,6 +119,7 @@ class Context:
     max_context: int
     targets: int
     block_tokens: int = DEFAULT_BLOCK_TOKENS
+    key_near: int | None = None
 
     name: ClassVar[str] = "context"
 
@@ -156,11 +160,22 @@ class Context:
 
     def batches(self, data: Any, batch_size: int) -> Iterator[Batch]:
         starts = self.starts(data)
+        key = None
+        if self.key_near is not None:
+            key = data.context_key_targets(
+                starts, block=self.block, near=self.key_near, far=self.max_context
+            )
         batches = data.context_batches(starts, self.context, self.block, batch_size)
         for index, batch in enumerate(batches):
             rows = index * batch_size + np.arange(batch["inputs"].shape[0])
             block = np.repeat((rows // self.per_block)[:, None], self.sequence_length, axis=1)
-            yield dict(batch, block=block)
+            if key is None:
+                yield dict(batch, block=block)
+                continue
+            targets = np.zeros(block.shape, np.float32)  # padded rows: no key target
+            real = rows[rows < key.shape[0]]
+            targets[: real.shape[0], self.context - 1 :] = key[real]
+            yield dict(batch, block=block, key=targets)
 
     def fields(self, data: Any) -> dict[str, Any]:
         return {

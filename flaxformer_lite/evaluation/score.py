@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from flaxformer_lite.core import attention
 from flaxformer_lite.evaluation.blocks import BlockSums
 from flaxformer_lite.evaluation.eval_config import PROTOCOLS
-from flaxformer_lite.evaluation.metrics import summarize
+from flaxformer_lite.evaluation.metrics import LN2, summarize
 from flaxformer_lite.evaluation.protocols import Context, TaskLength, Windows
 from flaxformer_lite.evaluation.step import Evaluator, rebuild_model
 from flaxformer_lite.nn.generate import generate
@@ -88,7 +88,7 @@ def score(
 
 _SUMS = ("loss_sum", "correct_sum", "count", "bytes")  # per position: `_Tally.sums`
 # what a protocol's batch says of its targets, beside the model's inputs
-_TARGET_FIELDS = ("block", "rows", "target_position", "target_offset", "target_bytes")
+_TARGET_FIELDS = ("block", "rows", "target_position", "target_offset", "target_bytes", "key")
 
 
 class _Tally:
@@ -103,6 +103,7 @@ class _Tally:
         )
         self.blocks = BlockSums(protocol.block_size, protocol.block_unit)
         self.exact = 0.0
+        self.key: dict[str, float] | None = None  # the key targets' sums, if the protocol has them
 
     def add(self, out: dict[str, Any], batch: dict[str, Any], targets: dict[str, Any]) -> None:
         """Add one batch's evaluator output ``out`` (its targets described by ``targets``)."""
@@ -122,12 +123,24 @@ class _Tally:
             nbytes = targets["target_bytes"]
             self.sums["bytes"] = self.sums["bytes"] + (nbytes * mask).sum(axis=0)[columns]
             self.blocks.add("bytes", ids, nbytes[mask])
+        if "key" in targets:
+            self._add_key(out, mask, ids, targets)
         if self.task:
             rows = int(targets["rows"])
             hits = np.asarray(self.data.exact_match(out["predictions"], batch), np.float64)[:rows]
             self.exact += float(hits.sum())
             self.blocks.add("exact", block[:rows, 0], hits)
             self.blocks.add("examples", block[:rows, 0], np.ones(rows))
+
+    def _add_key(self, out: dict, mask: np.ndarray, ids: np.ndarray, targets: dict) -> None:
+        """Add the key targets' loss, count and bytes (`protocols.Context.key_near`)."""
+        key = targets["key"][mask]
+        nbytes = targets["target_bytes"][mask] if "target_bytes" in targets else np.ones_like(key)
+        parts = {"key_loss": out["token_loss"][mask], "key_count": 1.0, "key_bytes": nbytes}
+        self.key = self.key or dict.fromkeys(parts, 0.0)
+        for field, value in parts.items():
+            self.blocks.add(field, ids, key * value)
+            self.key[field] += float(np.sum(key * value))
 
     def result(self) -> dict[str, Any]:
         """The metrics, the protocol's fields and the blocks."""
@@ -150,6 +163,12 @@ class _Tally:
             train_length=train_length,
         )
         out["num_scored_tokens"] = out["tokens"]
+        if self.key is not None:  # bits per key byte: None where the split has no key target
+            k = self.key
+            out["key_targets"] = round(k["key_count"])
+            out["key_bits_per_byte"] = (
+                k["key_loss"] / LN2 / k["key_bytes"] if k["key_bytes"] else None
+            )
         out["blocks"] = self.blocks.to_dict(getattr(self.data, "document_of", None))
         return out | fields
 

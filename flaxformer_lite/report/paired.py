@@ -19,7 +19,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from flaxformer_lite.report.study_tables import INTERVAL_NAMES, EvalColumn, StudyResults
+from flaxformer_lite.report.study_tables import (
+    INTERVAL_NAMES,
+    EvalColumn,
+    StudyResults,
+    metric_info,
+)
 from flaxformer_lite.report.table import (
     GENERATED,
     Cell,
@@ -34,7 +39,7 @@ from flaxformer_lite.results import significance, stats
 DEFAULT_REFERENCE = "alibi"
 # protocols whose columns score the same bytes at every length: each encoding vs itself at L
 CHANGE_PROTOCOLS = ("nonoverlapping", "sliding", "context")
-PAIRED_METRICS = ("bits_per_byte", "exact_match")
+PAIRED_METRICS = ("bits_per_byte", "key_bits_per_byte", "exact_match")
 P_FLOOR = 1e-4  # smaller p-values print as "p<1e-04"
 CSV_FIELDS = (
     "study",
@@ -245,8 +250,9 @@ def caption(t: Comparisons) -> str:
     else:
         data = f"{', '.join(map(str, blocks))} evaluation blocks"
         name = INTERVAL_NAMES["bootstrap"]
-    what = "bits/byte" if t.metric == "bits_per_byte" else "exact match"
-    better = "negative is better" if t.metric == "bits_per_byte" else "positive is better"
+    info = metric_info(t.metric)
+    what = info.unit or info.title.lower()
+    better = "negative is better" if info.better == "lower" else "positive is better"
     if t.reference_length is None:
         head = f"Row minus reference, in {what} ({better})."
     elif t.symbol != "c":

@@ -31,6 +31,7 @@ from flaxformer_lite.report.table import (
     sentence,
 )
 from flaxformer_lite.results import significance
+from flaxformer_lite.results.significance import KEY_NGRAM
 from flaxformer_lite.results.stats import mean_ci
 
 CONFIDENCE = 0.95
@@ -75,10 +76,22 @@ class MetricInfo:
     unit: str = ""
     better: str | None = None  # "lower", "higher" or None (no best marked)
     digits: int = 3
+    about: str = ""  # a sentence defining the metric, after the caption's first
 
 
 METRICS: dict[str, MetricInfo] = {
     "bits_per_byte": MetricInfo("Bits per byte", "bits/byte", "lower"),
+    "key_bits_per_byte": MetricInfo(
+        "Bits per key byte",
+        "bits/byte of the key targets",
+        "lower",
+        about=(
+            f"Key targets: those whose {KEY_NGRAM} tokens ending at the target occurred "
+            "earlier only more than L tokens before their block, within the longest context "
+            "(a copy from beyond L predicts them; LongPPL's key tokens, arXiv 2410.23771, "
+            "with an exact copy model as the reference)."
+        ),
+    ),
     "exact_match": MetricInfo("Exact match", "fraction of examples", "higher"),
     "accuracy": MetricInfo("Accuracy", "fraction of target tokens", "higher"),
     "bucket_loss": MetricInfo("Loss by window-offset bucket", "nats/token", "lower"),
@@ -86,7 +99,7 @@ METRICS: dict[str, MetricInfo] = {
     "perplexity": MetricInfo("Perplexity", "", "lower", digits=2),
 }
 # Tables of these metrics are embedded in REPORT.md; the others are linked.
-MAIN_METRICS = ("bits_per_byte", "exact_match", "accuracy", "bucket_loss")
+MAIN_METRICS = ("bits_per_byte", "key_bits_per_byte", "exact_match", "accuracy", "bucket_loss")
 _METRIC_ORDER = {m: i for i, m in enumerate(METRICS)}
 
 
@@ -193,7 +206,7 @@ class StudyResults:
         info = self.info
         unit = f" ({info.unit})" if info.unit else ""
         better = f", {info.better} is better" if info.better else ""
-        text = [f"{info.title}{unit}{better}."]
+        text = [f"{info.title}{unit}{better}.", *([info.about] if info.about else [])]
         setting = []
         if self.study:
             setting.append(f"study {self.study}")

@@ -30,6 +30,8 @@ from flaxformer_lite.train.run_config import RunConfig
 
 SCALAR_METRICS = ("bits_per_byte", "loss", "perplexity", "accuracy")
 TASK_METRICS = ("exact_match", "accuracy")
+# the context protocol's bits per byte on its key targets (`evaluation.protocols.Context`)
+KEY_METRIC = "key_bits_per_byte"
 LABEL_FIELDS = ("encoding", "positional", "variant", "randomized_positions", "encoding_options")
 
 
@@ -100,6 +102,12 @@ def rows_for_cell(
             rows += [head | {"metric": m, "value": None, "na": r["na"]} for m in metrics]
             continue
         rows += [head | {"metric": m, "value": r[m]} for m in metrics]
+        if KEY_METRIC in r:  # not in expected_keys: a cell scored before it was added is done
+            key = head | {"metric": KEY_METRIC, "value": r[KEY_METRIC]}
+            key["key_targets"] = r["key_targets"]
+            if r[KEY_METRIC] is None:
+                key["na"] = "no key target in the scored blocks"
+            rows.append(key)
         for bucket, value in r.get("bucket_loss", {}).items():
             rows.append(head | {"metric": "bucket_loss", "bucket": bucket, "value": value})
         if "loss_by_position" in r:
@@ -163,6 +171,7 @@ def expected_keys(run: RunConfig) -> list[tuple[str, int, str, str]]:
         metrics = TASK_METRICS if task else SCALAR_METRICS
         if cell.na is None and not task:
             metrics = (*metrics, "loss_by_position")
+
         keys += [(cell.label.encoding, cell.length, cell.protocol, m) for m in metrics]
     return keys
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from flaxformer_lite.data.windows import KEY_NGRAM  # noqa: F401  (the report's key-metric caption)
 from flaxformer_lite.results import stats
 
 ALPHA = 0.05
@@ -41,6 +42,8 @@ MIN_BLOCKS = 10
 # metric -> (block field summed, block field counted, scale of the ratio, transform)
 METRIC_BLOCKS: dict[str, tuple[str, str, float, Any]] = {
     "bits_per_byte": ("loss", "count", 1.0 / math.log(2.0), None),
+    # the context protocol's key targets: bits over the bytes they cover
+    "key_bits_per_byte": ("key_loss", "key_bytes", 1.0 / math.log(2.0), None),
     "loss": ("loss", "count", 1.0, None),
     "perplexity": ("loss", "count", 1.0, np.exp),
     "accuracy": ("correct", "count", 1.0, None),

@@ -38,6 +38,7 @@ MAX_LENGTH = 2**40  # evaluation and training lengths, strides and token counts
 # metric -> (lowest, highest) allowed value; a metric not listed only has to be finite
 VALUE_RANGES = {
     "bits_per_byte": (0.0, float("inf")),
+    "key_bits_per_byte": (0.0, float("inf")),
     "loss": (0.0, float("inf")),
     "bucket_loss": (0.0, float("inf")),
     "loss_by_position": (0.0, float("inf")),
@@ -180,7 +181,9 @@ ROW_FIELDS = {
     "value": (True, ()),
     "eval_length": (True, _LENGTH),
     "train_length": (False, _LENGTH),
-    **dict.fromkeys(("stride", "tokens", "num_scored_tokens", "context_block"), (False, _COUNT)),
+    **dict.fromkeys(
+        ("stride", "tokens", "num_scored_tokens", "context_block", "key_targets"), (False, _COUNT)
+    ),
 }
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from flaxformer_lite.data import ByteCorpus
+from flaxformer_lite.data import ByteCorpus, windows
 from flaxformer_lite.data.corpus import Split
 
 
@@ -158,3 +158,42 @@ def test_windows_over_real_file_split(tmp_path, random_bytes):
             ]
         )
         np.testing.assert_array_equal(scored, arr[1:])
+
+
+def _key_targets_by_search(data, starts, block, near, far, ngram):
+    """`copy_key_targets` by searching every earlier start of each target's n-gram."""
+    out = np.zeros((len(starts), block), bool)
+    for b, p0 in enumerate(starts):
+        for j in range(block):
+            p = p0 + j
+            gram = data[p - ngram + 1 : p + 1]
+            earlier = [q for q in range(p - ngram + 1) if (data[q : q + ngram] == gram).all()]
+            out[b, j] = any(q >= p0 - far for q in earlier) and not any(
+                q >= p0 - near for q in earlier
+            )
+    return out
+
+
+@pytest.mark.parametrize("dtype, alphabet", [(np.uint8, 3), (np.int32, 70000)])
+def test_copy_key_targets_equal_a_search_of_every_earlier_copy(dtype, alphabet):
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 3, size=2500).astype(dtype) * (alphabet // 3)  # repeats often
+    starts = np.array([450, 800, 1333, 2400])
+    got = windows.copy_key_targets(data, starts, block=24, near=30, far=420, ngram=5)
+    expected = _key_targets_by_search(data, starts, 24, 30, 420, 5)
+    np.testing.assert_array_equal(got, expected)
+    assert 0 < got.sum() < got.size  # both kinds occur: the comparison means something
+
+
+def test_copy_key_targets_find_a_copy_only_beyond_the_near_context():
+    motif = np.arange(40, dtype=np.uint8)  # no n-gram repeats inside it
+    data = np.tile(motif, 10)
+    # every target's 8-gram last occurred 40 tokens earlier: beyond near = 20, within far = 100
+    key = windows.copy_key_targets(data, np.array([200, 300]), block=10, near=20, far=100)
+    assert key.all()
+    # near = 60 sees the copy 40 + 7 tokens back from the block's first target: no key target
+    assert not windows.copy_key_targets(data, np.array([200]), block=1, near=60, far=100).any()
+    with pytest.raises(ValueError, match="ngram <= near < far"):
+        windows.copy_key_targets(data, np.array([200]), block=4, near=100, far=100)
+    with pytest.raises(ValueError, match="100 tokens before each block"):
+        windows.copy_key_targets(data, np.array([50]), block=4, near=20, far=100)

@@ -15,7 +15,11 @@ from flax import nnx
 from tiny_models import tiny_model_config
 
 from flaxformer_lite.data.corpus import Split
-from flaxformer_lite.data.windows import context_block_starts, context_window_arrays
+from flaxformer_lite.data.windows import (
+    context_block_starts,
+    context_window_arrays,
+    copy_key_targets,
+)
 from flaxformer_lite.evaluation.protocols import Context, Windows
 from flaxformer_lite.evaluation.score import score
 from flaxformer_lite.nn.models import DecoderOnlyLM
@@ -117,3 +121,31 @@ def test_block_sums_add_up_and_the_whole_split_is_scored(split):
     # (less context) but the blocks and their counts are the same, so comparisons can pair them
     longer = score(model, Windows(64, block_tokens=100), split)
     assert longer["blocks"]["count"] == r["blocks"]["count"]
+
+
+def test_key_targets_score_the_naive_losses_of_the_targets_a_far_copy_predicts(model):
+    # a period of 30 with some tokens replaced: most 8-grams last occurred 30 tokens earlier,
+    # beyond near = 12 and within max_context = 48; the replaced ones nowhere
+    rng = np.random.default_rng(2)
+    data = np.tile(rng.integers(0, VOCAB, 30), 24).astype(np.uint8)
+    data[rng.choice(data.shape[0], 40, replace=False)] = rng.integers(0, VOCAB, 40)
+    split = Split(data, name="validation", corpus="periodic", num_files=1)
+    block, max_context, near = 4, 48, 12
+    starts = split.context_starts(max_context=max_context, block=block, blocks=16)
+    key = copy_key_targets(data, starts, block=block, near=near, far=max_context)
+    assert 0 < key.sum() < key.size
+    for context in (near, max_context):
+        protocol = Context(context, block, max_context, 16 * block, 8, key_near=near)
+        r = score(model, protocol, split, batch_size=5)  # a padded last batch
+        naive = _naive_losses(model, data, starts, context, block)
+        assert r["key_targets"] == key.sum()
+        np.testing.assert_allclose(
+            r["key_bits_per_byte"], naive[key].sum() / np.log(2) / key.sum(), rtol=2e-5
+        )
+        per = r["blocks"]["size"] // block  # statistics block j: target blocks j*per ...
+        losses = (naive * key).sum(axis=1)
+        expected = [losses[j : j + per].sum() for j in range(0, len(starts), per)]
+        np.testing.assert_allclose(r["blocks"]["key_loss"], expected, rtol=2e-5)
+        assert sum(r["blocks"]["key_count"]) == sum(r["blocks"]["key_bytes"]) == key.sum()
+    no_key = score(model, Context(near, block, max_context, 16 * block), split)
+    assert "key_bits_per_byte" not in no_key and "key_loss" not in no_key["blocks"]

@@ -268,6 +268,34 @@ def test_context_gain_table_compares_each_encoding_with_itself_at_l():
     assert len(csv) == 1 + 3 + 2 * 2  # rope - alibi at 3 columns; 2 encodings x 2 columns vs L
 
 
+def test_key_targets_get_their_own_context_gain_over_the_key_bytes_only():
+    """The key metric's grid divides the blocks' key loss by their key bytes, not by every
+    target: an encoding whose key loss falls with c while its overall loss does not is seen
+    gaining on the key targets alone."""
+    rows, blocks = [], []
+    for length, gain in ((64, 0.0), (256, -0.5)):
+        r, b = _rows_and_blocks({"alibi": 0.0, "rope": 0.0}, length=length)
+        for row, record in zip(r, b, strict=True):
+            row["protocol"] = record["protocol"] = "context"
+            key = np.full(40, 10.0)  # 10 key bytes per block, 1.5 + gain nats each for rope
+            loss = key * (1.5 + (gain if row["encoding"] == "rope" else 0.0))
+            record["blocks"] |= {"key_loss": list(loss), "key_bytes": list(key)}
+            rows.append(row)
+            value = loss.sum() / key.sum() / math.log(2)
+            rows.append(row | {"metric": "key_bits_per_byte", "value": value})
+        blocks += b
+    built = tables.build_tables(rows, blocks)
+    key_table = next(t for t in built if t.metric == "key_bits_per_byte")
+    assert key_table.method == "bootstrap" and "Key targets:" in key_table.caption()
+    gains = [t for t in paired.build_paired_tables(built) if t.reference_length == 64]
+    by_metric = {t.metric: t for t in gains}
+    column = by_metric["key_bits_per_byte"].columns[0]
+    rope = by_metric["key_bits_per_byte"].get("rope", "rope", column)
+    assert rope.delta == pytest.approx(-0.5 / math.log(2)) and rope.p_holm < 0.05
+    assert by_metric["bits_per_byte"].get("rope", "rope", column).delta == 0.0
+    assert "in bits/byte of the key targets" in paired.caption(by_metric["key_bits_per_byte"])
+
+
 def test_change_with_length_for_the_window_protocols():
     """Non-overlapping windows score the same bytes at every length, so each encoding is also
     compared with itself at L: L' minus L."""

@@ -345,15 +345,16 @@ def test_associative_recall_holds_the_task_studies_longest_length():
 
 
 def test_the_modern_preset_expands_and_every_cell_validates():
-    """15 cells (5 encodings x 3 designs), each a valid run config whose evaluation plan
-    has the rows of its design: a window shorter than L, a pattern cycling over the layers,
-    YaRN / ALiBi-PI / temperature rows where they apply (none for SSMax's cells)."""
+    """75 cells (5 encodings x 3 designs x 5 seeds), each a valid run config whose evaluation
+    plan has the rows of its design: a window shorter than L, a pattern cycling over the
+    layers, YaRN / ALiBi-PI / temperature rows where they apply (none for SSMax's cells), and
+    both protocols, the context protocol with its key targets beyond L."""
     c = extrapolation_lm.get_config("modern")
     cells = sweeps.expand_sweep(c)
     sweeps.check_cell_names(cells)
-    assert len(cells) == 15
+    assert len(cells) == 75
     encodings = {}
-    for cell in cells:
+    for cell in cells[::5]:  # seed 0 of each design (seeds change nothing else)
         run = RunConfig.from_config(sweeps.apply_overrides(c, cell["overrides"]))
         model = run.model
         layers = model.layer_kinds()
@@ -361,7 +362,11 @@ def test_the_modern_preset_expands_and_every_cell_validates():
         if any(layer.window is not None for layer in layers):
             assert all(layer.window < run.data.train_length for layer in layers if layer.window)
             assert model.num_decoder_layers % len(model.layer_pattern) == 0
-        encodings[cell["name"]] = {x.label.encoding for x in run.eval_plan().cells}
+        plan = run.eval_plan().cells
+        encodings[cell["name"]] = {x.label.encoding for x in plan}
+        context = [x.scoring for x in plan if x.protocol == "context"]
+        assert {x.context for x in context} == {32, 64, 128, 256, 512, 1024}
+        assert {x.key_near for x in context} == {run.data.train_length}
     assert encodings["rope-plain-seed0"] == {"rope", "rope+yarn", "rope+logn", "rope+llama4"}
     assert encodings["alibi-plain-seed0"] == {"alibi", "alibi+pi", "alibi+logn", "alibi+llama4"}
     assert encodings["p_rope-plain-seed0"] >= {"p_rope+yarn", "p_rope+logn"}
