@@ -799,8 +799,9 @@ class GGUFCheckpoint:
 
     @property
     def dequantized_bytes(self) -> int:
-        """Bytes of every tensor dequantized to float32 (they exist together while loading)."""
-        return sum(int(t.n_elements) for t in self.where.values()) * 4
+        """Bytes of the largest tensor dequantized to float32: the loader dequantizes one
+        tensor at a time (the parameters' own memory is checked from the shapes)."""
+        return max((int(t.n_elements) for t in self.where.values()), default=0) * 4
 
     def quantization(self) -> str:
         """The stored types, most values first (``"Q4_1 + F32 + Q8_0"``)."""
@@ -857,7 +858,7 @@ class GGUFFile:
         free, where = host_available()
         if free is not None and files.dequantized_bytes > free:
             raise PretrainedError(
-                f"{self.path}: its tensors dequantized to float32 need "
+                f"{self.path}: its largest tensor dequantized to float32 needs "
                 f"{format_bytes(files.dequantized_bytes)} but {format_bytes(free)} is free "
                 f"({where})"
             )

@@ -256,9 +256,9 @@ class Checkpoint:
         _check_memory(name, cfg, None)
         files = self.files()
         _check_memory(name, cfg, files)
-        arrays = _mapped(self.family, files, cfg)
         graphdef, abstract, rest = _abstract(cfg)
-        params = _fill(self.family, abstract, arrays, cfg.params_dtype, shardings, files)
+        weights = _mapped(self.family, files, cfg)
+        params = _fill(self.family, abstract, weights, cfg.params_dtype, shardings, files)
         return nnx.merge(graphdef, params, rest)
 
     @functools.cached_property
@@ -500,15 +500,46 @@ def load_pretrained(
     return Pretrained(model, cfg, checkpoint.tokenizer if tokenizer else None, info)
 
 
-def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -> dict:
-    """``{parameter path: array}`` (lazy, memory-mapped) for every parameter; refuses a
-    checkpoint with tensors that nothing maps."""
-    arrays: dict[str, np.ndarray] = {}
+def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -> families.Weights:
+    """The family's ``(parameter path, array)`` pairs, one stored tensor read at a time (a
+    safetensors tensor memory-mapped, a GGUF tensor dequantized when its pair is reached)."""
     try:
-        for path, array in family.weights(files, cfg):
-            arrays[path] = array
+        yield from family.weights(files, cfg)
     except PretrainedError as e:
         raise PretrainedError(f"{family.name}: {e}") from None
+
+
+def _fill(
+    family, abstract, weights: families.Weights, dtype, shardings, files: CheckpointFiles
+) -> Any:
+    """The parameter state with every abstract leaf replaced by its checkpoint array, each
+    checked (shape; finite as it is read: `files.non_finite` names the stored tensor
+    otherwise) and placed as ``weights`` yields it, so the host holds one stored tensor at a
+    time beside the placed parameters; then refuses a checkpoint with tensors that nothing
+    maps, and a parameter that nothing filled."""
+    flat = dict(nnx.to_flat_state(abstract))
+    by_name = {".".join(str(p) for p in path): path for path in flat}
+    placed = [] if shardings is None else nnx.to_flat_state(shardings(abstract))
+    placements = {p: s.get_value() if isinstance(s, nnx.Variable) else s for p, s in placed}
+    filled: dict[tuple, Any] = {}
+    for name, array in weights:
+        path = by_name.get(name)
+        if path is None or path in filled:
+            what = "unknown" if path is None else "the same"
+            raise PretrainedError(f"{family.name}: the mapping names {what} parameter {name}")
+        var, want = flat[path], tuple(flat[path].get_value().shape)
+        if tuple(array.shape) != want:
+            raise PretrainedError(
+                f"{family.name}: parameter {name} expects shape {want}; the checkpoint gives "
+                f"{tuple(array.shape)}"
+            )
+        host = np.asarray(array).astype(dtype, copy=False)  # reads the tensor from its file
+        if not np.isfinite(host).all():  # NaN / Inf weights: every score would be NaN
+            raise PretrainedError(f"{family.name}: {non_finite(files, name, host)}")
+        sharding = placements.get(path)
+        value = jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
+        filled[path] = var.replace(value)
+        del host, array  # before the next tensor is read
     unused = [n for n in files.unused() if not family.is_buffer(n)]
     if unused:
         raise PretrainedError(
@@ -516,38 +547,11 @@ def _mapped(family: families.Family, files: CheckpointFiles, cfg: ModelConfig) -
             f"configured model, e.g. {unused[0]!r} {files.shape(unused[0])} (does config.json "
             "match the weights?)"
         )
-    return arrays
-
-
-def _fill(family, abstract, arrays: dict, dtype, shardings, files: CheckpointFiles) -> Any:
-    """The parameter state with every abstract leaf replaced by its checkpoint array, each
-    checked finite as it is read (`files.non_finite` names the stored tensor otherwise)."""
-    flat = nnx.to_flat_state(abstract)
-    placed = [] if shardings is None else nnx.to_flat_state(shardings(abstract))
-    placements = {p: s.get_value() if isinstance(s, nnx.Variable) else s for p, s in placed}
-    leaves = []
-    expected = set()
-    for path, var in flat:
-        name = ".".join(str(p) for p in path)
-        expected.add(name)
-        if name not in arrays:
+    for path, var in flat.items():
+        if path not in filled:
+            name = ".".join(str(p) for p in path)
             raise PretrainedError(
                 f"{family.name}: parameter {name} {tuple(var.get_value().shape)} has no tensor "
                 "in the checkpoint"
             )
-        array, want = arrays[name], tuple(var.get_value().shape)
-        if tuple(array.shape) != want:
-            raise PretrainedError(
-                f"{family.name}: parameter {name} expects shape {want}; the checkpoint gives "
-                f"{tuple(array.shape)}"
-            )
-        host = np.asarray(array).astype(dtype)  # reads the tensor from its file
-        if not np.isfinite(host).all():  # NaN / Inf weights: every score would be NaN
-            raise PretrainedError(f"{family.name}: {non_finite(files, name, host)}")
-        sharding = placements.get(path)
-        value = jnp.asarray(host) if sharding is None else jax.device_put(host, sharding)
-        leaves.append((path, var.replace(value)))
-    extra = sorted(set(arrays) - expected)
-    if extra:
-        raise PretrainedError(f"{family.name}: the mapping names unknown parameter {extra[0]}")
-    return nnx.from_flat_state(leaves)
+    return nnx.from_flat_state([(path, filled[path]) for path in flat])

@@ -261,6 +261,30 @@ def test_more_float32_than_the_host_has_is_refused(monkeypatch):
     )
 
 
+def test_loading_holds_one_dequantized_tensor_at_a_time(monkeypatch):
+    """Each tensor is dequantized, checked and placed before the next is read: when a tensor
+    is dequantized no earlier one is still alive on the host (they used to be held all
+    together, doubling the loading peak), and the model is still the golden one."""
+    import weakref
+
+    alive: list[weakref.ref] = []
+    get = ggufmod.GGUFCheckpoint.get
+
+    def watched(self, name):
+        held = [r for r in alive if r() is not None]
+        assert not held, f"{len(held)} dequantized tensor(s) still held when {name} is read"
+        array = get(self, name)
+        alive.append(weakref.ref(array))
+        return array
+
+    monkeypatch.setattr(ggufmod.GGUFCheckpoint, "get", watched)
+    lm = load_pretrained(GGUF_MODELS / "llama_q8_0" / "model.gguf")
+    assert len(alive) > 10
+    gold = _golden("llama_q8_0")
+    logits = np.asarray(lm.model(jnp.asarray(gold["input_ids"])))
+    np.testing.assert_allclose(logits, gold["logits"], atol=TOL, rtol=0)
+
+
 def test_an_unknown_architecture_is_refused_listing_the_supported(tmp_path):
     path = _write(tmp_path / "t5.gguf", "t5", tensors=[("x.weight", np.ones(4, np.float32))])
     _refused(path, "general.architecture='t5'", "supported", "gemma3", "llama", "gptneox")
