@@ -244,7 +244,13 @@ def caption(t: Comparisons) -> str:
     n = sorted({p.seeds for p in t.pairs})
     blocks = sorted({p.blocks for p in t.pairs})
     files = sorted({p.files for p in t.pairs})
-    if files and files[0]:
+    if files and files[0] and t.protocol == "context":  # a region of targets spans files
+        data = (
+            f"{', '.join(map(str, blocks))} target regions ("
+            f"{', '.join(map(str, files))} files by each region's first target)"
+        )
+        name = INTERVAL_NAMES["files"]
+    elif files and files[0]:
         data = f"{', '.join(map(str, files))} evaluation files"
         name = INTERVAL_NAMES["files"]
     else:

@@ -260,6 +260,10 @@ class StudyResults:
             count, size, unit = self.blocks
             units, unit_name = self.units or (count, "blocks")
             data = f"{units} files" if unit_name == "files" else f"{count} blocks of {size} {unit}"
+            if unit_name == "files" and self.protocol == "context":  # a region spans files
+                data = (
+                    f"{count} target regions, grouped by their first target's file: {units} files"
+                )
             name = self.interval_name
             return (
                 f"Mean ± {CONFIDENCE:.0%} interval over seeds and evaluation {unit_name} "

@@ -268,6 +268,35 @@ def test_context_gain_table_compares_each_encoding_with_itself_at_l():
     assert len(csv) == 1 + 3 + 2 * 2  # rope - alibi at 3 columns; 2 encodings x 2 columns vs L
 
 
+def test_context_captions_count_regions_and_the_files_they_are_grouped_by():
+    """A context-protocol block is a region of target windows spread over several files; the
+    bootstrap groups regions by their first target's file. Captions say both numbers, not
+    "evaluation files" alone (which would claim the targets come from that many files)."""
+    rows, blocks = [], []
+    for length, gain in ((64, 0.0), (128, -0.05)):
+        r, b = _rows_and_blocks({"alibi": 0.0, "rope": gain}, length=length)
+        for x in r + b:
+            x["protocol"] = "context"
+        for record in b:
+            record["blocks"]["file"] = [i // 4 for i in range(40)]  # 40 regions, 10 files
+        rows += r
+        blocks += b
+    built = tables.build_tables(rows, blocks)
+    assert "40 target regions, grouped by their first target's file: 10 files" in (
+        built[0].caption()
+    )
+    gain = paired.build_paired_tables(built)[1]
+    caption = paired.caption(gain)
+    assert "40 target regions (10 files by each region's first target)" in caption
+    assert len(caption.split()) <= 60, caption
+    # the window protocols' blocks lie within a file: their captions count files
+    window_rows, window_blocks = _rows_and_blocks({"alibi": 0.0, "rope": 0.1})
+    for record in window_blocks:
+        record["blocks"]["file"] = [i // 4 for i in range(40)]
+    (versus,) = paired.build_paired_tables(tables.build_tables(window_rows, window_blocks))
+    assert "and 10 evaluation files:" in paired.caption(versus)
+
+
 def test_key_targets_get_their_own_context_gain_over_the_key_bytes_only():
     """The key metric's grid divides the blocks' key loss by their key bytes, not by every
     target: an encoding whose key loss falls with c while its overall loss does not is seen
