@@ -20,7 +20,10 @@ from flaxformer_lite.report.study_tables import (
 )
 from flaxformer_lite.report.table import (
     MISSING_MD,
+    Cell,
+    Column,
     Table,
+    markdown_rows,
     md_code,
     md_escape,
     md_fence,
@@ -173,43 +176,45 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     train_lengths = sorted(n for n in _distinct(rows, "train_length") if n)
     eval_lengths = sorted(n for n in _distinct(rows, "eval_length") if n)
     stamps = sorted(t for t in _distinct(rows, "timestamp") if isinstance(t, str))
-    cell = md_escape  # every value comes from the rows
-    lines = [
-        "| | |",
-        "|:--|:--|",
-        f"| Study (preset) | {cell(_join(studies))} |",
-        f"| Encodings ({len(encodings)}) | {cell(_join(encodings))} |",
-        f"| Seeds | {cell(_join(seeds)) or MISSING_MD} |",
-        f"| Train length L | {cell(_join(train_lengths)) or MISSING_MD} |",
-        f"| Evaluation lengths | {cell(_join(eval_lengths))} |",
-        f"| Protocols | {cell(_join(protocols)) or MISSING_MD} |",
+    setup = [  # every value comes from the rows (text cells are escaped when rendered)
+        ("Study (preset)", _join(studies)),
+        (f"Encodings ({len(encodings)})", _join(encodings)),
+        ("Seeds", _join(seeds) or MISSING_MD),
+        ("Train length L", _join(train_lengths) or MISSING_MD),
+        ("Evaluation lengths", _join(eval_lengths)),
+        ("Protocols", _join(protocols) or MISSING_MD),
     ]
     if tasks:
-        lines.append(f"| Tasks | {cell(_join(tasks))} |")
+        setup.append(("Tasks", _join(tasks)))
     trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
     rates = sorted({r["learning_rate"] for r in trained if _is_number(r.get("learning_rate"))})
     if rates:
         tags = _join(learning_rate_tag(x) for x in rates)
-        lines.append(f"| Peak learning rate{'s' if len(rates) > 1 else ''} | {cell(tags)} |")
-    counts = _parameter_counts(rows)
-    if counts:
-        lines.append(f"| Parameters | {cell(counts)} |")
+        setup.append((f"Peak learning rate{'s' if len(rates) > 1 else ''}", tags))
+    if counts := _parameter_counts(rows):
+        setup.append(("Parameters", counts))
     steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
     if steps:
-        lines.append(f"| Training steps | {cell(_join(steps))} |")
-    lines.append(f"| Overrides of the preset | {_overrides_cell(rows)} |")
-    lines.append(f"| Runs / rows | {len(runs)} / {len(rows)} |")
+        setup.append(("Training steps", _join(steps)))
+    setup.append(("Overrides of the preset", Cell(markdown=_overrides_cell(rows))))
+    setup.append(("Runs / rows", f"{len(runs)} / {len(rows)}"))
+    wall = f"{_fmt_seconds(evaluation)} evaluation"
     if trained:
-        lines.append(
-            f"| Wall time (sum over runs) | {_fmt_seconds(train + evaluation)} = "
-            f"{_fmt_seconds(train)} training + {_fmt_seconds(evaluation)} evaluation |"
-        )
-    else:
-        lines.append(f"| Wall time (sum over runs) | {_fmt_seconds(evaluation)} evaluation |")
+        wall = f"{_fmt_seconds(train + evaluation)} = {_fmt_seconds(train)} training + " + wall
+    setup.append(("Wall time (sum over runs)", wall))
     if stamps:
-        span = stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}"
-        lines.append(f"| Runs finished | {cell(span)} |")
-    return lines + _models_lines(rows)
+        setup.append(
+            ("Runs finished", stamps[0] if len(stamps) == 1 else f"{stamps[0]} … {stamps[-1]}")
+        )
+    return _markdown_table([("", "l"), ("", "l")], setup) + _models_lines(rows)
+
+
+def _markdown_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """The Markdown lines of a table of ``columns`` (header, alignment) whose cells are
+    `Cell` s or texts (escaped when rendered), through the one table model."""
+    cells = tuple(tuple(c if isinstance(c, Cell) else Cell(str(c)) for c in row) for row in rows)
+    table = Table("", "", "", tuple(Column(h, a) for h, a in columns), cells)
+    return markdown_rows(table)
 
 
 def _parameter_counts(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -289,13 +294,7 @@ def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     models = [(m, n) for m, n in _counted(rows, "pretrained") if isinstance(m, dict)]
     if not models:
         return []
-    lines = [
-        "",
-        "Models (evaluated as published; nothing trained):",
-        "",
-        "| model | family | revision | weights | tokenizer | weights format | context | scalings |",
-        "|:--|:--|:--|:--|:--|:--|--:|:--|",
-    ]
+    table = []
     random_weights = False
     for m, _ in models:
         note = ""
@@ -304,17 +303,22 @@ def _models_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         own = [r for r in rows if r.get("pretrained") == m]
         contexts = sorted({r["train_length"] for r in own if r.get("train_length")})
         scalings = [v for v, _ in _counted(own, "variant") if v != "base"]
-        cells = [
-            md_escape(m.get("model_id", "?")) + note,
-            md_escape(m.get("family", "?")),
-            md_escape(m.get("revision") or "—"),
-            md_code(_short_hash(m.get("weights_sha256")), cell=True),
-            md_code(_short_hash(m.get("tokenizer_sha256")), cell=True),
-            md_escape(m.get("weights_format", "?")),
-            md_escape(_join(contexts) or "?"),
-            md_escape(_join(scalings) or "—"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(
+            (
+                m.get("model_id", "?") + note,
+                m.get("family", "?"),
+                m.get("revision") or "—",
+                _code_cell(_short_hash(m.get("weights_sha256"))),
+                _code_cell(_short_hash(m.get("tokenizer_sha256"))),
+                m.get("weights_format", "?"),
+                _join(contexts) or "?",
+                _join(scalings) or "—",
+            )
+        )
+    head = ["model", "family", "revision", "weights", "tokenizer", "weights format"]
+    columns = [(h, "l") for h in head] + [("context", "r"), ("scalings", "l")]
+    lines = ["", "Models (evaluated as published; nothing trained):", ""]
+    lines += _markdown_table(columns, table)
     if random_weights:
         lines += ["", f"**{md_escape(RANDOM_WEIGHTS[0].upper() + RANDOM_WEIGHTS[1:])}.**"]
     return lines
@@ -325,22 +329,19 @@ def _runs_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     many_studies = len({r["study"] for r in runs}) > 1
     head = ["study"] if many_studies else []
     head += ["run", "seed", "encodings", "config hash", "commit", "backend"]
-    head += ["train s", "eval s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + ":--|" * (len(head) - 2) + "--:|--:|"]
+    columns = [(h, "l") for h in head] + [("train s", "r"), ("eval s", "r")]
+    table = []
     for r in runs:  # every value comes from the rows: escaped, code spans fenced
-        cells = [md_escape(r["study"])] if many_studies else []
-        cells += [
-            md_escape(r["run"]),
-            md_escape(r["seed"]),
-            md_escape(_join(r["encodings"])),
-            md_code(r["config_hash"], cell=True),
-            md_code(r["git_commit"], cell=True),
-            md_escape(r["backend"]),
-            f"{r['train_seconds']:.1f}",
-            f"{r['eval_seconds']:.1f}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        cells = [r["study"]] if many_studies else []
+        cells += [r["run"], r["seed"], _join(r["encodings"])]
+        cells += [_code_cell(r["config_hash"]), _code_cell(r["git_commit"]), r["backend"]]
+        table.append([*cells, f"{r['train_seconds']:.1f}", f"{r['eval_seconds']:.1f}"])
+    return _markdown_table(columns, table)
+
+
+def _code_cell(value: Any) -> Cell:
+    """A cell shown as a code span in Markdown."""
+    return Cell(str(value), markdown=md_code(value, cell=True))
 
 
 def _default_title(rows: Sequence[Mapping[str, Any]]) -> str:

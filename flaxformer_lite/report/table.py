@@ -31,7 +31,9 @@ class Cell:
     """One cell: a number (``value`` float, shown with ``digits`` decimals, ``signed``: with
     its sign), its interval (``half_width``: ``± h``; ``interval``: ``[low, high]``) and a
     ``note`` after it (``p=0.01*``, ``(n=1)``); or a text (``value`` str: a label, ``n/a``);
-    None: not measured (``—``). ``mark``: ``"best"`` (bold) or ``"tie"`` (italic)."""
+    None: not measured (``—``). ``mark``: ``"best"`` (bold) or ``"tie"`` (italic).
+    ``markdown``: the cell's Markdown when it holds markup (code spans), instead of the
+    escaped text (LaTeX and CSV show ``value``)."""
 
     value: float | str | None = None
     half_width: float | None = None
@@ -40,6 +42,7 @@ class Cell:
     mark: str | None = None
     digits: int = 3
     signed: bool = False
+    markdown: str | None = None
 
     def text(self) -> str:
         """The cell as plain text, e.g. ``2.123 ± 0.010`` or ``+0.072 [+0.060, +0.084] p=0.01*``."""
@@ -134,7 +137,10 @@ def markdown_rows(table: Any) -> list[str]:
 
 
 def _md_cell(cell: Cell) -> str:
-    text = md_escape(cell.value) if isinstance(cell.value, str) else cell.text()
+    if cell.markdown is not None:
+        text = cell.markdown
+    else:
+        text = md_escape(cell.value) if isinstance(cell.value, str) else cell.text()
     return f"**{text}**" if cell.mark == "best" else f"*{text}*" if cell.mark else text
 
 
