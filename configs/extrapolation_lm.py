@@ -24,7 +24,8 @@ unless ``eval.max_bytes`` caps it):
           cpu's protocols for the newer families (T5, xPos, KERPLE log and power, FIRE), RoPE
           with YaRN at evaluation and randomized RoPE, 3 seeds: does any use context beyond L?
   all     every encoding family in the library (+ randomized positions, + RoPE scaling rows
-          PI / NTK / dynamic NTK / YaRN at evaluation, + windowed attention), 1 seed.
+          PI / NTK / dynamic NTK / YaRN at evaluation, + windowed attention, + StreamingLLM's
+          first 4 keys beside that window), 1 seed.
   lr      quick's model and training at each peak learning rate of LEARNING_RATES (1e-3,
           3e-3 = quick's, 1e-2, 3e-2) x the 5 encodings, 1 seed: 20 runs, 4 x quick's cost
           (the rate does not change a step's cost). The report picks each encoding's best rate
@@ -183,6 +184,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
             rope_scalings=(),  # extra rows for rope: "pi", "ntk", "dynamic_ntk", "yarn"
             temperatures=(),  # extra rows with a query temperature: "logn", "llama4"
             local_window=0,  # > 0: also rows with windowed causal attention of this many keys
+            streaming_first=0,  # > 0: also rows with that window + the first k keys (StreamingLLM)
             paired_reference="alibi",  # the report's paired differences: each encoding vs this
             paired_all=False,  # ... or every pair of encodings
         )
@@ -286,8 +288,10 @@ def _wikitext103_bytes(c: ml_collections.ConfigDict) -> None:
 
 def _all(c: ml_collections.ConfigDict) -> None:
     _quick(c)
-    # every encoding also with windowed causal attention, W = L (xPos's evaluation setting)
+    # every encoding also with windowed causal attention, W = L (xPos's evaluation setting),
+    # and with StreamingLLM's 4 first keys beside that window
     c.eval.local_window = c.data.train_length
+    c.eval.streaming_first = 4
     c.sweep.encodings = ALL_ENCODINGS
     c.sweep.randomized = ALL_RANDOMIZED
     c.eval.rope_scalings = ("pi", "ntk", "dynamic_ntk", "yarn")

@@ -43,6 +43,10 @@ class EvalConfig:
     # most its last local_window keys; rows "+window"): xPos's blockwise-causal setting
     # (Sun et al. 2022) and what a sliding window alone buys. 0: no such rows.
     local_window: int = 0
+    # > 0 (with local_window): also rows with StreamingLLM's attention (Xiao et al. 2023, arXiv
+    # 2309.17453), the local_window last keys plus the first streaming_first keys of the window
+    # (rows "+streaming"). 0: no such rows.
+    streaming_first: int = 0
     # the report's paired-differences table: every encoding against this one (its row label),
     # or every pair with paired_all
     paired_reference: str = "alibi"
@@ -90,6 +94,12 @@ class EvalConfig:
             bad("max_bytes", "must be >= 0 (0: the whole split)")
         if self.local_window < 0:
             bad("local_window", "must be >= 0 (0: no windowed rows)")
+        if self.streaming_first < 0 or (self.streaming_first and not self.local_window):
+            bad(
+                "streaming_first",
+                "must be >= 0, and > 0 only with config.eval.local_window > 0 (the first keys "
+                "are kept beside that window; 0: no StreamingLLM rows)",
+            )
         if any(t not in TEMPERATURE_VARIANTS for t in self.temperatures):
             bad("temperatures", f"each must be one of {list(TEMPERATURE_VARIANTS)}")
         if self.split not in SPLITS:

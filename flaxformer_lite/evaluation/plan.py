@@ -27,6 +27,8 @@ from flaxformer_lite.nn.model_config import TEMPERATURE_VARIANTS, ModelConfig, c
 
 BASE = "base"  # the variant name of the trained model evaluated as it is
 WINDOW = "window"  # the variant: windowed causal attention (config.eval.local_window keys)
+# the variant: that window plus the first config.eval.streaming_first keys (StreamingLLM)
+STREAMING = "streaming"
 RANDOMIZED_SUFFIX = "+randomized"  # label suffix of a model trained on randomized positions
 # label suffix of an encoding whose table has rows past the training length (never trained)
 UNTRAINED_SUFFIX = "+untrained_rows"
@@ -114,6 +116,8 @@ class EvalCell:
             out["max_position"] = m.max_position
         if m.attention_window is not None:
             out["attention_window"] = m.attention_window
+        if m.attention_keep_first is not None:
+            out["attention_keep_first"] = m.attention_keep_first
         return out
 
 
@@ -181,6 +185,8 @@ class EvalPlan:
         )
         if eval.local_window:
             variants = (*variants, WINDOW)
+        if eval.streaming_first:
+            variants = (*variants, STREAMING)
         cell = _CellMaker(model, eval, name, train_seq)
         if task is not None:
             quick = TaskLength(data.train_length, eval.num_examples, seed, sequence=train_seq)
@@ -265,6 +271,11 @@ class _CellMaker:
         cfg = attention_config(model, seq)
         if variant == WINDOW:
             cfg = cfg.replace(attention_window=self.eval.local_window)
+        elif variant == STREAMING:
+            cfg = cfg.replace(
+                attention_window=self.eval.local_window,
+                attention_keep_first=self.eval.streaming_first,
+            )
         elif variant in TEMPERATURE_VARIANTS:  # a query temperature, tuned at the training length
             cfg = cfg.with_temperature(variant, self.train_seq)
         elif variant != BASE:
@@ -272,8 +283,8 @@ class _CellMaker:
         suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
         if self.capacity is not None and self.capacity > self.train_seq and self.name is None:
             suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
-        if variant == WINDOW:
-            suffix += "+window"
+        if variant in (WINDOW, STREAMING):
+            suffix += f"+{variant}"
         encoding = cfg.encoding_label(self.name)
         label = EvalLabel(encoding + suffix, model.positional, variant, model.randomized_positions)
         na = None

@@ -217,6 +217,7 @@ class _Prepared(NamedTuple):
     window: int | None
     chunk: int | None
     forget_prefix: tuple[Array, Array] | None = None  # FoX: (c_q, c_k) [batch, len, heads]
+    keep_first: int | None = None  # StreamingLLM's first keys (with a window)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -272,6 +273,8 @@ class MultiHeadAttention(nnx.Module):
         # causal self-attention only: a sliding window W or a chunk C (at most one)
         self.window = cfg.attention_window if layer is None else layer.window
         self.chunk = None if layer is None else layer.chunk
+        # StreamingLLM's first keys, beside a window only
+        self.keep_first = None if self.window is None else cfg.attention_keep_first
         scalar = cfg.query_pre_attn_scalar
         self.scale = None if scalar is None else float(scalar) ** -0.5  # None: head_dim^-0.5
         d, hd, kvd = cfg.d_model, cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
@@ -347,7 +350,9 @@ class MultiHeadAttention(nnx.Module):
                 q_positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale
             )
         elif self.temperature == "ssmax":
-            tau = temperature.ssmax_scale(q_positions, self.ssmax_s[...], window=self.window)
+            tau = temperature.ssmax_scale(
+                q_positions, self.ssmax_s[...], window=self.window, keep_first=self.keep_first
+            )
         else:
             return q_BTNH
         return temperature.scale_queries(q_BTNH, tau)
@@ -402,6 +407,7 @@ class MultiHeadAttention(nnx.Module):
             window=self.window if causal else None,
             chunk=self.chunk if causal else None,
             forget_prefix=forget,
+            keep_first=self.keep_first if causal else None,
         )
 
     @staticmethod
@@ -445,6 +451,7 @@ class MultiHeadAttention(nnx.Module):
             implementation=self.implementation,
             chunked_threshold=self.chunked_threshold,
             sinks=self._sinks(),
+            keep_first=p.keep_first,
             forget_prefix=p.forget_prefix,
         )
         return self._merge(out_BTNH)
@@ -476,6 +483,7 @@ class MultiHeadAttention(nnx.Module):
             chunk=p.chunk,
             scale=self.scale,
             sinks=self._sinks(),
+            keep_first=p.keep_first,
         )
 
     # ------------------------------------------------------------------ cached decoding
@@ -538,7 +546,17 @@ class MultiHeadAttention(nnx.Module):
 
         Returns:
           ``([batch, l, d_model], updated cache)``.
+
+        Raises:
+          ValueError: the layer keeps StreamingLLM's first keys (``attention_keep_first``),
+            which its ring buffer of the last W keys does not hold.
         """
+        if self.keep_first is not None:
+            raise ValueError(
+                f"ModelConfig.attention_keep_first={self.keep_first}: StreamingLLM's first keys "
+                "are an evaluation variant of the parallel pass; cached decoding keeps a "
+                "windowed layer's last W keys only (set it to None to decode)"
+            )
         positions = as_batched_positions(
             positions, name="q_positions", length=x.shape[1], batch=x.shape[0]
         )

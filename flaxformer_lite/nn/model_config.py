@@ -118,6 +118,11 @@ class ModelConfig:
     attention_impl: str = "xla"  # attention implementation, see core.attention.IMPLEMENTATIONS
     # causal self-attention sees at most the last W keys (sliding window); None: all of them
     attention_window: int | None = None
+    # StreamingLLM (Xiao et al. 2023, arXiv 2309.17453): every layer with a sliding window also
+    # sees the first k keys of the sequence ("attention sinks" by position); None: its window
+    # only. An evaluation variant of the parallel pass (config.eval.streaming_first); cached
+    # decoding, whose windowed layers keep a ring buffer of their last W keys, refuses it
+    attention_keep_first: int | None = None
     # per-layer encodings and spans (`schedules.LayerKind`), cycled over the decoder layers:
     # layer i is layer_pattern[i % len]; a kind's None fields are the model's (positional,
     # positional_options, attention_window). (): every layer is the model-wide one. Decoder
@@ -573,6 +578,7 @@ def _validate(cfg: ModelConfig) -> None:
     )
     object.__setattr__(cfg, "layer_pattern", pattern)  # normalised: LayerKind, options dataclasses
     _validate_temperature(cfg)
+    _validate_keep_first(cfg)
     capacity = spec.capacity(options)
     if cfg.randomized_positions and capacity is not None and cfg.max_position > capacity:
         value = getattr(options, spec.capacity_field, capacity)
@@ -581,6 +587,20 @@ def _validate(cfg: ModelConfig) -> None:
             f"with randomized_positions, positions are drawn from [0, max_position), but "
             f"{cfg.positional!r} encodes only {capacity} ({OPTIONS_PATH}.{spec.capacity_field}"
             f"={value}); max_position must be <= {capacity}",
+        )
+
+
+def _validate_keep_first(cfg: ModelConfig) -> None:
+    keep = cfg.attention_keep_first
+    if keep is None:
+        return
+    check_positive_int("ModelConfig.attention_keep_first", keep, error=ConfigError)
+    if not any(kind.window is not None for kind in cfg.layer_kinds()):
+        fail(
+            "ModelConfig.attention_keep_first",
+            keep,
+            "keeps the first keys beside a sliding window: it needs attention_window or a "
+            "windowed decoder layer in layer_pattern (None: no kept keys)",
         )
 
 

@@ -320,8 +320,9 @@ IDENTITY_ADDED_FIELDS = {
         "temperature_length",
         "temperature_floor_scale",
         "temperature_attn_scale",
+        "attention_keep_first",
     ),
-    "eval": ("temperatures", "length_divisors"),
+    "eval": ("temperatures", "length_divisors", "streaming_first"),
 }
 # Options added to an encoding since runs were recorded (ALiBi's position interpolation), left
 # out of the chosen encoding's options in the identity while at this default.

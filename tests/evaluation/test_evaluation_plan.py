@@ -84,6 +84,22 @@ def test_windowed_rows_for_every_encoding():
         _plan(eval__local_window=-1)
 
 
+def test_streaming_rows_keep_the_first_keys_beside_the_window():
+    plan = _plan("rope", eval__local_window=16, eval__streaming_first=4)
+    streaming = [c for c in plan.cells if c.label.variant == "streaming"]
+    assert [c.length for c in streaming] == [16, 32, 64]
+    assert {c.label.encoding for c in streaming} == {"rope+streaming"}
+    assert {(c.model.attention_window, c.model.attention_keep_first) for c in streaming} == {
+        (16, 4)
+    }
+    assert streaming[0].encoding_options()["attention_keep_first"] == 4
+    window = [c for c in plan.cells if c.label.variant == "window"]
+    assert {c.model.attention_keep_first for c in window} == {None}
+    assert "attention_keep_first" not in window[0].encoding_options()
+    with pytest.raises(ConfigError, match=r"config\.eval\.streaming_first=4.*local_window"):
+        _plan(eval__streaming_first=4)
+
+
 def test_dynamic_ntk_cells_are_scored_incrementally():
     plan = _plan(eval__rope_scalings=("dynamic_ntk", "ntk"))
     assert {c.label.variant: c.incremental for c in plan.cells} == {

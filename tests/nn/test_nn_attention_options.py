@@ -1,5 +1,6 @@
 """The attention options of `ModelConfig` through the NNX attention module: gpt-oss attention
-sinks, against a numpy reference, in the plain, chunked and cached paths, per layer."""
+sinks and StreamingLLM's kept first keys, against a numpy reference, in the plain, chunked and
+cached paths, per layer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from flax import nnx
 from tiny_models import tiny_model_config
 
+from flaxformer_lite.base.checks import ConfigError
 from flaxformer_lite.core import chunked_attention
 from flaxformer_lite.nn import param_count
 from flaxformer_lite.nn.models import DecoderOnlyLM
@@ -70,9 +72,12 @@ def _full_and_cached(graphdef, state, tokens, positions):
 # ------------------------------------------------------------------------------- sinks
 
 
-def _numpy_attention(attn, x: np.ndarray, sinks: np.ndarray, window: int | None) -> np.ndarray:
-    """Causal multi-head attention with gpt-oss sinks in numpy: an extra softmax column
-    ``s_h`` per head, dropped after the softmax (no positional encoding)."""
+def _numpy_attention(
+    attn, x: np.ndarray, sinks: np.ndarray | None, window: int | None, keep_first: int = 0
+) -> np.ndarray:
+    """Causal multi-head attention in numpy (no positional encoding): with gpt-oss sinks an
+    extra softmax column ``s_h`` per head, dropped after the softmax; with a window W query
+    i sees keys ``i - W < j <= i``, and also ``j < keep_first`` (StreamingLLM)."""
 
     def dense(layer, h):
         out = h @ np.asarray(layer.kernel[...], np.float64)
@@ -85,12 +90,14 @@ def _numpy_attention(attn, x: np.ndarray, sinks: np.ndarray, window: int | None)
     v = dense(attn.value, x).reshape(b, t, heads, hd)
     logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
-    visible = (j <= i) & ((j > i - window) if window else True)
+    visible = (j <= i) & (((j > i - window) | (j < keep_first)) if window else True)
     logits = np.where(visible, logits, -np.inf)
-    sink = np.broadcast_to(sinks[None, :, None, None], (b, heads, t, 1))
-    full = np.concatenate([logits, sink], axis=-1)
-    p = np.exp(full - full.max(-1, keepdims=True))
-    p = (p / p.sum(-1, keepdims=True))[..., :-1]
+    if sinks is not None:
+        sink = np.broadcast_to(sinks[None, :, None, None], (b, heads, t, 1))
+        logits = np.concatenate([logits, sink], axis=-1)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    p = p if sinks is None else p[..., :-1]
     out = np.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, t, heads * hd)
     return dense(attn.out, out)
 
@@ -367,3 +374,58 @@ def test_fox_is_causal_only_and_sees_the_layer_input():
         np.asarray(jax.nn.log_sigmoid(x @ pe.w[...] + pe.b[...][None, None, :])),
         rtol=1e-6,
     )
+
+
+# ------------------------------------------------------------------ StreamingLLM's first keys
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_streaming_attention_equals_a_numpy_reference(sinks):
+    """A window of 3 plus the first 2 keys (with and without gpt-oss sinks): the numpy
+    attention with that visibility; it differs from the window alone."""
+    cfg = tiny_model_config(
+        "none", attention_window=3, attention_keep_first=2, attention_sinks=sinks
+    )
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    values = _set_sinks(model, 1)
+    attn = model.decoder.blocks[0].self_attention
+    x = np.random.default_rng(2).normal(size=(B, T, cfg.d_model)).astype(np.float32)
+    out = attn(jnp.asarray(x), q_positions=_positions(), causal=True)
+    sink = values[0].astype(np.float64) if sinks else None
+    ref = _numpy_attention(attn, x.astype(np.float64), sink, window=3, keep_first=2)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-5)
+    window_only = _numpy_attention(attn, x.astype(np.float64), sink, window=3)
+    assert not np.allclose(ref, window_only, atol=1e-3)
+    w = np.asarray(attn.weights(jnp.asarray(x), q_positions=_positions(), causal=True))
+    assert np.all(w[..., 6:, 2] == 0) and np.all(w[..., 6:, :2] > 0)  # j=2 left the window
+
+
+def test_streaming_chunked_equals_plain_and_cached_decoding_refuses(monkeypatch):
+    """RoPE, a window of 4 in one of two layers, the first 2 keys kept: "chunked" in blocks
+    of 4 gives the "xla" logits; the other layer (global) is unchanged by the option; cached
+    decoding refuses it (a ring buffer holds the last W keys only)."""
+    pattern = (LayerKind(window=4), LayerKind())
+    cfg = tiny_model_config(
+        "rope", layer_pattern=pattern, num_decoder_layers=2, attention_keep_first=2
+    )
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(0))
+    assert [b.self_attention.keep_first for b in model.decoder.blocks] == [2, None]
+    tokens, positions = _tokens(0), _positions()
+    full = model(tokens, positions)
+    plain = DecoderOnlyLM(cfg.replace(attention_keep_first=None), rngs=nnx.Rngs(0))
+    assert not np.allclose(np.asarray(plain(tokens, positions)), np.asarray(full), atol=1e-4)
+    _chunked_blocks(monkeypatch)
+    chunked = DecoderOnlyLM(cfg.replace(attention_impl="chunked"), rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(
+        np.asarray(chunked(tokens, positions)), np.asarray(full), rtol=1e-5, atol=1e-5
+    )
+    cache = model.init_cache(B, T, positions=positions)
+    with pytest.raises(ValueError, match=r"attention_keep_first=2.*cached decoding"):
+        model.decode_step(tokens[:, :3], positions[:, :3], cache)
+
+
+def test_streaming_needs_a_window():
+    with pytest.raises(ConfigError, match=r"ModelConfig\.attention_keep_first=4.*sliding window"):
+        tiny_model_config("rope", attention_keep_first=4)
+    with pytest.raises(ConfigError, match=r"ModelConfig\.attention_keep_first=0"):
+        tiny_model_config("rope", attention_window=4, attention_keep_first=0)
