@@ -291,14 +291,18 @@ class ModelConfig:
                 options = fill(spec, kind.positional_options)
                 kind = dataclasses.replace(kind, positional_options=options)
             kinds.append(kind)
-        temperature_length = self.temperature_length
-        if temperature_length is None and self._uses_temperature_length():
-            temperature_length = length
         return self.replace(
             positional_options=fill(self.encoding, self.positional_options),
             layer_pattern=tuple(kinds),
-            temperature_length=temperature_length,
-        )
+        ).with_temperature_length(length)
+
+    def with_temperature_length(self, length: int) -> ModelConfig:
+        """A copy whose ``temperature_length`` is ``length`` where it is None and some
+        layer's temperature takes it ("logn", "ssmax"): a run's training length L, the L of
+        ``log L``. Unchanged otherwise."""
+        if self.temperature_length is not None or not self._uses_temperature_length():
+            return self
+        return self.replace(temperature_length=length)
 
     def _uses_temperature_length(self) -> bool:
         """Some layer's temperature is "logn" or "ssmax" (which take ``temperature_length``)."""

@@ -161,6 +161,7 @@ class RunConfig:
                 model = ModelConfig.from_mapping(values.get("model", {}))
             except ValueError as e:
                 raise ConfigError(f"config.model: {e}") from None
+            model = model.with_temperature_length(data.train_length)
         run = cls(
             study=check_type("config.study", values.get("study", "run"), str),
             preset=check_type("config.preset", values.get("preset", ""), str),

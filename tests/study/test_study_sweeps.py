@@ -19,6 +19,7 @@ from configs import extrapolation_lm, extrapolation_tasks
 from flaxformer_lite.results import rows as results_rows
 from flaxformer_lite.study import sweeps
 from flaxformer_lite.study.sweeps import apply_overrides, expand_sweep
+from flaxformer_lite.train.loop import build_model
 from flaxformer_lite.train.run_config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -345,7 +346,8 @@ def test_associative_recall_holds_the_task_studies_longest_length():
 
 
 def test_the_modern_preset_expands_and_every_cell_validates():
-    """75 cells (5 encodings x 3 designs x 5 seeds), each a valid run config whose evaluation
+    """75 cells (5 encodings x 3 designs x 5 seeds), each a valid run config that builds its
+    model and whose evaluation
     plan has the rows of its design: a window shorter than L, a pattern cycling over the
     layers, YaRN / ALiBi-PI / temperature rows where they apply (none for SSMax's cells), and
     both protocols, the context protocol with its key targets beyond L."""
@@ -362,6 +364,9 @@ def test_the_modern_preset_expands_and_every_cell_validates():
         if any(layer.window is not None for layer in layers):
             assert all(layer.window < run.data.train_length for layer in layers if layer.window)
             assert model.num_decoder_layers % len(model.layer_pattern) == 0
+        if model.attention_temperature == "ssmax":  # log L with the run's L, filled by the run
+            assert model.temperature_length == run.data.train_length
+        build_model(run)  # every design's model builds (an unfilled L failed here)
         plan = run.eval_plan().cells
         encodings[cell["name"]] = {x.label.encoding for x in plan}
         context = [x.scoring for x in plan if x.protocol == "context"]
