@@ -108,10 +108,24 @@ def prepare_model(folder: Path, args: argparse.Namespace) -> str:
     if source.suffix != ".gguf":
         args.folder_override = str(source)
         return f"{source.name} (its folder)"
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(
         source.parent, gguf_file=source.name, dtype=torch.float32
     )
-    model.save_pretrained(folder)
+    # transformers refuses save_pretrained on a GGUF-loaded model (it counts as quantized);
+    # its weights are plain float32 now, so the config (without that mark) and the tensors
+    # are written as they are
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(folder)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:  # the head is the embedding: stored once, by its name
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(folder)
     return f"{source.name}, dequantized to float32 by transformers' GGUF reader"
 
 
