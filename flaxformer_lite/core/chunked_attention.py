@@ -74,7 +74,7 @@ from flaxformer_lite.core.positions import as_batched_positions
 
 Array = jax.Array
 
-DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 512
 _F32 = jnp.float32
 

@@ -226,7 +226,7 @@ def evaluate_lengths(
     """`score` at every length in ``lengths`` with one window protocol (``"nonoverlapping"``
     or ``"sliding"``, whose stride is `sliding_stride` ``(length, stride_fraction)``).
 
-    Lengths above ``model.cfg.chunked_threshold`` keys use chunked attention (same numbers to
+    Lengths above `attention_config`'s threshold use chunked attention (same numbers to
     float32 tolerance, ``O(length)`` memory). ``max_bytes``: score only the targets of the
     split's first ``max_bytes`` bytes of text; ``train_length``: for ``bucket_loss``;
     ``kwargs`` go to `score`. A study evaluates its whole
@@ -249,9 +249,10 @@ def sliding_stride(length: int, stride_fraction: float) -> int:
 
 
 def attention_config(cfg: ModelConfig, keys: int) -> ModelConfig:
-    """``cfg`` with the attention implementation for sequences of ``keys`` tokens: chunked
-    above ``cfg.chunked_threshold`` (`core.attention.choose_implementation`)."""
-    impl = attention.choose_implementation(
-        cfg.attention_impl, keys, keys, threshold=cfg.chunked_threshold
-    )
-    return cfg.replace(attention_impl=impl)
+    """``cfg`` with the attention implementation for scoring sequences of ``keys`` tokens:
+    chunked above ``cfg.chunked_threshold`` or `core.attention.FORWARD_CHUNKED_THRESHOLD`,
+    whichever is lower (`core.attention.choose_implementation`; evaluation is a forward pass
+    alone, where chunking pays from fewer keys than in training)."""
+    threshold = min(cfg.chunked_threshold, attention.FORWARD_CHUNKED_THRESHOLD)
+    impl = attention.choose_implementation(cfg.attention_impl, keys, keys, threshold=threshold)
+    return cfg.replace(attention_impl=impl, chunked_threshold=threshold)

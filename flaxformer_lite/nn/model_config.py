@@ -142,7 +142,8 @@ class ModelConfig:
     temperature_floor_scale: float = 8192.0  # "llama4": log(floor((p+1)/f) + 1) * a + 1, f
     temperature_attn_scale: float = 0.1  # "llama4": its a
     chunked_threshold: int = attention.DEFAULT_CHUNKED_THRESHOLD  # chunked attention above
-    # this many keys: "auto" in training and inference, and every evaluation length
+    # this many keys: "auto" in training and inference; evaluation also above 768
+    # (`core.attention.FORWARD_CHUNKED_THRESHOLD`)
     dtype: str = "float32"  # compute dtype of activations and matmuls
     param_dtype: str = "float32"  # storage dtype of parameters
 

@@ -450,11 +450,22 @@ def _free_memory() -> tuple[int | None, str]:
 
 def _abstract(cfg: ModelConfig) -> tuple[Any, Any, Any]:
     """``(graphdef, abstract params, concrete non-parameter state)`` without initialising a
-    single parameter (the non-parameter state, RNG counters, is tiny)."""
-    abstract = nnx.eval_shape(lambda: DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)))
-    graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
-    rest = jax.jit(lambda: nnx.split(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)[2])()
-    return graphdef, params, rest
+    single parameter (the non-parameter state, RNG counters, is tiny).
+
+    One trace of the model's construction gives all three: the compiled function returns
+    only the non-parameter state (XLA drops the parameters' initialisers), and the
+    parameters' shapes and dtypes are read from the trace. (Tracing a 30-layer model takes
+    seconds, most of a load's time: it is done once.)"""
+    seen: dict[str, Any] = {}
+
+    def build() -> Any:
+        graphdef, params, rest = nnx.split(DecoderOnlyLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+        seen["graphdef"] = graphdef
+        seen["params"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        return rest
+
+    rest = jax.jit(build)()
+    return seen["graphdef"], seen["params"], rest
 
 
 def load_pretrained(

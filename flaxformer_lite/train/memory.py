@@ -35,7 +35,7 @@ of ``V``:
   the scores of one layer --
   ``2 h T'`` per token for dense attention, two ``h x block_q x block_k`` blocks per window
   for chunked (the implementation each cell uses: `evaluation.score.attention_config`,
-  chunked above ``model.chunked_threshold`` keys) -- plus, for a cell scored incrementally
+  chunked above its threshold) -- plus, for a cell scored incrementally
   (token by token where it cannot run in one pass), its key/value cache ``2 n T' d`` per
   window (a layer with a sliding window W or chunk C holds ``min(W or C, T')`` slots
   instead of ``T'``: `ModelConfig.kv_cache_slots`). The largest cell counts.

@@ -235,13 +235,16 @@ def test_blocks_of_other_chunks_are_never_evaluated(chunk, bq, bk):
 
 
 def test_kv_blocks_visited_with_a_chunk_is_linear_in_length():
+    blocks = {"block_q": 512, "block_k": 512}
     # C = 512 with 512-blocks: each query block needs exactly its own key block.
     for length in (2048, 8192):
-        counts = kv_blocks_visited(length, length, causal=True, chunk=512)
+        counts = kv_blocks_visited(length, length, causal=True, chunk=512, **blocks)
         assert counts == [1] * (length // 512)
     # C = 1024 with 512-blocks: 1 or 2 key blocks per query block, whatever the length.
-    counts = kv_blocks_visited(8192, 8192, causal=True, chunk=1024)
+    counts = kv_blocks_visited(8192, 8192, causal=True, chunk=1024, **blocks)
     assert counts == [1, 2] * 8
+    # the default blocks (256 queries x 512 keys): a query block needs 1 key block at C = 512
+    assert kv_blocks_visited(2048, 2048, causal=True, chunk=512) == [1] * 8
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 20])

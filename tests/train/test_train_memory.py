@@ -196,7 +196,8 @@ def test_evaluation_estimate_closed_form():
         tiny_run(model__chunked_threshold=16, eval__length_multiples=(1, 64))
     )
     t = 1024  # the logits of 512 positions at a time (evaluation.step.LOGIT_CHUNK)
-    want = 4 * b * (t * (8 * d + 2 * f) + 512 * 2 * v) + 4 * 2 * b * h * 512 * 512
+    # the chunked scores: blocks of 256 queries x 512 keys (core.chunked_attention)
+    want = 4 * b * (t * (8 * d + 2 * f) + 512 * 2 * v) + 4 * 2 * b * h * 256 * 512
     assert est.activations == want
     # a dynamic-NTK cell (scored at each target's prefix length) counts the same logits, and
     # its key/value cache for the token-by-token path: 2 layers x 64 slots
