@@ -22,15 +22,17 @@ safetensors folder, which both frameworks then load: the same weights for both.
 
 Speed: for each length and dtype the implementations run in worker processes started for
 that case, driven round by round from this one with the order rotating, so load from other
-processes hits all alike; a round times ``--seconds`` worth of calls of each after one untimed
-call. Threads: PyTorch ``torch.set_num_threads(os.cpu_count())``, XLA:CPU one per core.
+processes hits all alike; a round times ``--seconds`` worth of calls of each after one first
+call (untimed, unless every call outlasts ``--seconds``: then it is the first round).
+Threads: PyTorch ``torch.set_num_threads(os.cpu_count())``, XLA:CPU one per core.
 The library's speed worker uses its allocator settings (`flaxformer_lite.train.allocator`).
 
 Memory: in a fresh process per implementation, dtype and length with glibc's malloc defaults:
 the resident set after imports, after loading the model, and the peak during one call (the
 kernel's VmHWM, reset before it). The table's "peak above weights" is that peak minus the
 resident set before the call (activations, scores, logits, temporaries); "resident after
-loading" is the load's growth of the resident set, beside the parameters' own size. A
+loading" is the load's growth of the resident set (the weights placed, before the library
+compiles its step), beside the parameters' own size. A
 transformers implementation is skipped at a length where its estimated peak (a quadratic
 through its measured peaks) exceeds 70 % of the available memory; the estimate is printed.
 
@@ -58,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -151,17 +154,22 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str):
-    """``(call, label, parameters, model config)``: ``call()`` is the summed loss (nats)."""
+def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[], None]):
+    """``(call, label, parameters, model config)``: ``call()`` is the summed loss (nats);
+    ``loaded()`` is called once the weights are placed, before the step is compiled."""
     import jax
     import jax.numpy as jnp
 
-    from flaxformer_lite.evaluation.step import make_eval_step, split_model
+    from flaxformer_lite.evaluation.score import attention_config
+    from flaxformer_lite.evaluation.step import make_eval_step, rebuild_model, split_model
     from flaxformer_lite.pretrained import load_pretrained
 
     pretrained = load_pretrained(folder, tokenizer=False, dtype=dtype)
-    graphdef, params, rest = split_model(pretrained.model)
+    loaded()
     length = tokens.shape[1] - 1
+    # the attention evaluation uses at this length (chunked above its threshold)
+    cfg = attention_config(pretrained.config, length)
+    graphdef, params, rest = split_model(rebuild_model(pretrained.model, cfg))
     batch = {
         "inputs": jnp.asarray(tokens[:, :-1]),
         "targets": jnp.asarray(tokens[:, 1:]),
@@ -171,11 +179,12 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str):
     step = jax.jit(lambda p, r, b: make_eval_step(graphdef)(p, r, b)["loss_sum"].sum())
     compiled = step.lower(params, rest, batch).compile()
     n = sum(x.size for x in jax.tree.leaves(params))
-    cfg = pretrained.config
     return lambda: float(compiled(params, rest, batch)), cfg.attention_impl, n, cfg
 
 
-def _hf_scorer(folder: str, tokens: np.ndarray, dtype: str, attention: str):
+def _hf_scorer(
+    folder: str, tokens: np.ndarray, dtype: str, attention: str, loaded: Callable[[], None]
+):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -183,6 +192,7 @@ def _hf_scorer(folder: str, tokens: np.ndarray, dtype: str, attention: str):
     model = AutoModelForCausalLM.from_pretrained(
         folder, attn_implementation=attention, dtype=getattr(torch, dtype)
     ).eval()
+    loaded()
     x = torch.from_numpy(tokens[:, :-1]).long()
     y = torch.from_numpy(tokens[0, 1:]).long()
 
@@ -211,17 +221,16 @@ def worker(args: argparse.Namespace) -> None:
         import transformers  # noqa: F401
     imported = _rss_bytes("VmRSS")
     t0 = time.perf_counter()
+    marks: dict = {}
+
+    def loaded() -> None:  # the weights placed; the library's step not yet compiled
+        marks.update(loaded=_rss_bytes("VmRSS"), load_seconds=time.perf_counter() - t0)
+
     if args.worker == "lib":
-        call, label, n, cfg = _lib_scorer(args.folder, tokens, args.dtype)
+        call, label, n, cfg = _lib_scorer(args.folder, tokens, args.dtype, loaded)
     else:
-        call, label, n, cfg = _hf_scorer(args.folder, tokens, args.dtype, args.worker)
-    ready = {
-        "ready": label,
-        "imported": imported,
-        "loaded": _rss_bytes("VmRSS"),
-        "load_seconds": time.perf_counter() - t0,
-        "parameters": n,
-    }
+        call, label, n, cfg = _hf_scorer(args.folder, tokens, args.dtype, args.worker, loaded)
+    ready = {"ready": label, "imported": imported, **marks, "parameters": n}
     if cfg is not None:
         from flaxformer_lite.train.cost import token_flops
 
@@ -323,6 +332,10 @@ def estimate(measured: dict[int, float], length: int) -> float | None:
     return float(np.polyval(coef, length))
 
 
+def _rates(row: dict, kinds: list[str]) -> str:
+    return ", ".join(f"{k} {row['speed'][k][-1]:.0f} tok/s" for k in kinds)
+
+
 def run_case(length: int, dtype: str, work: Path, folder: str, args, peaks: dict) -> dict:
     """Memory (fresh processes) then interleaved speed rounds of every implementation that
     fits, at one length and dtype."""
@@ -343,15 +356,17 @@ def run_case(length: int, dtype: str, work: Path, folder: str, args, peaks: dict
     once = {w: w.ask("time 1")["seconds"] for w in workers}
     calls = {w: max(1, round(args.seconds / once[w])) for w in workers}
     rounds = args.long_rounds if length >= LONG else args.rounds
+    if all(calls[w] == 1 for w in workers):  # a call outlasts a block: the first is round 0
+        for w in workers:
+            row["speed"].setdefault(w.kind, []).append(length / once[w])
+        rounds -= 1
+        log(f"{dtype} {length} round 0 (the first calls): " + _rates(row, kinds))
     for r in range(rounds):
         order = workers[r % len(workers) :] + workers[: r % len(workers)]
         for w in order:
             rate = length / w.ask(f"time {calls[w]}")["seconds"]
             row["speed"].setdefault(w.kind, []).append(rate)
-        log(
-            f"{dtype} {length} round {r}: "
-            + ", ".join(f"{k} {row['speed'][k][-1]:.0f} tok/s" for k in kinds)
-        )
+        log(f"{dtype} {length} round {r}: " + _rates(row, kinds))
     for w in workers:
         w.close()
     return row
