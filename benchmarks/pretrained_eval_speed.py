@@ -160,6 +160,7 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[]
     import jax
     import jax.numpy as jnp
 
+    from flaxformer_lite.core import attention
     from flaxformer_lite.evaluation.score import attention_config
     from flaxformer_lite.evaluation.step import make_eval_step, rebuild_model, split_model
     from flaxformer_lite.pretrained import load_pretrained
@@ -179,7 +180,13 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[]
     step = jax.jit(lambda p, r, b: make_eval_step(graphdef)(p, r, b)["loss_sum"].sum())
     compiled = step.lower(params, rest, batch).compile()
     n = sum(x.size for x in jax.tree.leaves(params))
-    return lambda: float(compiled(params, rest, batch)), cfg.attention_impl, n, cfg
+    label = cfg.attention_impl
+    if label == "auto" and jax.default_backend() == "cpu":  # no fused kernel: its fallback
+        fallback = attention.choose_implementation(
+            "xla", length, length, threshold=cfg.chunked_threshold
+        )
+        label = f"auto: {fallback}"
+    return lambda: float(compiled(params, rest, batch)), label, n, cfg
 
 
 def _hf_scorer(

@@ -255,4 +255,6 @@ def attention_config(cfg: ModelConfig, keys: int) -> ModelConfig:
     alone, where chunking pays from fewer keys than in training)."""
     threshold = min(cfg.chunked_threshold, attention.FORWARD_CHUNKED_THRESHOLD)
     impl = attention.choose_implementation(cfg.attention_impl, keys, keys, threshold=threshold)
-    return cfg.replace(attention_impl=impl, chunked_threshold=threshold)
+    if impl == "auto" and threshold < keys <= cfg.chunked_threshold:
+        return cfg.replace(chunked_threshold=threshold)  # "auto" decides per call: tell it
+    return cfg.replace(attention_impl=impl)

@@ -176,9 +176,16 @@ def rebuild_model(model: nnx.Module, cfg: Any) -> nnx.Module:
     ``model`` itself when the config is unchanged."""
     if cfg == model.cfg:
         return model
-    graphdef_new, _ = nnx.split(nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0))))
     _, state = nnx.split(model)
-    return nnx.merge(graphdef_new, state)
+    graphdef_new, abstract = nnx.split(nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0))))
+    if {p for p, _ in nnx.to_flat_state(abstract)} == {p for p, _ in nnx.to_flat_state(state)}:
+        return nnx.merge(graphdef_new, state)
+    # A module holding a plain array attribute (e.g. a registered encoding's constants) is
+    # only an array when built for real (an abstract build leaves a tracer where it was):
+    # build the model under the new config, then give it ``model``'s state.
+    rebuilt = type(model)(cfg, rngs=nnx.Rngs(0))
+    nnx.update(rebuilt, state)
+    return rebuilt
 
 
 def make_incremental_eval_step(graphdef: nnx.GraphDef):

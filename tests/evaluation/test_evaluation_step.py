@@ -1,14 +1,24 @@
 """evaluation.step: the argmax helper computes exactly numpy's argmax; scoring a slice of
-positions at a time gives the sums of the full logits."""
+positions at a time gives the sums of the full logits; a model rebuilt under another config
+keeps its parameters; evaluation's attention threshold."""
 
 from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from flaxformer_lite.evaluation.step import argmax_last
+from flaxformer_lite.core.attention import FORWARD_CHUNKED_THRESHOLD
+from flaxformer_lite.evaluation.score import attention_config
+from flaxformer_lite.evaluation.step import argmax_last, rebuild_model
+from flaxformer_lite.nn.encodings import registry
+from flaxformer_lite.nn.encodings.base import PositionalEncoding
+from flaxformer_lite.nn.encodings.registry import EncodingSpec
+from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.nn.models import DecoderOnlyLM
 
 
 def test_argmax_last_equals_argmax_including_ties():
@@ -102,3 +112,53 @@ def test_no_array_of_length_times_vocabulary_in_the_compiled_step():
 
     assert vocabulary_sized(step.LOGIT_CHUNK) == set()
     assert "1,2048,97" in vocabulary_sized(4096)
+
+
+def test_rebuild_model_keeps_an_encodings_plain_array_and_the_parameters(monkeypatch):
+    """A registered encoding may hold a plain array attribute (docs/experiments.md's example
+    does); an abstract build leaves a tracer there, so the rebuilt model must be built for
+    real: same logits as the model it was rebuilt from, under another attention path."""
+
+    class HeldSlopes(PositionalEncoding):
+        hook = "bias"
+
+        def __init__(self, dims, options, *, rngs):
+            self.slopes = jnp.linspace(0.5, 0.1, dims.num_heads)  # a plain array
+
+        def bias(self, q_positions, k_positions, *, causal):
+            rel = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
+            return -self.slopes[None, :, None, None] * jnp.abs(rel)[:, None]
+
+    spec = EncodingSpec("held_slopes_test", "bias", HeldSlopes)
+    monkeypatch.setitem(registry._REGISTRY, spec.name, spec)
+    cfg = ModelConfig(
+        vocab_size=32,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=0,
+        num_decoder_layers=1,
+        positional="held_slopes_test",
+        attention_impl="xla",
+    )
+    model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(3))
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (1, 12), 0, 32)
+    rebuilt = rebuild_model(model, cfg.replace(attention_impl="chunked"))
+    assert rebuilt.cfg.attention_impl == "chunked"
+    np.testing.assert_allclose(
+        np.asarray(rebuilt(tokens)), np.asarray(model(tokens)), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_evaluation_chunks_from_the_forward_threshold():
+    """`attention_config`: "xla" becomes "chunked" above 768 keys (a forward pass alone),
+    "auto" keeps deciding per call with that threshold, and a model's lower threshold wins."""
+    assert FORWARD_CHUNKED_THRESHOLD == 768
+    xla, auto = ModelConfig(attention_impl="xla"), ModelConfig(attention_impl="auto")
+    assert attention_config(xla, 768).attention_impl == "xla"
+    assert attention_config(xla, 769).attention_impl == "chunked"
+    assert attention_config(auto, 768) == auto  # unchanged: no rebuild
+    assert attention_config(auto, 1024).chunked_threshold == 768
+    assert attention_config(auto, 2048) == auto  # past the model's own threshold already
+    low = ModelConfig(attention_impl="xla", chunked_threshold=64)
+    assert attention_config(low, 65).attention_impl == "chunked"
