@@ -84,7 +84,7 @@ DEFAULT_CHUNKED_THRESHOLD = 1024
 # A forward pass alone (evaluation) chunks above this many keys when its model's threshold is
 # higher: without a backward pass the online softmax beats the plain scores from about 768
 # keys on CPU (1.8x at 1024 keys for a 9-head x 64 model), while a training step's forward +
-# backward is still faster plain at 1024 (docs/performance.md, "Evaluation chunks earlier").
+# backward is still faster plain at 1024 (docs/performance.md, "Evaluating long windows").
 FORWARD_CHUNKED_THRESHOLD = 768
 _FUSED_DTYPES = (jnp.float16, jnp.bfloat16)
 _logger = logging.getLogger(__name__)

@@ -201,7 +201,7 @@ class TokenEmbedding(nnx.Module):
             # accumulation and result (what the loss wants), contracting the table's embedding
             # axis in place: XLA:CPU runs this form on the CPU's bf16 instructions, twice the
             # rate of a float32 product, while ``x @ table.T`` first copies the transposed
-            # table and runs at float32 speed (docs/performance.md, "Tied logits").
+            # table and runs at float32 speed (docs/performance.md, "Evaluating long windows").
             table_VD = self.embed.embedding[...].astype(x.dtype)
             return jax.lax.dot_general(
                 x, table_VD, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
