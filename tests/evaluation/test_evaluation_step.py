@@ -114,7 +114,7 @@ def test_no_array_of_length_times_vocabulary_in_the_compiled_step():
     assert "1,2048,97" in vocabulary_sized(4096)
 
 
-def test_rebuild_model_keeps_an_encodings_plain_array_and_the_parameters(monkeypatch):
+def test_rebuild_model_keeps_an_encodings_plain_array_and_the_parameters(monkeypatch, tiny_config):
     """A registered encoding may hold a plain array attribute (docs/experiments.md's example
     does); an abstract build leaves a tracer there, so the rebuilt model must be built for
     real: same logits as the model it was rebuilt from, under another attention path."""
@@ -131,16 +131,7 @@ def test_rebuild_model_keeps_an_encodings_plain_array_and_the_parameters(monkeyp
 
     spec = EncodingSpec("held_slopes_test", "bias", HeldSlopes)
     monkeypatch.setitem(registry._REGISTRY, spec.name, spec)
-    cfg = ModelConfig(
-        vocab_size=32,
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=0,
-        num_decoder_layers=1,
-        positional="held_slopes_test",
-        attention_impl="xla",
-    )
+    cfg = tiny_config("held_slopes_test", num_encoder_layers=0, attention_impl="xla")
     model = DecoderOnlyLM(cfg, rngs=nnx.Rngs(3))
     tokens = jax.random.randint(jax.random.PRNGKey(0), (1, 12), 0, 32)
     rebuilt = rebuild_model(model, cfg.replace(attention_impl="chunked"))
