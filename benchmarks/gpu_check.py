@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -242,7 +243,10 @@ def run_check(name: str, fn: Callable[[], tuple[str, str]]) -> Row:
         traceback.print_exc(file=sys.stderr)
         message = " ".join(str(e).split())
         result, status = f"error: {type(e).__name__}: {message[:300]}", "fail"
-    return Row(name, result, time.perf_counter() - t0, status)
+    row = Row(name, result, time.perf_counter() - t0, status)
+    # each row as it ends too: a run stopped by its timeout still shows what it measured
+    print(f"[gpu_check] {name}: {status} ({row.seconds:.1f} s): {result}", file=sys.stderr)
+    return row
 
 
 @functools.partial(jax.jit, static_argnames="implementation")
@@ -467,8 +471,15 @@ def mfu_check(sizes: Sizes, args: argparse.Namespace, on_gpu: bool) -> tuple[str
 
 def study_check(sizes: Sizes) -> tuple[str, str]:
     """The study with attention_impl=auto via the console command; rows of all 5 encodings."""
-    from flaxformer_lite.configs.extrapolation_lm import ENCODINGS
+    from flaxformer_lite.cli.common import packaged_configs
 
+    # by path: a clone on sys.path without an install has no flaxformer_lite.configs module
+    spec = importlib.util.spec_from_file_location(
+        "_gpu_check_study_config", packaged_configs()["extrapolation_lm"]
+    )
+    config_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_module)
+    encodings = config_module.ENCODINGS
     script = Path(sys.executable).with_name("flaxformer-lite")
     prog = [str(script)] if script.exists() else [sys.executable, "-m", "flaxformer_lite"]
     with tempfile.TemporaryDirectory(prefix="gpu_check_study_") as workdir:
@@ -493,11 +504,11 @@ def study_check(sizes: Sizes) -> tuple[str, str]:
         results = Path(workdir) / "results.jsonl"
         rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     found = sorted({r["encoding"] for r in rows})
-    missing = sorted(set(ENCODINGS) - set(found))
+    missing = sorted(set(encodings) - set(found))
     backends = sorted({str(r.get("backend")) for r in rows})
     result = (
         f"preset {sizes.study_preset}, wall {wall:.0f} s; {len(rows)} rows, "
-        f"{len(found)}/{len(ENCODINGS)} encodings ({', '.join(found)}); "
+        f"{len(found)}/{len(encodings)} encodings ({', '.join(found)}); "
         f"backend {'/'.join(backends)}"
     )
     if missing:
@@ -511,6 +522,8 @@ def tests_check(files: Sequence[str], timeout_s: int) -> tuple[str, str]:
     if missing:
         return f"missing test files: {', '.join(missing)}", "fail"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    if importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", "4"]  # one process compiles hundreds of small programs in a row
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)
     summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]
     pattern = r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)"

@@ -17,6 +17,16 @@ from tiny_models import tiny_model_config
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _float32_products_in_float32():
+    """On GPUs XLA computes float32 matrix products in TF32 by default (10-bit mantissas:
+    relative errors near 5e-4); the tests compare float32 results with numpy at float32
+    tolerances, so they ask for float32 products there (on CPU it changes nothing)."""
+    if jax.default_backend() != "cpu":
+        jax.config.update("jax_default_matmul_precision", "float32")
+    yield
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-notebook", action="store_true", help="also execute the notebooks")
 
