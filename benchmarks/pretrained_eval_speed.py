@@ -70,7 +70,7 @@ import numpy as np
 from benchmarks.attention_long import available_bytes
 
 GOAL = 1.0  # library tokens/s over transformers sdpa's at every length it runs
-LONG = 4096  # lengths from here get --long-rounds
+LONG = 4096  # default of --long-from: lengths from here get --long-rounds
 FIRST_CALL_TIMED = 60.0  # seconds: a first call this long counts as a round
 MEMORY_SHARE = 0.7  # a transformers case runs where its estimated peak fits in this share
 
@@ -363,7 +363,7 @@ def run_case(length: int, dtype: str, work: Path, folder: str, args, peaks: dict
     row["label"] = workers[0].ready["ready"]
     once = {w: w.ask("time 1")["seconds"] for w in workers}
     calls = {w: max(1, round(args.seconds / once[w])) for w in workers}
-    rounds = args.long_rounds if length >= LONG else args.rounds
+    rounds = args.long_rounds if length >= args.long_from else args.rounds
     # calls of minutes: the first one is round 0 (its one-off costs, about a second, are
     # within 2 % of it; shorter first calls run slower than later ones, so they are not timed)
     if all(once[w] >= FIRST_CALL_TIMED for w in workers):
@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--hf-attention", nargs="*", default=["sdpa", "eager"])
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
-    p.add_argument("--long-rounds", type=int, default=1, help=f"rounds at lengths >= {LONG}")
+    p.add_argument("--long-rounds", type=int, default=1, help="rounds at lengths >= --long-from")
+    p.add_argument("--long-from", type=int, default=LONG, help="the first length of --long-rounds")
     p.add_argument("--seconds", type=float, default=2.0, help="target seconds per timed block")
     p.add_argument("--hidden", type=int, default=512, help="--model=random's sizes")
     p.add_argument("--layers", type=int, default=8)
@@ -537,10 +538,10 @@ def report(args, rows, ceilings, described, when, torch_v, hf_v) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Tokens/s: medians of the interleaved rounds ({args.rounds} below {LONG} tokens, "
-        f"{args.long_rounds} from {LONG}); a ratio's range is over rounds. Peak above weights: "
-        "peak RSS minus RSS right before one call, in a fresh process (glibc malloc defaults); "
-        "'est.': not run, the estimate that kept it from running.",
+        f"Tokens/s: medians of the interleaved rounds ({args.rounds} below {args.long_from} "
+        f"tokens, {args.long_rounds} from {args.long_from}); a ratio's range is over rounds. "
+        "Peak above weights: peak RSS minus RSS right before one call, in a fresh process "
+        "(glibc malloc defaults); 'est.': not run, the estimate that kept it from running.",
         "",
     ]
     if "sdpa" in hf:
