@@ -165,6 +165,7 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[]
     from flaxformer_lite.evaluation.score import attention_config
     from flaxformer_lite.evaluation.step import make_eval_step, rebuild_model, split_model
     from flaxformer_lite.pretrained import load_pretrained
+    from flaxformer_lite.train import cpu_matmul
 
     pretrained = load_pretrained(folder, tokenizer=False, dtype=dtype)
     loaded()
@@ -178,7 +179,12 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[]
         "positions": jnp.arange(length, dtype=jnp.int32)[None],
         "loss_mask": jnp.ones((1, length), jnp.float32),
     }
-    step = jax.jit(lambda p, r, b: make_eval_step(graphdef)(p, r, b)["loss_sum"].sum())
+    # the products evaluation uses (`train.cpu_matmul`'s "auto": oneDNN for float32 on CPU)
+    products = cpu_matmul.resolve("auto", compute_dtype=cfg.compute_dtype, evaluation=True)
+    step = jax.jit(
+        lambda p, r, b: make_eval_step(graphdef)(p, r, b)["loss_sum"].sum(),
+        compiler_options=cpu_matmul.compiler_options(products),
+    )
     compiled = step.lower(params, rest, batch).compile()
     n = sum(x.size for x in jax.tree.leaves(params))
     label = cfg.attention_impl
@@ -187,6 +193,7 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[]
             "xla", length, length, threshold=cfg.chunked_threshold
         )
         label = f"auto: {fallback}"
+    label += f", {products} products"
     return lambda: float(compiled(params, rest, batch)), label, n, cfg
 
 

@@ -47,11 +47,12 @@ def evaluate_cell(
     *,
     positions_tag: int | None = None,
     progress: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result of one cell: metrics plus the cell's label fields and encoding options
     (for a cell the model cannot be evaluated at, ``na`` with the reason and no metrics).
     ``dataset``: the corpus the plan scores (byte-level, or tokenized by the model's
-    tokenizer) or the task."""
+    tokenizer) or the task; ``compiler_options``: of the scoring step (`score.score`)."""
     fields = cell.label.fields() | {"encoding_options": cell.encoding_options()}
     fields["scoring"] = "incremental" if cell.incremental else "parallel"
     if cell.na is not None:
@@ -71,17 +72,23 @@ def evaluate_cell(
         positions_fn=_positions_fn(plan, tag if positions_tag is None else positions_tag),
         incremental=cell.incremental,
         progress=progress and plan.kind == "corpus",
+        compiler_options=compiler_options,
     )
     return result | fields
 
 
 def evaluate_plan(
-    model: nnx.Module, plan: EvalPlan, dataset: Any, *, progress: bool = False
+    model: nnx.Module,
+    plan: EvalPlan,
+    dataset: Any,
+    *,
+    progress: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of ``plan``, in order (``dataset``: the corpus or task it scores).
 
     ``progress``: a bar of the cells (with the ETA), above the window bar of the current
-    cell."""
+    cell; ``compiler_options``: of the scoring step (`score.score`)."""
     results = []
     with tqdm(
         total=len(plan.cells),
@@ -93,16 +100,28 @@ def evaluate_plan(
     ) as bar:
         for cell in plan.cells:
             bar.set_postfix_str(f"{cell.label.encoding} {cell.protocol} L'={cell.length}")
-            results.append(evaluate_cell(model, plan, cell, dataset, progress=progress))
+            results.append(
+                evaluate_cell(
+                    model, plan, cell, dataset, progress=progress, compiler_options=compiler_options
+                )
+            )
             bar.update(1)
     return results
 
 
-def quick_evaluate(model: nnx.Module, plan: EvalPlan, dataset: Any) -> dict[str, float]:
+def quick_evaluate(
+    model: nnx.Module,
+    plan: EvalPlan,
+    dataset: Any,
+    *,
+    compiler_options: dict[str, Any] | None = None,
+) -> dict[str, float]:
     """Validation during training: the training length, at most `plan.QUICK_EVAL_TOKENS`
     targets."""
     tag = QUICK_POSITIONS if plan.kind == "corpus" else TASK_POSITIONS
-    r = evaluate_cell(model, plan, plan.quick, dataset, positions_tag=tag)
+    r = evaluate_cell(
+        model, plan, plan.quick, dataset, positions_tag=tag, compiler_options=compiler_options
+    )
     keys = (
         ("exact_match", "accuracy")
         if plan.kind == "task"

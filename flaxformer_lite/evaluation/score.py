@@ -46,6 +46,7 @@ def score(
     positions_fn: PositionFn = arange_positions,
     incremental: bool = False,
     progress: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score ``model`` under ``protocol`` on ``data`` (a `data.corpus.Split`, or a task).
 
@@ -58,6 +59,8 @@ def score(
       incremental: score token by token through the KV cache (each target sees exactly its
         prefix; needed where the encoding reads the current length: dynamic NTK).
       progress: a bar of the batches.
+      compiler_options: of the jitted step, as ``jax.jit`` takes them (e.g. oneDNN products
+        on CPU, `train.cpu_matmul`); None: XLA's default.
 
     Returns:
       Corpus protocols: `metrics.summarize` 's metrics (``loss``, ``bits_per_byte``,
@@ -68,7 +71,11 @@ def score(
       ``num_scored_tokens``, its fields and ``blocks``.
     """
     generating = isinstance(protocol, TaskLength) and protocol.mode == "generate"
-    evaluator = None if generating else Evaluator(model, incremental=incremental)
+    evaluator = (
+        None
+        if generating
+        else Evaluator(model, incremental=incremental, compiler_options=compiler_options)
+    )
     tally = _Tally(protocol, data)
     total = protocol.count(data)
     bar = tqdm(total=total, desc=protocol.describe(), unit="win", disable=not progress, leave=False)

@@ -123,24 +123,32 @@ def _sums(
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted_eval_step(graphdef: nnx.GraphDef):
-    """One jitted eval step per model structure, so repeated evaluations (periodic
-    validation, several lengths, several tasks) reuse its compilations."""
-    return jax.jit(make_eval_step(graphdef))
+def _jitted_eval_step(graphdef: nnx.GraphDef, options: tuple = ()):
+    """One jitted eval step per model structure (and compiler options, as sorted items), so
+    repeated evaluations (periodic validation, several lengths, several tasks) reuse its
+    compilations."""
+    return jax.jit(make_eval_step(graphdef), compiler_options=dict(options) or None)
 
 
 class Evaluator:
     """Jit-compiled per-position sums for one model, one compile per batch shape;
     ``incremental=True`` scores each target at its own prefix's length: in one pass where
     the model's encodings allow it (`one_pass`), else token by token
-    (`make_incremental_eval_step`)."""
+    (`make_incremental_eval_step`). ``compiler_options``: as ``jax.jit`` takes them (the
+    driver's choice of CPU products, ``train.cpu_matmul``; None: XLA's default)."""
 
-    def __init__(self, model: nnx.Module, *, incremental: bool = False):
+    def __init__(
+        self,
+        model: nnx.Module,
+        *,
+        incremental: bool = False,
+        compiler_options: dict[str, Any] | None = None,
+    ):
         if incremental and (prefix := one_pass(model)) is not None:
             model, incremental = prefix, False  # the same numbers in one pass
         graphdef, self.params, self.rest = split_model(model)
         make = _jitted_incremental_eval_step if incremental else _jitted_eval_step
-        self.step = make(graphdef)
+        self.step = make(graphdef, tuple(sorted((compiler_options or {}).items())))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.base.faults)
@@ -218,5 +226,5 @@ def make_incremental_eval_step(graphdef: nnx.GraphDef):
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted_incremental_eval_step(graphdef: nnx.GraphDef):
-    return jax.jit(make_incremental_eval_step(graphdef))
+def _jitted_incremental_eval_step(graphdef: nnx.GraphDef, options: tuple = ()):
+    return jax.jit(make_incremental_eval_step(graphdef), compiler_options=dict(options) or None)

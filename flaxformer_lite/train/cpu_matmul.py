@@ -30,7 +30,8 @@ jaxlib before a step is compiled with oneDNN (`onednn_problem`).
 
 The choice changes float32 rounding of the products only (equal to float32 tolerance, like
 ``model.attention_impl``), so it is not part of a run's identity; the resolved value is
-recorded in the run's ``provenance.json`` (``train_matmul``).
+recorded in the run's ``provenance.json`` (``train_matmul``; ``eval_matmul`` for its
+evaluation, where ``"auto"`` takes oneDNN for float32 models only).
 """
 
 from __future__ import annotations
@@ -60,13 +61,19 @@ def check_choice(choice: str) -> None:
         fail("config.train.cpu_matmul", choice, f"must be one of {CHOICES}")
 
 
-def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> str:
-    """``"onednn"`` or ``"xla"``: the products a training step uses for ``choice``.
+def resolve(
+    choice: str, *, compute_dtype: Any, platform: str | None = None, evaluation: bool = False
+) -> str:
+    """``"onednn"`` or ``"xla"``: the products a training (or evaluation) step uses for
+    ``choice``.
 
     Args:
       choice: ``config.train.cpu_matmul``, one of `CHOICES`.
       compute_dtype: the model's compute dtype (``ModelConfig.compute_dtype``).
       platform: the backend the step runs on; default ``jax.default_backend()``.
+      evaluation: for a forward pass alone (scoring): ``"auto"`` takes oneDNN for float32
+        models only (a float32 forward pass gains from it as a step does; a bfloat16 one
+        does not: docs/performance.md §Products on CPU).
 
     Raises:
       ConfigError: ``choice`` is not one of `CHOICES`.
@@ -86,7 +93,7 @@ def resolve(choice: str, *, compute_dtype: Any, platform: str | None = None) -> 
         return "onednn"
     dtype = jnp.dtype(compute_dtype)
     if dtype == jnp.bfloat16:
-        if onednn_takes_bf16_products():
+        if evaluation or onednn_takes_bf16_products():
             return "xla"  # its mixed products would become slower float32 ones
     elif dtype != jnp.float32:
         return "xla"  # float16: no evidence that oneDNN helps

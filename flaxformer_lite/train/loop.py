@@ -354,7 +354,12 @@ def _trained_model(run: RunConfig, ready: Preflight, workdir: Path) -> tuple[nnx
                 workdir=workdir,
                 batches=batches.TrainBatches(run, ready.dataset, ready.plan),
                 validate=functools.partial(
-                    run_evaluation.quick_evaluate, plan=ready.plan, dataset=ready.dataset
+                    run_evaluation.quick_evaluate,
+                    plan=ready.plan,
+                    dataset=ready.dataset,
+                    compiler_options=cpu_matmul.compiler_options(
+                        train_matmul(run, evaluation=True)
+                    ),
                 ),
             )
             state, info = _train(training, state, start)
@@ -412,8 +417,16 @@ def _evaluate_and_publish(
     interrupt.where(phase="evaluating")
     t0 = time.perf_counter()
     progress = progress_bars(run.train.progress) and multihost.is_primary()
-    results = run_evaluation.evaluate_plan(model, ready.plan, ready.dataset, progress=progress)
+    products = train_matmul(run, evaluation=True)
+    results = run_evaluation.evaluate_plan(
+        model,
+        ready.plan,
+        ready.dataset,
+        progress=progress,
+        compiler_options=cpu_matmul.compiler_options(products),
+    )
     env = provenance.environment() | {"data": ready.dataset.provenance()} | made["provenance"]
+    env["eval_matmul"] = products
     summary = {
         "config": run.to_dict(),
         "config_hash": record["hash"],  # of exactly the recorded identity
@@ -455,10 +468,12 @@ def _evaluation_model(graphdef, state, placement) -> nnx.Module:
     return nnx.merge(graphdef, params, rest)
 
 
-def train_matmul(run: RunConfig) -> str:
-    """``"onednn"`` or ``"xla"``: the products this run's training steps use on this backend
-    (`cpu_matmul.resolve` of ``config.train.cpu_matmul``)."""
-    return cpu_matmul.resolve(run.train.cpu_matmul, compute_dtype=run.model.compute_dtype)
+def train_matmul(run: RunConfig, *, evaluation: bool = False) -> str:
+    """``"onednn"`` or ``"xla"``: the products this run's training (or, with ``evaluation``,
+    scoring) steps use on this backend (`cpu_matmul.resolve` of ``config.train.cpu_matmul``)."""
+    return cpu_matmul.resolve(
+        run.train.cpu_matmul, compute_dtype=run.model.compute_dtype, evaluation=evaluation
+    )
 
 
 @dataclasses.dataclass(frozen=True)

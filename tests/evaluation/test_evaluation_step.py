@@ -1,6 +1,6 @@
 """evaluation.step: the argmax helper computes exactly numpy's argmax; scoring a slice of
 positions at a time gives the sums of the full logits; a model rebuilt under another config
-keeps its parameters; evaluation's attention threshold."""
+keeps its parameters; evaluation's attention threshold; the scoring step's compiler options."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from flaxformer_lite.core.attention import FORWARD_CHUNKED_THRESHOLD
@@ -153,3 +154,35 @@ def test_evaluation_chunks_from_the_forward_threshold():
     assert attention_config(auto, 2048) == auto  # past the model's own threshold already
     low = ModelConfig(attention_impl="xla", chunked_threshold=64)
     assert attention_config(low, 65).attention_impl == "chunked"
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="oneDNN products are a CPU setting")
+def test_the_evaluator_compiles_its_step_with_the_drivers_options(tiny_config):
+    """``compiler_options`` reach the compiled scoring step: oneDNN's products appear in its
+    program (and not in the default one), with the same sums to float32 tolerance; an option
+    XLA does not know fails the first call."""
+    from flaxformer_lite.evaluation.step import Evaluator
+    from flaxformer_lite.train import cpu_matmul
+
+    if cpu_matmul.onednn_problem() is not None:
+        pytest.skip(f"this jaxlib fails the oneDNN check: {cpu_matmul.onednn_problem()}")
+    model = DecoderOnlyLM(tiny_config("rope", num_encoder_layers=0), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, model.cfg.vocab_size, (2, 17)).astype(np.int32)
+    batch = {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "positions": np.broadcast_to(np.arange(16, dtype=np.int32), (2, 16)),
+        "loss_mask": np.ones((2, 16), np.float32),
+    }
+    plain = Evaluator(model)
+    onednn = Evaluator(model, compiler_options=cpu_matmul.ONEDNN_PRODUCTS)
+    args = {k: jnp.asarray(v) for k, v in batch.items()}
+
+    def program(ev):
+        return ev.step.lower(ev.params, ev.rest, args).compile().as_text()
+
+    assert "__onednn_fusion" in program(onednn) and "__onednn_fusion" not in program(plain)
+    np.testing.assert_allclose(onednn(batch)["loss_sum"], plain(batch)["loss_sum"], rtol=1e-5)
+    with pytest.raises(Exception, match="xla_no_such_compile_option"):
+        Evaluator(model, compiler_options={"xla_no_such_compile_option": 1})(batch)

@@ -66,6 +66,23 @@ def test_auto_gives_a_bf16_model_onednn_only_where_its_mixed_products_stay_with_
     assert cpu_matmul.resolve("auto", compute_dtype=jnp.bfloat16, platform="gpu") == "xla"
 
 
+@pytest.mark.parametrize("takes", [True, False])
+def test_evaluation_takes_onednn_for_float32_models_only(monkeypatch, takes):
+    """A forward pass alone: "auto" gives a float32 model oneDNN's products as training does,
+    a bfloat16 one XLA's whatever the jaxlib (its forward pass was not faster with oneDNN);
+    an explicit choice holds for evaluation too."""
+    monkeypatch.setattr(cpu_matmul, "onednn_takes_bf16_products", lambda: takes)
+
+    def resolve(choice, dtype, platform="cpu"):
+        return cpu_matmul.resolve(choice, compute_dtype=dtype, platform=platform, evaluation=True)
+
+    assert resolve("auto", jnp.float32) == "onednn"
+    assert resolve("auto", jnp.bfloat16) == "xla"
+    assert resolve("onednn", jnp.bfloat16) == "onednn"
+    assert resolve("xla", jnp.float32) == "xla"
+    assert resolve("auto", jnp.float32, "gpu") == "xla"
+
+
 # what `onednn_takes_bf16_products` measured on each jaxlib (docs/performance.md)
 TAKES_BF16_PRODUCTS = {"0.10.2": False, "0.11.2": True, "0.12.0.1": True}
 
