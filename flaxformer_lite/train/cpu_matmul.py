@@ -42,6 +42,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from flaxformer_lite.base.checks import fail
@@ -53,6 +54,11 @@ ONEDNN_PRODUCTS = {
     "xla_cpu_use_onednn": True,
     "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
 }
+
+# jaxlib versions (prefixes) whose oneDNN products make a float32 forward pass faster: 0.10.2
+# (SmolLM2-135M's scoring step 1.0-1.2x, the quick model's at 512-1024 tokens 1.2-1.6x);
+# 0.12.0.1's made the quick model's slower (0.8-0.9x), so "auto" keeps XLA's elsewhere
+EVALUATION_ONEDNN_JAXLIBS = ("0.10.",)
 
 
 def check_choice(choice: str) -> None:
@@ -72,8 +78,9 @@ def resolve(
       compute_dtype: the model's compute dtype (``ModelConfig.compute_dtype``).
       platform: the backend the step runs on; default ``jax.default_backend()``.
       evaluation: for a forward pass alone (scoring): ``"auto"`` takes oneDNN for float32
-        models only (a float32 forward pass gains from it as a step does; a bfloat16 one
-        does not: docs/performance.md §Products on CPU).
+        models on the jaxlibs of `EVALUATION_ONEDNN_JAXLIBS` only (measured faster there,
+        slower on a later one; a bfloat16 forward pass never gained: docs/performance.md
+        §Products on CPU).
 
     Raises:
       ConfigError: ``choice`` is not one of `CHOICES`.
@@ -92,6 +99,8 @@ def resolve(
             )
         return "onednn"
     dtype = jnp.dtype(compute_dtype)
+    if evaluation and not jaxlib.__version__.startswith(EVALUATION_ONEDNN_JAXLIBS):
+        return "xla"
     if dtype == jnp.bfloat16:
         if evaluation or onednn_takes_bf16_products():
             return "xla"  # its mixed products would become slower float32 ones

@@ -67,16 +67,23 @@ def test_auto_gives_a_bf16_model_onednn_only_where_its_mixed_products_stay_with_
 
 
 @pytest.mark.parametrize("takes", [True, False])
-def test_evaluation_takes_onednn_for_float32_models_only(monkeypatch, takes):
-    """A forward pass alone: "auto" gives a float32 model oneDNN's products as training does,
-    a bfloat16 one XLA's whatever the jaxlib (its forward pass was not faster with oneDNN);
+@pytest.mark.parametrize("listed", [True, False])
+def test_evaluation_takes_onednn_for_float32_models_on_the_measured_jaxlibs(
+    monkeypatch, takes, listed
+):
+    """A forward pass alone: "auto" gives a float32 model oneDNN's products on a jaxlib of
+    `EVALUATION_ONEDNN_JAXLIBS` (XLA's on others), a bfloat16 one XLA's whatever the jaxlib;
     an explicit choice holds for evaluation too."""
+    import jaxlib
+
     monkeypatch.setattr(cpu_matmul, "onednn_takes_bf16_products", lambda: takes)
+    prefixes = (jaxlib.__version__[:3],) if listed else ("no-such-jaxlib",)
+    monkeypatch.setattr(cpu_matmul, "EVALUATION_ONEDNN_JAXLIBS", prefixes)
 
     def resolve(choice, dtype, platform="cpu"):
         return cpu_matmul.resolve(choice, compute_dtype=dtype, platform=platform, evaluation=True)
 
-    assert resolve("auto", jnp.float32) == "onednn"
+    assert resolve("auto", jnp.float32) == ("onednn" if listed else "xla")
     assert resolve("auto", jnp.bfloat16) == "xla"
     assert resolve("onednn", jnp.bfloat16) == "onednn"
     assert resolve("xla", jnp.float32) == "xla"
