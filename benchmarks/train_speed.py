@@ -405,13 +405,40 @@ def _versions() -> str:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name and its matrix units (`matrix_units`), e.g. ``"AMD EPYC 9B14
+    (AVX-512, AVX512-BF16, no AMX)"``."""
+    name = platform.processor() or "unknown"
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
             if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+                break
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return name
+    return f"{name} ({matrix_units(set(flags))})"
+
+
+def matrix_units(flags: set[str]) -> str:
+    """What the CPU offers for bfloat16 and float32 products, from its ``/proc/cpuinfo`` flags:
+    AMX tiles (``amx_bf16``: the bfloat16 matrix engine), AVX-512 and its BF16 dot products,
+    else AVX2; "no AMX" where there is none, so a figure says which kind of machine it is."""
+    units = []
+    if "amx_tile" in flags:
+        units.append("AMX" + (" bf16" if "amx_bf16" in flags else ""))
+    if "avx512f" in flags:
+        units.append("AVX-512")
+        if "avx512_bf16" in flags:
+            units.append("AVX512-BF16")
+    elif "avx2" in flags:
+        units.append("AVX2")
+    if "amx_tile" not in flags:
+        units.append("no AMX")
+    return ", ".join(units)
 
 
 def main(argv: list[str] | None = None) -> None:

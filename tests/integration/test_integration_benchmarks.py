@@ -149,3 +149,14 @@ def test_benchmark_targets_are_judged_from_the_runs_own_medians():
     # a contestant with fewer rounds (or one round) gives no range
     one = {"JAX float32": [0.4], "PyTorch float32": [0.43]}
     assert "rounds" not in targets(med, "xla", one)[0][1]
+
+
+def test_the_benchmarks_name_the_cpus_matrix_units():
+    """The machine line says AMX or not, so a figure tells which kind of machine ran it."""
+    intel = {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+    assert train_speed.matrix_units(intel) == "AMX bf16, AVX-512, AVX512-BF16"
+    assert train_speed.matrix_units({"avx2", "avx512f", "avx512_bf16"}) == (
+        "AVX-512, AVX512-BF16, no AMX"
+    )
+    assert train_speed.matrix_units({"avx2", "fma"}) == "AVX2, no AMX"
+    assert train_speed.matrix_units(set()) == "no AMX"
