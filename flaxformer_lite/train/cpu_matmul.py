@@ -31,7 +31,7 @@ jaxlib before a step is compiled with oneDNN (`onednn_problem`).
 The choice changes float32 rounding of the products only (equal to float32 tolerance, like
 ``model.attention_impl``), so it is not part of a run's identity; the resolved value is
 recorded in the run's ``provenance.json`` (``train_matmul``; ``eval_matmul`` for its
-evaluation, where ``"auto"`` takes oneDNN for float32 models only).
+evaluation, where ``"auto"`` takes oneDNN for float32 models on jaxlib 0.10.x only).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def resolve(
         return "xla"
     if dtype == jnp.bfloat16:
         if evaluation or onednn_takes_bf16_products():
-            return "xla"  # its mixed products would become slower float32 ones
+            return "xla"  # mixed products made float32, or a forward pass that did not gain
     elif dtype != jnp.float32:
         return "xla"  # float16: no evidence that oneDNN helps
     problem = onednn_problem()  # only where oneDNN would be used: the check compiles
