@@ -471,15 +471,11 @@ def mfu_check(sizes: Sizes, args: argparse.Namespace, on_gpu: bool) -> tuple[str
 
 def study_check(sizes: Sizes) -> tuple[str, str]:
     """The study with attention_impl=auto via the console command; rows of all 5 encodings."""
-    from flaxformer_lite.cli.common import packaged_configs
-
-    # by path: a clone on sys.path without an install has no flaxformer_lite.configs module
-    spec = importlib.util.spec_from_file_location(
-        "_gpu_check_study_config", packaged_configs()["extrapolation_lm"]
-    )
-    config_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(config_module)
-    encodings = config_module.ENCODINGS
+    try:
+        from flaxformer_lite.configs.extrapolation_lm import ENCODINGS as encodings
+    except ModuleNotFoundError:  # a clone that is not installed: its configs/ folder
+        sys.path.insert(0, str(ROOT / "configs"))
+        from extrapolation_lm import ENCODINGS as encodings
     script = Path(sys.executable).with_name("flaxformer-lite")
     prog = [str(script)] if script.exists() else [sys.executable, "-m", "flaxformer_lite"]
     with tempfile.TemporaryDirectory(prefix="gpu_check_study_") as workdir:
