@@ -179,7 +179,8 @@ def _lib_scorer(folder: str, tokens: np.ndarray, dtype: str, loaded: Callable[[]
         "positions": jnp.arange(length, dtype=jnp.int32)[None],
         "loss_mask": jnp.ones((1, length), jnp.float32),
     }
-    # the products evaluation uses (`train.cpu_matmul`'s "auto": oneDNN for float32 on CPU)
+    # the products evaluation uses (`train.cpu_matmul`'s "auto": oneDNN for a float32 model on
+    # jaxlib 0.10.x, XLA's otherwise)
     products = cpu_matmul.resolve("auto", compute_dtype=cfg.compute_dtype, evaluation=True)
     step = jax.jit(
         lambda p, r, b: make_eval_step(graphdef)(p, r, b)["loss_sum"].sum(),

@@ -405,8 +405,8 @@ def _versions() -> str:
 
 
 def _cpu_name() -> str:
-    """The CPU's model name and its matrix units (`matrix_units`), e.g. ``"AMD EPYC 9B14
-    (AVX-512, AVX512-BF16, no AMX)"``."""
+    """The CPU's model name and its matrix units (`matrix_units`), e.g. ``"AMD EPYC (AVX-512,
+    AVX512-BF16, no AMX)"``; the name alone where ``/proc/cpuinfo`` cannot be read."""
     name = platform.processor() or "unknown"
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
