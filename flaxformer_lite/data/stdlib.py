@@ -5,7 +5,7 @@ comments) with long-range structure: indentation levels, matching brackets, name
 place and reused hundreds of lines later. It needs no download, and its sha256 and the Python
 version in `provenance()` say exactly which corpus a result came from.
 
-Files: every `*.py` below `sysconfig.get_paths()["stdlib"]`, sorted by relative POSIX path, except
+Files: every `*.py` below `sysconfig.get_paths()["stdlib"]` (or `$FLAXFORMER_LITE_STDLIB`), sorted by relative POSIX path, except
 * anything inside a directory named one of `EXCLUDED_DIRS` (test suites such as `test/`,
   `tests/`, `idlelib/idle_test/`, `lib2to3/tests/`, `unittest/test/`; third-party packages in
   `site-packages/`; `__pycache__/`, `lib-dynload/`, the frozen test package `__phello__/`) or a
@@ -47,6 +47,8 @@ GENERATED_MARKER = re.compile(
     rb"this file is generated|mapping codec\b.{0,40}\bgenerated)"
 )
 _HEAD_LINES = 5
+# the standard library to read instead of the running interpreter's (`default_stdlib_dir`)
+STDLIB_ENV = "FLAXFORMER_LITE_STDLIB"
 
 
 def _excluded_dir(name: str) -> bool:
@@ -62,8 +64,12 @@ def _is_generated(path: Path) -> bool:
 
 
 def default_stdlib_dir() -> Path:
-    """The running interpreter's standard-library directory."""
-    return Path(sysconfig.get_paths()["stdlib"])
+    """`$FLAXFORMER_LITE_STDLIB` if set, else the running interpreter's standard-library directory.
+
+    The variable lets a machine with another Python rebuild a study's corpus from a copy of the
+    library it was made from (the corpus sha256 in the rows says whether it is the same text)."""
+    override = os.environ.get(STDLIB_ENV)
+    return Path(override) if override else Path(sysconfig.get_paths()["stdlib"])
 
 
 def stdlib_files(root: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
@@ -94,8 +100,9 @@ def stdlib_corpus(
     Args:
       cache_dir: cache root (default `$FLAXFORMER_LITE_CACHE`, else `~/.cache/flaxformer_lite`);
         the corpus lives in `<root>/stdlib-<python version>-<key>/`.
-      stdlib_dir: read the sources from this directory instead of the running interpreter's
-        (for tests; `python_version` in the provenance stays the running interpreter's).
+      stdlib_dir: read the sources from this directory instead of `default_stdlib_dir()`
+        (`python_version` in the provenance stays the running interpreter's; `stdlib_dir` and
+        `sha256` say which text it is).
       rebuild: rebuild the cache even if it looks complete.
     """
     root = Path(stdlib_dir) if stdlib_dir is not None else default_stdlib_dir()

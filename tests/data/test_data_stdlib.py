@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from flaxformer_lite.data import SPLITS, get_corpus, split_for_name, stdlib_corpus, stdlib_files
+from flaxformer_lite.data.stdlib import STDLIB_ENV, default_stdlib_dir
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +84,21 @@ def test_stdlib_rules_on_a_fake_tree(tmp_path):
     for s in SPLITS:
         expected = b"".join(files[n] + b"\0" for n in kept if split_for_name(n) == s)
         assert bytes(np.asarray(corpus.split(s).data)) == expected
+
+
+def test_stdlib_from_another_library_via_env(tmp_path, monkeypatch):
+    # a copy of another Python's library gives the same corpus as the same files read directly
+    root = tmp_path / "lib" / "python3.99"
+    (root / "pkg").mkdir(parents=True)
+    for i in range(40):
+        (root / f"m{i:02d}.py").write_bytes(f"x = {i}\n".encode())
+    (root / "pkg" / "mod.py").write_bytes(b"def f():\n    return 1\n")
+    direct = stdlib_corpus(cache_dir=tmp_path / "a", stdlib_dir=root).provenance()
+    monkeypatch.setenv(STDLIB_ENV, str(root))
+    assert default_stdlib_dir() == root
+    via_env = stdlib_corpus(cache_dir=tmp_path / "b").provenance()
+    assert via_env["stdlib_dir"] == str(root)
+    assert via_env["sha256"] == direct["sha256"]
+    assert sum(s["num_files"] for s in via_env["splits"].values()) == 41
+    monkeypatch.delenv(STDLIB_ENV)
+    assert default_stdlib_dir() != root
