@@ -5,7 +5,8 @@ comments) with long-range structure: indentation levels, matching brackets, name
 place and reused hundreds of lines later. It needs no download, and its sha256 and the Python
 version in `provenance()` say exactly which corpus a result came from.
 
-Files: every `*.py` below `sysconfig.get_paths()["stdlib"]` (or `$FLAXFORMER_LITE_STDLIB`), sorted by relative POSIX path, except
+Files: every `*.py` below `sysconfig.get_paths()["stdlib"]` (or `$FLAXFORMER_LITE_STDLIB`), sorted
+by relative POSIX path, except
 * anything inside a directory named one of `EXCLUDED_DIRS` (test suites such as `test/`,
   `tests/`, `idlelib/idle_test/`, `lib2to3/tests/`, `unittest/test/`; third-party packages in
   `site-packages/`; `__pycache__/`, `lib-dynload/`, the frozen test package `__phello__/`) or a
