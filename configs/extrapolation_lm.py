@@ -45,6 +45,11 @@ unless ``eval.max_bytes`` caps it):
           protocol also scores its key targets: bits per key byte), 5 seeds: 75 runs. The
           designs are swept as ``sweep.model_sizes`` (rows' ``model_size``: plain, gpt_oss,
           ssmax).
+  modern_lr
+          modern's 15 designs at each peak rate of MODERN_LEARNING_RATES (3e-3 = modern's,
+          1e-2, 3e-2), seed 0, non-overlapping windows at L x {1, ..., 16} without evaluation
+          variants: 45 runs, each about a training's cost. The report picks each design's best
+          rate on validation at 1x.
   wikitext103_bytes
           a byte-level study on WikiText-103 raw for one accelerator (L = 512 bytes, 25M
           parameters, to 16k bytes). Not the ALiBi paper's setting (a word-level 247M model at
@@ -78,6 +83,9 @@ FAMILIES = ("rope", "t5", "xpos", "kerple_log", "kerple_power", "fire")
 # The `lr` preset's grid of peak learning rates (quick's 3e-3 the second; it brackets every
 # encoding's best rate, 1e-2: docs/results.md).
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+# The `modern_lr` preset's grid: the `lr` study's rates from modern's 3e-3 up (1e-3 was below
+# 3e-3 for every basic encoding there).
+MODERN_LEARNING_RATES = (3e-3, 1e-2, 3e-2)
 # Each encoding's best peak rate in the `lr` study (validation, 1x): 1e-2 for all five.
 BEST_LEARNING_RATE = 1e-2
 # The `scaling` preset's models (d_ff = 4 d_model); parameters with RoPE (no table):
@@ -332,6 +340,17 @@ def _modern(c: ml_collections.ConfigDict) -> None:
     c.model.temperature_floor_scale = float(length)
 
 
+def _modern_lr(c: ml_collections.ConfigDict) -> None:
+    # The rate sweep behind modern's rate: training dominates, so no context protocol and no
+    # evaluation variants (the rates are compared at 1x on validation).
+    _modern(c)
+    c.sweep.learning_rates = MODERN_LEARNING_RATES
+    c.sweep.seeds = (0,)
+    c.eval.protocols = ("nonoverlapping",)
+    c.eval.rope_scalings = ()
+    c.eval.temperatures = ()
+
+
 PRESETS = {
     "tiny": _tiny,
     "dev": _dev,
@@ -344,4 +363,5 @@ PRESETS = {
     "lr": _lr,
     "scaling": _scaling,
     "modern": _modern,
+    "modern_lr": _modern_lr,
 }

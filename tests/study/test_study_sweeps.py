@@ -395,3 +395,24 @@ def test_a_copied_pretrained_config_still_finds_the_tiny_models(tmp_path):
     spec.loader.exec_module(module)
     sources = [m["source"] for m in module.get_config("tiny").sweep.models]
     assert sources and all(Path(s).is_dir() for s in sources), sources
+
+
+def test_the_modern_rate_sweep_is_modern_at_three_rates_without_variants():
+    """45 cells (15 designs x 3 rates, seed 0): modern's models and training at each rate,
+    only non-overlapping windows and only the plain row of each design."""
+    c = extrapolation_lm.get_config("modern_lr")
+    cells = sweeps.expand_sweep(c)
+    sweeps.check_cell_names(cells)
+    assert len(cells) == 45
+    rates = {cell["overrides"]["optim.learning_rate"] for cell in cells}
+    assert rates == {3e-3, 1e-2, 3e-2}
+    assert {cell["overrides"]["seed"] for cell in cells} == {0}
+    modern = {c["name"] for c in sweeps.expand_sweep(extrapolation_lm.get_config("modern"))}
+    for cell in cells:
+        rate = sweeps.learning_rate_tag(cell["overrides"]["optim.learning_rate"])
+        assert cell["name"].replace(f"-lr{rate}", "") in modern
+    run = RunConfig.from_config(sweeps.apply_overrides(c, cells[0]["overrides"]))
+    plan = run.eval_plan().cells
+    assert {x.protocol for x in plan} == {"nonoverlapping"}
+    assert {x.label.encoding for x in plan} == {cells[0]["overrides"]["model.positional"]}
+    assert sorted({x.length for x in plan}) == [64, 128, 256, 512, 1024]
