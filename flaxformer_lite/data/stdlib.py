@@ -70,7 +70,14 @@ def default_stdlib_dir() -> Path:
     The variable lets a machine with another Python rebuild a study's corpus from a copy of the
     library it was made from (the corpus sha256 in the rows says whether it is the same text)."""
     override = os.environ.get(STDLIB_ENV)
-    return Path(override) if override else Path(sysconfig.get_paths()["stdlib"])
+    if not override:
+        return Path(sysconfig.get_paths()["stdlib"])
+    if not Path(override).is_dir():
+        raise FileNotFoundError(
+            f"${STDLIB_ENV}={override!r}: no such directory; it names a copy of a Python "
+            "standard library (e.g. .../lib/python3.11), or is unset for this interpreter's"
+        )
+    return Path(override)
 
 
 def stdlib_files(root: str | os.PathLike | None = None) -> list[tuple[str, Path]]:

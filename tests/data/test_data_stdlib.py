@@ -100,5 +100,8 @@ def test_stdlib_from_another_library_via_env(tmp_path, monkeypatch):
     assert via_env["stdlib_dir"] == str(root)
     assert via_env["sha256"] == direct["sha256"]
     assert sum(s["num_files"] for s in via_env["splits"].values()) == 41
+    monkeypatch.setenv(STDLIB_ENV, str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match=r"\$FLAXFORMER_LITE_STDLIB=.*missing.*no such"):
+        default_stdlib_dir()
     monkeypatch.delenv(STDLIB_ENV)
     assert default_stdlib_dir() != root
