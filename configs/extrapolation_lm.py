@@ -45,6 +45,10 @@ unless ``eval.max_bytes`` caps it):
           protocol also scores its key targets: bits per key byte), 5 seeds: 75 runs. The
           designs are swept as ``sweep.model_sizes`` (rows' ``model_size``: plain, gpt_oss,
           ssmax).
+  modern_best_lr
+          modern at each design's best peak rate on validation (the `modern_lr` study: 1e-2 for
+          all 15), with p-RoPE rotating only the pairs that turn a full circle within L
+          (`p_rope_within`: p = 3/8 here; modern's p = 0.75 trains as RoPE at this size).
   modern_lr
           modern's 15 designs at each peak rate of MODERN_LEARNING_RATES (3e-3 = modern's,
           1e-2, 3e-2), seed 0, non-overlapping windows at L x {1, ..., 16} without evaluation
@@ -66,6 +70,7 @@ runner expands it (`flaxformer_lite.study.sweeps.expand_sweep`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import ml_collections
 
@@ -340,6 +345,25 @@ def _modern(c: ml_collections.ConfigDict) -> None:
     c.model.temperature_floor_scale = float(length)
 
 
+def p_rope_within(train_length: int, head_dim: int, base: float = 10000.0) -> float:
+    """p-RoPE's p that keeps rotating exactly the pairs whose wavelength ``2 pi / theta_i``
+    (``theta_i = base^(-2i/head_dim)``) is at most ``train_length``: those that turn a full
+    circle within a training window. The slower ones change by less than a turn over L, the
+    ones p-RoPE frees from position (Barbero et al. 2024, arXiv 2410.06205, §6)."""
+    pairs = head_dim // 2
+    within = sum(2 * math.pi * base ** (2 * i / head_dim) <= train_length for i in range(pairs))
+    return within / pairs
+
+
+def _modern_best_lr(c: ml_collections.ConfigDict) -> None:
+    # modern at the rate the modern_lr study found best for every design (1e-2, as for the
+    # basic encodings in `lr`), and a p-RoPE whose unrotated pairs are the ones that matter
+    _modern(c)
+    c.optim.learning_rate = BEST_LEARNING_RATE
+    head_dim = c.model.d_model // c.model.num_heads
+    c.model.positional_options.p_rope.p = p_rope_within(c.data.train_length, head_dim)
+
+
 def _modern_lr(c: ml_collections.ConfigDict) -> None:
     # The rate sweep behind modern's rate: training dominates, so no context protocol and no
     # evaluation variants (the rates are compared at 1x on validation).
@@ -364,4 +388,5 @@ PRESETS = {
     "scaling": _scaling,
     "modern": _modern,
     "modern_lr": _modern_lr,
+    "modern_best_lr": _modern_best_lr,
 }

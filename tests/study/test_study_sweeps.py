@@ -416,3 +416,19 @@ def test_the_modern_rate_sweep_is_modern_at_three_rates_without_variants():
     assert {x.protocol for x in plan} == {"nonoverlapping"}
     assert {x.label.encoding for x in plan} == {cells[0]["overrides"]["model.positional"]}
     assert sorted({x.length for x in plan}) == [64, 128, 256, 512, 1024]
+
+
+def test_modern_best_lr_is_modern_at_the_best_rate_with_p_rope_within_l():
+    modern, best = (extrapolation_lm.get_config(p) for p in ("modern", "modern_best_lr"))
+    assert best.optim.learning_rate == extrapolation_lm.BEST_LEARNING_RATE == 1e-2
+    assert modern.model.positional_options.p_rope.p == 0.75
+    assert best.model.positional_options.p_rope.p == 3 / 8
+    best.optim.learning_rate = modern.optim.learning_rate
+    best.model.positional_options.p_rope.p = modern.model.positional_options.p_rope.p
+    best.preset = modern.preset
+    assert best.to_dict() == modern.to_dict()  # nothing else differs
+    # wavelength 2 pi 10000^(i/8) of pair i at head_dim 16: 6.28, 19.9, 62.8, 198.7, 628.3, ...
+    assert extrapolation_lm.p_rope_within(64, 16) == 3 / 8
+    assert extrapolation_lm.p_rope_within(628, 16) == 4 / 8
+    assert extrapolation_lm.p_rope_within(629, 16) == 5 / 8
+    assert extrapolation_lm.p_rope_within(6, 16) == 0.0
