@@ -53,6 +53,7 @@ import tempfile
 from absl import app, flags
 
 from flaxformer_lite import report
+from flaxformer_lite.base.checks import is_number
 from flaxformer_lite.base.io import write_error
 from flaxformer_lite.cli import common
 from flaxformer_lite.results import comparable, store
@@ -143,6 +144,7 @@ def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None
             reference=_REFERENCE.value,
             all_pairs=_ALL_PAIRS.value,
             missing=missing,
+            common_rate=study_rate(argv[1:]),
             allow_mixed=_ALLOW_MIXED.value,
             origins=files,
             failed=failed,
@@ -252,6 +254,23 @@ def _failed_cells(run_dirs: list[str], rows: list[dict]) -> dict[str, str]:
                 if line:
                     failed[cell] = line
     return failed
+
+
+def study_rate(run_dirs: list[str]) -> float | None:
+    """The peak rate the studies' configs share (``optim.learning_rate`` in each ``study.json``):
+    the common rate a rate sweep's ranking is compared at, as the study runner's report does;
+    None when a RUN_DIR has no such record or the records differ (then the grid's middle)."""
+    rates = set()
+    for run_dir in run_dirs:
+        try:
+            with open(os.path.join(run_dir, "study.json"), encoding="utf-8") as f:
+                rates.add(json.load(f)["config"]["optim"]["learning_rate"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    if len(rates) != 1:
+        return None
+    (rate,) = rates
+    return float(rate) if is_number(rate) else None
 
 
 def _selected_cells(run_dirs: list[str]) -> dict[tuple, list[str]]:

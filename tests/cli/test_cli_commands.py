@@ -519,3 +519,19 @@ def test_train_prints_one_aligned_line_per_length_with_rounded_values():
         "learned                  nonoverlapping  length    128  n/a (no embedding past 64)",
         "alibi                    task            length     32  37.5 % exact match",
     ]
+
+
+def test_report_compares_a_rate_sweep_at_the_study_rate(tmp_path):
+    from flaxformer_lite.cli.report import study_rate
+
+    def study(name, rate):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "study.json").write_text(json.dumps({"config": {"optim": {"learning_rate": rate}}}))
+        return str(d)
+
+    a, b, c = study("a", 0.003), study("b", 0.003), study("c", 0.01)
+    assert study_rate([a]) == study_rate([a, b]) == 0.003
+    assert study_rate([a, c]) is None  # the studies disagree: the grid's middle rate
+    assert study_rate([a, str(tmp_path / "no_study")]) is None
+    assert study_rate([study("d", "fast")]) is None
