@@ -357,7 +357,8 @@ def p_rope_within(train_length: int, head_dim: int, base: float = 10000.0) -> fl
 
 def _modern_best_lr(c: ml_collections.ConfigDict) -> None:
     # modern at the rate the modern_lr study found best for every design (1e-2, as for the
-    # basic encodings in `lr`), and a p-RoPE whose unrotated pairs are the ones that matter
+    # basic encodings in `lr`), and a p-RoPE whose unrotated pairs are the ones that matter;
+    # p is set for this L and head size (an override of either should set it too)
     _modern(c)
     c.optim.learning_rate = BEST_LEARNING_RATE
     head_dim = c.model.d_model // c.model.num_heads
