@@ -256,6 +256,13 @@ def _failed_cells(run_dirs: list[str], rows: list[dict]) -> dict[str, str]:
     return failed
 
 
+def _study_record(run_dir: str) -> dict:
+    """The parsed ``study.json`` of ``run_dir`` (OSError / ValueError when there is none or it
+    is not JSON; the callers read what they need of it)."""
+    with open(os.path.join(run_dir, "study.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def study_rate(run_dirs: list[str]) -> float | None:
     """The peak rate the studies' configs share (``optim.learning_rate`` in each ``study.json``):
     the common rate a rate sweep's ranking is compared at, as the study runner's report does;
@@ -263,8 +270,7 @@ def study_rate(run_dirs: list[str]) -> float | None:
     rates = set()
     for run_dir in run_dirs:
         try:
-            with open(os.path.join(run_dir, "study.json"), encoding="utf-8") as f:
-                rates.add(json.load(f)["config"]["optim"]["learning_rate"])
+            rates.add(_study_record(run_dir)["config"]["optim"]["learning_rate"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
     if len(rates) != 1:
@@ -278,8 +284,7 @@ def _selected_cells(run_dirs: list[str]) -> dict[tuple, list[str]]:
     expected: dict[tuple, list[str]] = {}
     for run_dir in run_dirs:
         try:
-            with open(os.path.join(run_dir, "study.json"), encoding="utf-8") as f:
-                manifest = json.load(f)
+            manifest = _study_record(run_dir)
             study = manifest["study"]
             cells = manifest.get("selected") or study["cells"]
             key = (study["name"], study.get("preset", ""))
