@@ -524,18 +524,12 @@ def _validate(cfg: ModelConfig) -> None:
     ):
         if getattr(cfg, name) not in allowed:
             bad(name, f"allowed values: {list(allowed)}")
-    for name in (
-        "randomized_positions",
-        "norm_bias",
-        "ffn_gated",
-        "embedding_norm",
-        "use_bias",
-        "qk_norm",
-        "sandwich_norm",
-        "attention_sinks",
-    ):
-        if not isinstance(getattr(cfg, name), bool):
-            bad(name, "must be a bool")
+    for field in dataclasses.fields(cfg):  # the flags, by their annotation
+        value = getattr(cfg, field.name)
+        if field.type == "bool" and not isinstance(value, bool):
+            bad(field.name, "must be a bool")
+        if field.type == "bool | None" and not isinstance(value, bool | None):
+            bad(field.name, "must be a bool or None (None: use_bias)")
     if cfg.sandwich_norm and cfg.norm != "pre":
         bad(
             "sandwich_norm",
@@ -545,9 +539,6 @@ def _validate(cfg: ModelConfig) -> None:
     scalar = cfg.query_pre_attn_scalar
     if scalar is not None and (not is_number(scalar) or not 0 < scalar < float("inf")):
         bad("query_pre_attn_scalar", "must be a finite number > 0 or None (None: head_dim)")
-    for name in ("qkv_bias", "out_bias", "ffn_bias", "head_bias"):
-        if getattr(cfg, name) is not None and not isinstance(getattr(cfg, name), bool):
-            bad(name, "must be a bool or None (None: use_bias)")
     if not is_number(cfg.norm_epsilon) or not 0.0 < cfg.norm_epsilon < 1.0:
         bad("norm_epsilon", "must be a number in (0, 1)")
     if cfg.num_kv_heads is not None:

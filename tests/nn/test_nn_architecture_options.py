@@ -135,6 +135,10 @@ def test_defaults_keep_todays_model():
         ({"norm_epsilon": 0.0}, r"norm_epsilon=0.0: must be a number in \(0, 1\)"),
         ({"qkv_bias": "yes"}, r"qkv_bias='yes': must be a bool or None"),
         ({"ffn_gated": 1}, r"ffn_gated=1: must be a bool"),
+        # every bool field is checked, by its annotation
+        ({"tie_embeddings": 1}, r"tie_embeddings=1: must be a bool"),
+        ({"scale_embeddings": "no"}, r"scale_embeddings='no': must be a bool"),
+        ({"head_bias": 0}, r"head_bias=0: must be a bool or None"),
     ],
 )
 def test_bad_options_name_field_value_and_allowed(fields, message):
