@@ -90,16 +90,11 @@ def _length_axis(ax: Any, lengths: Sequence[int], train_length: int | None) -> N
     ax.set_xticks(ticks)
     labels = [str(n) for n in ticks]
     if train_length:
-        labels = [f"{n}\n({_multiple(n, train_length)})" for n in ticks]
+        labels = [f"{n}\n({n / train_length:g}×)" for n in ticks]
         ax.axvline(train_length, color="0.3", linestyle="--", linewidth=1, label="train length L")
     ax.set_xticklabels(labels)
     ax.minorticks_off()
     ax.grid(True, alpha=0.3)
-
-
-def _multiple(n: int, train_length: int) -> str:
-    m = n / train_length
-    return f"{m:g}×"
 
 
 def _draw_series(ax: Any, series: Series, styles: Mapping[str, Mapping[str, Any]] | None) -> None:
@@ -179,14 +174,7 @@ def plot_task_panels(
 ) -> list[Path]:
     """One panel per task (``panels[task] = (series, train_length)``) of a metric vs length;
     ``band_label`` names the bands in the legend."""
-    n = len(panels)
-    if n == 0:
-        raise ValueError("plot_task_panels needs at least one task panel; got none")
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.4 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    handles: dict[str, Any] = {}
+    fig, axes = _panel_grid(len(panels), 3, 4.2, "plot_task_panels needs at least one task panel")
     for ax, (task, (series, train_length)) in zip(axes.flat, panels.items(), strict=False):
         _draw_series(ax, series, styles)
         _length_axis(ax, [p[0] for pts in series.values() for p in pts], train_length)
@@ -194,11 +182,8 @@ def plot_task_panels(
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_ylabel(ylabel)
-        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, h)
-    if band_label and any(has_bands(series) for series, _ in panels.values()):
-        handles[band_label] = band_handle(band_label)
-    return _finish_panels(fig, axes, n, handles, title, stem)
+    bands = any(has_bands(series) for series, _ in panels.values())
+    return _finish_panels(fig, axes, len(panels), title, stem, band_label if bands else None)
 
 
 def mean_curve(curves: Sequence[Sequence[float | None]]) -> np.ndarray:
@@ -263,7 +248,7 @@ def plot_loss_by_position(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _legend(ax, curves, None)
     return save_figure(fig, stem)
 
 
@@ -288,14 +273,7 @@ def plot_vs_params(
     mean, ci_half_width_or_None)``): a metric against the number of parameters (log10 axis),
     one line per encoding with its band (``band_label`` names them in the legend), and a
     dotted line at zero. Saves PNG and PDF."""
-    n = len(panels)
-    if n == 0:
-        raise ValueError("plot_vs_params needs at least one panel; got none")
-    cols = min(columns, n)
-    rows = math.ceil(n / cols)
-    fig = Figure(figsize=(4.6 * cols, 3.4 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    handles: dict[str, Any] = {}
+    fig, axes = _panel_grid(len(panels), columns, 4.6, "plot_vs_params needs at least one panel")
     for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
         _draw_series(ax, series, styles)
         ax.axhline(0.0, color="0.3", linestyle=":", linewidth=1)
@@ -312,16 +290,31 @@ def plot_vs_params(
         ax.set_xlabel("parameters")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
+    bands = any(has_bands(series) for series in panels.values())
+    return _finish_panels(fig, axes, len(panels), title, stem, band_label if bands else None)
+
+
+def _panel_grid(n: int, columns: int, width: float, empty: str) -> tuple[Figure, np.ndarray]:
+    """A figure of ``n`` panels, at most ``columns`` a row, each ``width`` x 3.4 inches:
+    ``(figure, axes [rows, columns])``; ``empty``: the error when ``n`` is 0."""
+    if n == 0:
+        raise ValueError(f"{empty}; got none")
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(width * cols, 3.4 * rows))
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def _finish_panels(fig, axes, n: int, title: str, stem, band_label: str | None) -> list[Path]:
+    """Hide the unused panels past the first ``n``, add the title and one legend for every
+    panel's series (each label once, then ``band_label``'s band when given) beside the
+    figure, and save it."""
+    handles: dict[str, Any] = {}
+    for ax in list(axes.flat)[:n]:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    if band_label and any(has_bands(series) for series in panels.values()):
+    if band_label:
         handles[band_label] = band_handle(band_label)
-    return _finish_panels(fig, axes, n, handles, title, stem)
-
-
-def _finish_panels(fig, axes, n: int, handles: dict[str, Any], title: str, stem) -> list[Path]:
-    """Hide the unused panels past the first ``n``, add the title and one legend for every
-    panel's series (``handles``: label -> artist) beside the figure, and save it."""
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
