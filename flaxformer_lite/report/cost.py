@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.report.study_tables import encoding_order
+from flaxformer_lite.report.study_tables import encoding_order, is_base, number
 from flaxformer_lite.report.table import MISSING_MD, Cell, Column, Table
 
 CSV_FIELDS = (
@@ -39,31 +39,21 @@ CAPTION = (
 )
 
 
-def _number(x: Any) -> float | None:
-    if isinstance(x, int | float) and not isinstance(x, bool):
-        return float(x)
-    return None
-
-
-def _is_base(row: Mapping[str, Any]) -> bool:
-    return row.get("variant", "base") == "base"
-
-
 def forward_tokens(row: Mapping[str, Any]) -> float | None:
     """Tokens the model read for one evaluated cell (a bits-per-byte row): non-overlapping,
     its scored tokens; sliding windows, about ``tokens x length / stride``; the context
     protocol, ``tokens / S`` windows of ``c + S - 1`` tokens. None when not recorded."""
-    tokens = _number(row.get("tokens"))
+    tokens = number(row.get("tokens"))
     if tokens is None or row.get("na") is not None:
         return None
     protocol = row.get("protocol")
     if protocol == "nonoverlapping":
         return tokens
     if protocol == "sliding":
-        stride = _number(row.get("stride"))
+        stride = number(row.get("stride"))
         return tokens * row["eval_length"] / stride if stride else None
     if protocol == "context":
-        block = _number(row.get("context_block"))
+        block = number(row.get("context_block"))
         return tokens / block * (row["eval_length"] + block - 1) if block else None
     return None
 
@@ -88,13 +78,12 @@ def _cost_runs(rows: Sequence[Mapping[str, Any]]) -> list[_Run]:
     for r in rows:
         key = tuple(str(r.get(k)) for k in ("study", "run", "seed", "config_hash", "command"))
         run = runs.setdefault(key, _Run((r.get("study"), r.get("model_size")), r["encoding"]))
-        if key not in labelled and _is_base(r) and not r.get("randomized_positions"):
+        if key not in labelled and is_base(r):  # a randomized-positions run: its base label
             run.label = r["encoding"]
-            labelled.add(key)
-        elif key not in labelled and _is_base(r):
-            run.label = r["encoding"]  # a randomized-positions run: its base label
+            if not r.get("randomized_positions"):
+                labelled.add(key)
         for field in ("train_seconds", "train_steps", "eval_seconds"):
-            value = _number(r.get(field))
+            value = number(r.get(field))
             if value is not None:
                 setattr(run, field, max(getattr(run, field) or 0.0, value))
         if r["metric"] == "bits_per_byte" and r.get("na") is None:
@@ -102,7 +91,7 @@ def _cost_runs(rows: Sequence[Mapping[str, Any]]) -> list[_Run]:
             run.missing_tokens |= tokens is None
             run.tokens += tokens or 0.0
         elif r["metric"] == "exact_match" and r.get("na") is None:
-            run.examples += _number(r.get("examples")) or 0.0
+            run.examples += number(r.get("examples")) or 0.0
     return list(runs.values())
 
 
@@ -189,7 +178,7 @@ def cost_tables(rows: Sequence[Mapping[str, Any]]) -> list[Table]:
     """The cost-per-encoding table (one, grouped by study and model size where several), or
     none when no row records a run time."""
     if not any(
-        _number(r.get(k)) is not None for r in rows for k in ("train_seconds", "eval_seconds")
+        number(r.get(k)) is not None for r in rows for k in ("train_seconds", "eval_seconds")
     ):
         return []
     runs = _cost_runs(rows)

@@ -388,7 +388,7 @@ def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
         if label in group:
             continue
         group[label] = key = r.get("positional") or label
-        if r.get("variant", "base") == "base" and not r.get("randomized_positions"):
+        if is_base(r) and not r.get("randomized_positions"):
             base.setdefault(key, label)
     members: dict[Any, list[str]] = {}
     for label, key in group.items():
@@ -399,6 +399,18 @@ def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
         if label == anchor:
             out += [anchor] + [m for m in members[key] if m != anchor]
     return out
+
+
+def is_base(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` scores the trained model as it is (no evaluation-time variant)."""
+    return row.get("variant", "base") == "base"
+
+
+def number(x: Any) -> float | None:
+    """A row's field as a float when it is a number (not a bool), else None."""
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return float(x)
+    return None
 
 
 def _bucket_lo(bucket: str) -> tuple[float, str]:

@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.report.study_tables import CONFIDENCE, encoding_order
+from flaxformer_lite.report.study_tables import CONFIDENCE, encoding_order, is_base, number
 from flaxformer_lite.report.table import (
     MISSING_MD,
     NOT_APPLICABLE,
@@ -38,6 +38,7 @@ from flaxformer_lite.report.table import (
     Column,
     Table,
 )
+from flaxformer_lite.results.comparable import table_group
 from flaxformer_lite.results.stats import mean_ci
 from flaxformer_lite.results.store import learning_rate_tag
 
@@ -50,39 +51,21 @@ GAP_PROTOCOLS = ("nonoverlapping", "context")
 # ----------------------------------------------------------------------------- helpers
 
 
-def _number(x: Any) -> float | None:
-    if isinstance(x, int | float) and not isinstance(x, bool):
-        return float(x)
-    return None
-
-
 def _multiple(row: Mapping[str, Any]) -> float | None:
-    length, train = _number(row.get("eval_length")), _number(row.get("train_length"))
+    length, train = number(row.get("eval_length")), number(row.get("train_length"))
     return length / train if length and train else None
 
 
-def _is_base(row: Mapping[str, Any]) -> bool:
-    return row.get("variant", "base") == "base"
-
-
-def _setting(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """``(study, task, train_length, model_size)``: what one set of comparable runs shares."""
-    return (row.get("study"), row.get("task"), row.get("train_length"), row.get("model_size"))
-
-
 def _kind(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """One trained model in a setting: the setting and the encoding the run trained."""
+    """One trained model in a setting (`comparable.table_group`: what one set of comparable
+    runs shares) and the encoding the run trained."""
     trained = row.get("positional") or row["encoding"]
-    return (*_setting(row), trained, bool(row.get("randomized_positions")))
+    return (*table_group(row), trained, bool(row.get("randomized_positions")))
 
 
 def _describe_setting(setting: tuple[Any, ...], varying: Sequence[int]) -> str:
-    names = ("study", "task", "L", "model")
-    parts = []
-    for i in varying:
-        value = setting[i]
-        parts.append(f"{names[i]} = {value}" if names[i] == "L" else f"{names[i]} {value}")
-    return ", ".join(parts)
+    names = ("study ", "task ", "L = ", "model ")
+    return ", ".join(f"{names[i]}{setting[i]}" for i in varying)
 
 
 def _varying(settings: Iterable[tuple[Any, ...]]) -> list[int]:
@@ -124,7 +107,7 @@ def select_rates(rows: Sequence[Mapping[str, Any]]) -> list[RateChoice]:
     the order of the encodings (`tables.encoding_order`); none when no model has several."""
     rates: dict[tuple[Any, ...], set[float]] = {}
     for r in rows:
-        rate = _number(r.get("learning_rate"))
+        rate = number(r.get("learning_rate"))
         if rate is not None:
             rates.setdefault(_kind(r), set()).add(rate)
     swept = {k for k, v in rates.items() if len(v) > 1}
@@ -138,9 +121,9 @@ def select_rates(rows: Sequence[Mapping[str, Any]]) -> list[RateChoice]:
             if _kind(r) in swept
             and r["metric"] == metric
             and r.get("protocol") == protocol
-            and _is_base(r)
+            and is_base(r)
             and _multiple(r) == 1
-            and _number(r.get("learning_rate")) is not None
+            and number(r.get("learning_rate")) is not None
         ]
         by_kind: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
         for r in picked:
@@ -152,7 +135,7 @@ def select_rates(rows: Sequence[Mapping[str, Any]]) -> list[RateChoice]:
                 values = [
                     float(r["value"])
                     for r in rs
-                    if _number(r.get("learning_rate")) == rate and _number(r["value"]) is not None
+                    if number(r.get("learning_rate")) == rate and number(r["value"]) is not None
                 ]
                 if values:
                     scores.append((rate, *mean_ci(values, confidence=CONFIDENCE)))
@@ -190,8 +173,8 @@ def rows_at_best_rates(
         r
         for r in rows
         if _kind(r) not in best
-        or _number(r.get("learning_rate")) is None
-        or _number(r.get("learning_rate")) == best[_kind(r)]
+        or number(r.get("learning_rate")) is None
+        or number(r.get("learning_rate")) == best[_kind(r)]
     ]
     order = {e: i for i, e in enumerate(encoding_order(rows))}
     return sorted(kept, key=lambda r: order[r["encoding"]])
@@ -317,10 +300,10 @@ def ranking_note(
     at: dict[str, dict[tuple[Any, ...], dict[str, list[float]]]] = {"best": {}, "common": {}}
     for r in rows:
         kind = _kind(r)
-        rate, value = _number(r.get("learning_rate")), _number(r.get("value"))
+        rate, value = number(r.get("learning_rate")), number(r.get("value"))
         if kind not in best or r["metric"] != metric or value is None or r.get("na") is not None:
             continue
-        column = (_setting(r), r.get("protocol"), _multiple(r) or r["eval_length"])
+        column = (table_group(r), r.get("protocol"), _multiple(r) or r["eval_length"])
         for which, wanted in (("best", best[kind]), ("common", common)):
             if rate == wanted:
                 at[which].setdefault(column, {}).setdefault(r["encoding"], []).append(value)
@@ -392,7 +375,7 @@ def extrapolation_gaps(
     for r in rows:
         if r["metric"] != "bits_per_byte" or r.get("protocol") not in GAP_PROTOCOLS:
             continue
-        key = (*_setting(r)[:3], r.get("protocol"), r["encoding"], r.get("model_size"))
+        key = (*table_group(r)[:3], r.get("protocol"), r["encoding"], r.get("model_size"))
         key += (r.get("run"), r.get("seed"))
         by_run.setdefault(key, {})[_multiple(r)] = r
     sizes: dict[tuple[Any, ...], set[Any]] = {}
@@ -408,13 +391,13 @@ def extrapolation_gaps(
             if m not in at:
                 continue
             base, far = at[1], at[m]
-            params = _number(far.get("num_params"))
+            params = number(far.get("num_params"))
             entry = collected.setdefault(group, {}).setdefault(
                 (protocol, m, encoding, size), [[], [], params]
             )
             if base.get("na") is not None or far.get("na") is not None:
                 entry[1].append(str(far.get("na") or base.get("na")))
-            elif _number(base["value"]) is not None and _number(far["value"]) is not None:
+            elif number(base["value"]) is not None and number(far["value"]) is not None:
                 entry[0].append(float(far["value"]) - float(base["value"]))
     for group, cells in collected.items():
         for cell, (gaps, reasons, params) in cells.items():
