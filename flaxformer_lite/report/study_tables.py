@@ -187,6 +187,11 @@ class StudyResults:
     def info(self) -> MetricInfo:
         return metric_info(self.metric)
 
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """``(study, task, train_length, model_size)``: its rows' `comparable.table_group`."""
+        return (self.study, self.task, self.train_length, self.model_size)
+
     def title(self) -> str:
         """Short heading, e.g. ``"Bits per byte — nonoverlapping"``."""
         parts = [self.info.title]

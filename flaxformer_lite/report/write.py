@@ -101,15 +101,11 @@ def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, sta
     derived = [sweep_report.learning_rate_table(choices, rows, common_rate)] if choices else []
     derived += sweep_report.gap_tables(main_rows) + cost.cost_tables(rows)
     for table in [*(d for d in derived if d.files), *tables]:
-        _write_table(out_dir, table)
+        _write_table(out_dir, table.name, table)
     pairs = paired.build_paired_tables(tables, **pairing)
     if pairs:
-        for suffix, render in (
-            (".md", paired.render_markdown),
-            (".tex", paired.render_latex),
-            (".csv", paired.render_csv),
-        ):
-            _write_text(out_dir / "tables" / f"paired_differences{suffix}", render(pairs))
+        renderers = (paired.render_markdown, paired.render_latex, paired.render_csv)
+        _write_table(out_dir, "paired_differences", pairs, renderers)
     figures = make_plots(main_rows, tables, out_dir) if plots else []
     mixed = verdict.report_lines()
     shown = portable(list(rows), out_dir)
@@ -123,24 +119,19 @@ def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, sta
 def _study_tables(rows, blocks, choices) -> list[StudyResults]:
     """The study tables (`build_tables`), each caption saying which learning rate each
     encoding has when the rows swept several."""
-    tables = build_tables(rows, blocks)
-    if not choices:
-        return tables
     return [
-        dataclasses.replace(
-            t,
-            note=sweep_report.best_rate_note(
-                choices, (t.study, t.task, t.train_length, t.model_size)
-            ),
-        )
-        for t in tables
+        dataclasses.replace(t, note=sweep_report.best_rate_note(choices, t.group))
+        for t in build_tables(rows, blocks)
     ]
 
 
-def _write_table(out_dir: Path, table: Any) -> None:
-    """``tables/<name>.{md,tex,csv}`` of a `table.Table` or a section's results."""
-    for suffix, render in ((".md", render_markdown), (".tex", render_latex), (".csv", render_csv)):
-        _write_text(out_dir / "tables" / f"{table.name}{suffix}", render(table))
+def _write_table(
+    out_dir: Path, name: str, table: Any, renderers=(render_markdown, render_latex, render_csv)
+) -> None:
+    """``tables/<name>.{md,tex,csv}`` of a `table.Table` or a section's results (or, with
+    their ``renderers``, the paired comparisons)."""
+    for suffix, render in zip((".md", ".tex", ".csv"), renderers, strict=True):
+        _write_text(out_dir / "tables" / f"{name}{suffix}", render(table))
 
 
 def with_notes(tables: Sequence[StudyResults], verdict: comparable.Verdict) -> list[StudyResults]:
@@ -148,8 +139,7 @@ def with_notes(tables: Sequence[StudyResults], verdict: comparable.Verdict) -> l
     their captions (`comparable.Verdict.notes`)."""
     out = []
     for t in tables:
-        note = verdict.notes((t.study, t.task, t.train_length, t.model_size))
-        if note:
+        if note := verdict.notes(t.group):
             t = dataclasses.replace(t, note=f"{t.note} {note}".strip())
         out.append(t)
     return out
@@ -186,7 +176,10 @@ def write_study_report(
     blocks, foreign = store.paired_blocks([workdir], rows)
     for note in foreign:
         warnings.warn(note, store.ResultsWarning, stacklevel=2)
-    files = [_cell_rows_file(Path(workdir), r, f) for r, (f, _) in zip(rows, origins, strict=True)]
+    files = [
+        str(store.cell_rows_file(Path(workdir), r) or f)
+        for r, (f, _) in zip(rows, origins, strict=True)
+    ]
     return write_report(
         rows,
         workdir,
@@ -230,11 +223,3 @@ def _study_title(workdir: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return f"Results: {workdir.name}"
     return f"Results: {name} ({preset})" if preset else f"Results: {name}"
-
-
-def _cell_rows_file(workdir: Path, row: Mapping[str, Any], file: str) -> str:
-    """Where a study's row comes from: its cell's ``runs/<cell>/rows.jsonl`` (what
-    ``results.jsonl`` is rebuilt from) when that exists, else ``file``."""
-    run = row.get("run")
-    cell = workdir / "runs" / run / "rows.jsonl" if isinstance(run, str) else None
-    return str(cell) if cell is not None and cell.is_file() else file

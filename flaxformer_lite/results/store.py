@@ -253,13 +253,19 @@ def _range(low: float, high: float) -> str:
     return f"must be in [{low:g}, {high:g}]"
 
 
+def cell_rows_file(study_dir: Path, row: dict[str, Any]) -> Path | None:
+    """Where a study's row comes from: its cell's ``runs/<cell>/rows.jsonl`` (what
+    ``results.jsonl`` is rebuilt from), None when there is no such file."""
+    run = row.get("run")
+    cell = study_dir / "runs" / run / "rows.jsonl" if isinstance(run, str) else None
+    return cell if cell is not None and cell.is_file() else None
+
+
 def _study_hint(row: dict[str, Any], where: str | None) -> str:
     """Where a study's ``results.jsonl`` row came from: its cell's ``rows.jsonl``."""
-    if where is None or not isinstance(row.get("run"), str):
-        return ""
-    path = Path(where.rsplit(":", 1)[0])
-    cell = path.parent / "runs" / row["run"] / "rows.jsonl"
-    if path.name != RESULTS_FILE or not cell.is_file():
+    path = Path(where.rsplit(":", 1)[0]) if where is not None else None
+    cell = cell_rows_file(path.parent, row) if path and path.name == RESULTS_FILE else None
+    if cell is None:
         return ""
     return f" (results.jsonl is rebuilt from {cell}: fix that file, or delete it to recompute)"
 
