@@ -102,17 +102,18 @@ def _join(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def _code(x: Any) -> str:
-    return md_code(x)
-
-
 def _listing(label: str, counted: Sequence[tuple[Any, int]], fmt) -> str:
-    """``- label: a; b`` with row counts when the rows disagree (``fmt`` returns Markdown:
-    `md_escape` d or `md_code`)."""
+    """``- label: a; b`` with row counts when the rows disagree (`_with_counts`)."""
+    return f"- {label}: {_with_counts(counted, fmt)}"
+
+
+def _with_counts(counted: Sequence[tuple[Any, int]], fmt) -> str:
+    """``a; b``, each value with its row count when there are several (``fmt`` returns
+    Markdown: `md_escape` d or `md_code`), or ``not recorded`` for none."""
     if not counted:
-        return f"- {label}: not recorded"
+        return "not recorded"
     many = len(counted) > 1
-    return f"- {label}: " + "; ".join(fmt(v) + (f" ({n} rows)" if many else "") for v, n in counted)
+    return "; ".join(fmt(v) + (f" ({n} rows)" if many else "") for v, n in counted)
 
 
 def _describe_packages(packages: Any) -> str:
@@ -127,7 +128,7 @@ def _provenance_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if commands:
         lines += ["Command(s) that produced the rows:", "", *md_fence(commands), ""]
     lines += [
-        _listing("Git commit(s)", _counted(rows, "git_commit"), _code),
+        _listing("Git commit(s)", _counted(rows, "git_commit"), md_code),
         _listing("Packages", _counted(rows, "packages"), _describe_packages),
         _listing("Python", _counted(rows, "python"), md_escape),
         _listing(
@@ -152,23 +153,19 @@ def _describe_data(data: Any) -> str:
         return md_escape(data)
     parts = [md_escape(data["name"])] if "name" in data else []
     if "sha256" in data:
-        parts.append(f"sha256 {_code(data['sha256'])}")
+        parts.append(f"sha256 {md_code(data['sha256'])}")
     size = data.get("num_bytes", data.get("bytes"))
     if size is not None:
         parts.append(md_escape(f"{size} bytes"))
     if data.get("num_files") is not None:
         parts.append(md_escape(f"{data['num_files']} files"))
-    return ", ".join(parts) or _code(json.dumps(data, sort_keys=True))
+    return ", ".join(parts) or md_code(json.dumps(data, sort_keys=True))
 
 
 def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     runs = _runs(rows)
     train = math.fsum(r["train_seconds"] for r in runs)
     evaluation = math.fsum(r["eval_seconds"] for r in runs)
-    studies = [
-        f"{s} ({p})" if p else str(s)
-        for s, p in dict.fromkeys((r.get("study"), r.get("preset")) for r in rows)
-    ]
     encodings = encoding_order(rows)
     seeds = sorted((s for s in _distinct(rows, "seed") if s is not None), key=_number_first)
     protocols = [p for p in _distinct(rows, "protocol") if p]
@@ -177,7 +174,7 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     eval_lengths = sorted(n for n in _distinct(rows, "eval_length") if n)
     stamps = sorted(t for t in _distinct(rows, "timestamp") if isinstance(t, str))
     setup = [  # every value comes from the rows (text cells are escaped when rendered)
-        ("Study (preset)", _join(studies)),
+        ("Study (preset)", _studies(rows)),
         (f"Encodings ({len(encodings)})", _join(encodings)),
         ("Seeds", _join(seeds) or MISSING_MD),
         ("Train length L", _join(train_lengths) or MISSING_MD),
@@ -186,14 +183,13 @@ def _setup_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     if tasks:
         setup.append(("Tasks", _join(tasks)))
-    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    trained, steps = _trained_steps(rows)
     rates = sorted({r["learning_rate"] for r in trained if _is_number(r.get("learning_rate"))})
     if rates:
         tags = _join(learning_rate_tag(x) for x in rates)
         setup.append((f"Peak learning rate{'s' if len(rates) > 1 else ''}", tags))
     if counts := _parameter_counts(rows):
         setup.append(("Parameters", counts))
-    steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
     if steps:
         setup.append(("Training steps", _join(steps)))
     setup.append(("Overrides of the preset", Cell(markdown=_overrides_cell(rows))))
@@ -232,11 +228,19 @@ def _parameter_counts(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _steps(row: Mapping[str, Any]) -> int | None:
-    """The training steps a row's run was configured for (its ``setting``)."""
-    setting = row.get("setting")
-    value = setting.get("train.num_steps") if isinstance(setting, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _trained_steps(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[int]]:
+    """``(trained, steps)``: the rows of trained (not pretrained) models and, sorted, the
+    training steps their runs were configured for (their ``setting``)."""
+    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
+    settings = [r.get("setting") for r in trained]
+    steps = [s.get("train.num_steps") for s in settings if isinstance(s, dict)]
+    return trained, sorted({n for n in steps if isinstance(n, int) and not isinstance(n, bool)})
+
+
+def _studies(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``study (preset), ...``: the rows' studies with their presets."""
+    studies = dict.fromkeys((r.get("study"), r.get("preset")) for r in rows)
+    return _join(f"{s} ({p})" if p else str(s) for s, p in studies)
 
 
 def command_overrides(command: Any) -> list[str]:
@@ -264,14 +268,11 @@ def _overrides_cell(rows: Sequence[Mapping[str, Any]]) -> str:
     for command, n in sets:
         key = tuple(command_overrides(command))
         by_set[key] = by_set.get(key, 0) + n
-    if not by_set:
-        return "not recorded"
-    many = len(by_set) > 1
-    shown = []
-    for overrides, n in by_set.items():
-        text = ", ".join(md_code(o, cell=True) for o in overrides) or "none (the preset as it is)"
-        shown.append(text + (f" ({n} rows)" if many else ""))
-    return "; ".join(shown)
+
+    def fmt(overrides: tuple[str, ...]) -> str:
+        return ", ".join(md_code(o, cell=True) for o in overrides) or "none (the preset as it is)"
+
+    return _with_counts(list(by_set.items()), fmt)
 
 
 # what a report says of models whose weights are random (the tiny test models)
@@ -347,10 +348,7 @@ def _code_cell(value: Any) -> Cell:
 def _default_title(rows: Sequence[Mapping[str, Any]]) -> str:
     """``Results: extrapolation_lm (quick), 1000 training steps``: the studies, their presets
     and what ran (the training steps, or pretrained models)."""
-    studies = list(dict.fromkeys((r.get("study"), r.get("preset")) for r in rows))
-    names = _join(f"{s} ({p})" if p else str(s) for s, p in studies)
-    trained = [r for r in rows if not isinstance(r.get("pretrained"), dict)]
-    steps = sorted({n for n in (_steps(r) for r in trained) if n is not None})
+    trained, steps = _trained_steps(rows)
     what = []
     if steps:
         what.append(
@@ -358,7 +356,7 @@ def _default_title(rows: Sequence[Mapping[str, Any]]) -> str:
         )
     if len(trained) < len(rows):
         what.append("pretrained models")
-    return f"Results: {names}" + (f", {' and '.join(what)}" if what else "")
+    return f"Results: {_studies(rows)}" + (f", {' and '.join(what)}" if what else "")
 
 
 def render_report(
@@ -380,9 +378,15 @@ def render_report(
     ``mixed``: what rows sharing a table differ in (`comparable.Verdict.report_lines`);
     ``failed``: cell -> its error line (a study's failed cells), stated. Without rows (every
     cell failed) the report is just these statements."""
+    failed = failed or {}
     lines = [f"# {md_text(title or _default_title(rows))}", ""]
     lines += _intro(rows)
-    lines += _failed_section(failed or {})
+    lines += _section(
+        "Failed cells",
+        f"{len(failed)} cell(s) failed; they are not in any table (the traceback is in "
+        "`runs/<cell>/error.txt`; rerun the study to retry them):",
+        [f"- {md_code(name)}: {md_code(e.replace('`', chr(39)))}" for name, e in failed.items()],
+    )
     lines += _section(
         "Problems",
         f"{len(problems)} results line(s) were skipped; they are not in any table:",
@@ -468,18 +472,6 @@ def protocols_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def _section(heading: str, text: str, items: Sequence[str]) -> list[str]:
     """``## heading``, a sentence and a list; nothing when there are no items."""
     return [f"## {heading}", "", text, "", *items, ""] if items else []
-
-
-def _failed_section(failed: Mapping[str, str]) -> list[str]:
-    return _section(
-        "Failed cells",
-        f"{len(failed)} cell(s) failed; they are not in any table (the traceback is in "
-        "`runs/<cell>/error.txt`; rerun the study to retry them):",
-        [
-            f"- {md_code(name)}: {md_code(error.replace('`', chr(39)))}"
-            for name, error in failed.items()
-        ],
-    )
 
 
 def _links(name: str) -> str:

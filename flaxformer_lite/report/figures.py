@@ -68,7 +68,7 @@ def make_plots(
     figures = _length_plots(rows, tables, out_dir, styles)
     figures += _position_plots(rows, out_dir, styles, tables)
     figures += _task_plots(tables, out_dir, styles)
-    return figures + _gap_plots(rows, out_dir)
+    return figures + _gap_plots(rows, out_dir, styles)
 
 
 def _length_plots(rows, tables, out_dir: Path, styles) -> list[PlotInfo]:
@@ -78,8 +78,7 @@ def _length_plots(rows, tables, out_dir: Path, styles) -> list[PlotInfo]:
         if t.metric != "bits_per_byte":
             continue
         stem = f"plots/{t.name}_vs_length"
-        where = "".join(f" — {p}" for p in (t.study if len(studies) > 1 else None, t.protocol) if p)
-        where += f", model {t.model_size}" if t.model_size else ""
+        where = _where(t.study if len(studies) > 1 else None, t.protocol, t.model_size)
         context = t.protocol == "context"
         axis = "context length" if context else "evaluation length"
         title = f"{t.info.title} vs {axis}{where}"
@@ -101,6 +100,12 @@ def _length_plots(rows, tables, out_dir: Path, styles) -> list[PlotInfo]:
         )
         figures.append(PlotInfo(stem, title, caption))
     return figures
+
+
+def _where(study: Any, protocol: Any, size: Any) -> str:
+    """A title's ending: `` — study — protocol, model size`` (the parts given)."""
+    where = "".join(f" — {p}" for p in (study, protocol) if p)
+    return where + (f", model {size}" if size else "")
 
 
 def _task_plots(tables, out_dir: Path, styles) -> list[PlotInfo]:
@@ -167,8 +172,7 @@ def _position_plots(
         if name in taken:
             name += "-curve"
         stem = f"plots/{name}"
-        where = "".join(f" — {p}" for p in (study if many_studies else None, protocol) if p)
-        where += f", model {size}" if size else ""
+        where = _where(study if many_studies else None, protocol, size)
         title = f"Loss by position at length {longest}{where}"
         plots.plot_loss_by_position(
             curves,
@@ -222,9 +226,8 @@ def _scaled(curve: Sequence[float | None], factor: float) -> list[float | None]:
     return [None if v is None else v * factor for v in curve]
 
 
-def _gap_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[PlotInfo]:
+def _gap_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path, styles) -> list[PlotInfo]:
     """The extrapolation gap against parameters of each study with several model sizes."""
-    styles = plots.encoding_styles(encoding_order(rows))
     groups = sweep_report.gap_panels(rows)
     figures = []
     for index, (group, panels) in enumerate(groups):

@@ -106,7 +106,7 @@ class Comparisons:
             head = Column(
                 f"encoding ({self.symbol}) − (L)", "l", tex=f"Encoding ({self.symbol}) $-$ (L)"
             )
-        columns = (head, *(Column(c.label(), tex=c.latex_label()) for c in self.columns))
+        columns = (head, *(Column(c.label(), tex=c.label(latex=True)) for c in self.columns))
         rows = tuple(
             (Cell(self.row_label(a, b)), *(_cell(self.get(a, b, c)) for c in self.columns))
             for a, b in self.rows()

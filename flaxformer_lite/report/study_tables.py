@@ -125,21 +125,15 @@ class EvalColumn:
         """Evaluation length as a multiple of the training length."""
         return self.eval_length / self.train_length if self.train_length else None
 
-    def label(self) -> str:
-        """Plain-text header: ``"2× (128)"``, a bucket ``"[64,128)"``, or ``"128"``."""
+    def label(self, latex: bool = False) -> str:
+        """The header: ``"2× (128)"``, a bucket ``"[64,128)"``, or ``"128"``; in LaTeX
+        (``latex``): ``"$2\\times$ (128)"``, ``"{[}64,128)"``, or ``"128"``."""
         if self.bucket is not None:
-            return self.bucket
+            return latex_escape(self.bucket) if latex else self.bucket
         if self.multiple is None:
             return str(self.eval_length)
-        return f"{self.multiple:g}× ({self.eval_length})"
-
-    def latex_label(self) -> str:
-        """LaTeX header: ``"$2\\times$ (128)"``, ``"{[}64,128)"``, or ``"128"``."""
-        if self.bucket is not None:
-            return latex_escape(self.bucket)
-        if self.multiple is None:
-            return str(self.eval_length)
-        return f"${self.multiple:g}\\times$ ({self.eval_length})"
+        times = f"${self.multiple:g}\\times$" if latex else f"{self.multiple:g}×"
+        return f"{times} ({self.eval_length})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +309,7 @@ class StudyResults:
         """The `table.Table`: one row per encoding, a significant best bold, a tie italic; the
         LaTeX caption without the title."""
         columns = [Column("encoding", "l", tex="Encoding")]
-        columns += [Column(c.label(), tex=c.latex_label()) for c in self.columns]
+        columns += [Column(c.label(), tex=c.label(latex=True)) for c in self.columns]
         rows = tuple(
             (Cell(e), *(self._display(e, c) for c in self.columns)) for e in self.encodings
         )
@@ -554,11 +548,11 @@ def _results(name, metric, key, rs, index, order) -> StudyResults:
         rs = [r for r in rs if r["eval_length"] == eval_length]
         buckets = sorted({r["bucket"] for r in rs}, key=_bucket_lo)
         columns = tuple(EvalColumn(b, eval_length, train_length, bucket=b) for b in buckets)
-        cells = _aggregate(group_by(rs, lambda r: (r["encoding"], r["bucket"])), index, metric)
     else:
         lengths = sorted({r["eval_length"] for r in rs})
         columns = tuple(EvalColumn(n, n, train_length) for n in lengths)
-        cells = _aggregate(group_by(rs, lambda r: (r["encoding"], r["eval_length"])), index, metric)
+    field = "bucket" if metric == "bucket_loss" else "eval_length"  # a column's key
+    cells = _aggregate(group_by(rs, lambda r: (r["encoding"], r[field])), index, metric)
     grids = [c.grid for c in cells.values() if c.grid is not None]
     measured = [c for c in cells.values() if c.na is None]
     bootstrap = bool(measured) and all(c.grid is not None for c in measured)

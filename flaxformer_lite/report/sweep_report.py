@@ -243,7 +243,7 @@ def learning_rate_table(
     return Table(
         name="learning_rate",
         title=f"{metric.capitalize()} at 1× by learning rate",
-        caption=_rate_caption(choices, len(rates)),
+        caption=_rate_caption(choices, len(rates), metric),
         columns=(*columns, Column("best")),
         rows=tuple(body),
         csv_fields=LR_CSV_FIELDS,
@@ -252,8 +252,7 @@ def learning_rate_table(
     )
 
 
-def _rate_caption(choices: Sequence[RateChoice], rates: int) -> str:
-    metric = "bits per byte" if choices[0].metric == "bits_per_byte" else "exact match"
+def _rate_caption(choices: Sequence[RateChoice], rates: int, metric: str) -> str:
     what = (
         "non-overlapping windows of L bytes"
         if choices[0].protocol == "nonoverlapping"

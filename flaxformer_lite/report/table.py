@@ -148,12 +148,9 @@ def latex_float(table: Any) -> list[str]:
     """The lines of one booktabs ``table`` float (``\\toprule``, ``\\midrule``,
     ``\\bottomrule``; needs ``\\usepackage{booktabs}``)."""
     t = as_table(table)
-    caption = t.caption + (f" {t.note}" if t.note else "")
-    caption = (
-        f"{latex_escape(t.title)}. {latex_escape(caption)}"
-        if t.latex_title
-        else (latex_escape(caption))
-    )
+    caption = latex_escape(t.caption + (f" {t.note}" if t.note else ""))
+    if t.latex_title:
+        caption = f"{latex_escape(t.title)}. {caption}"
     lines = ["\\begin{table}[htbp]", "\\centering", f"\\caption{{{caption}}}"]
     if t.label:
         lines.append(f"\\label{{tab:{t.name}}}")
