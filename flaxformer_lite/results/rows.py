@@ -126,22 +126,9 @@ def _pretrained_record(record: Any, labels: Mapping[str, Any]) -> Any:
 def blocks_for_cell(run: RunConfig, name: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-block sums of one finished cell (one line per evaluated cell, beside its rows in
     ``blocks.jsonl``), keyed like its rows so statistics can pair them across encodings."""
-    out = []
-    for r in summary["eval"]:
-        if "blocks" not in r:
-            continue
-        out.append(
-            _cell_key(run, name, summary)
-            | {
-                "encoding": r["encoding"],
-                "positional": r["positional"],
-                "variant": r["variant"],
-                "protocol": r["protocol"],
-                "eval_length": r["eval_length"],
-                "blocks": r["blocks"],
-            }
-        )
-    return out
+    cell = _cell_key(run, name, summary)
+    fields = ("encoding", "positional", "variant", "protocol", "eval_length", "blocks")
+    return [cell | {k: r[k] for k in fields} for r in summary["eval"] if "blocks" in r]
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -176,6 +163,12 @@ def expected_keys(run: RunConfig) -> list[tuple[str, int, str, str]]:
     return keys
 
 
+def _missing_keys(rows: list[dict[str, Any]], run: RunConfig) -> list[tuple[str, int, str, str]]:
+    """The `expected_keys` of ``run`` that no row of ``rows`` has."""
+    have = {(r["encoding"], r["eval_length"], r.get("protocol"), r["metric"]) for r in rows}
+    return [k for k in expected_keys(run) if k not in have]
+
+
 class CellRowsError(ValueError):
     """A finished run's rows are not its results (a non-finite value, an expected row
     missing): the cell failed; the message says which length, model and value."""
@@ -205,8 +198,7 @@ def made_rows_problem(rows: list[dict[str, Any]], run: RunConfig) -> str | None:
                 f"{row['metric']} of {row['encoding']!r} at length {row['eval_length']} "
                 f"({row.get('protocol')}) is {value}{at}: the model gave non-finite numbers"
             )
-    have = {(r["encoding"], r["eval_length"], r.get("protocol"), r["metric"]) for r in rows}
-    missing = [k for k in expected_keys(run) if k not in have]
+    missing = _missing_keys(rows, run)
     if missing:
         encoding, length, protocol, metric = missing[0]
         return (
@@ -234,8 +226,7 @@ def cell_rows_problem(path: Path, run: RunConfig | None, name: str) -> str | Non
     for row, number in zip(rows, numbers, strict=True):
         if row.get("run") != name:
             return f"line {number} is a row of run {row.get('run')!r}, not {name!r}"
-    have = {(r["encoding"], r["eval_length"], r.get("protocol"), r["metric"]) for r in rows}
-    missing = [k for k in expected_keys(run) if k not in have] if run is not None else []
+    missing = _missing_keys(rows, run) if run is not None else []
     if missing:
         encoding, length, protocol, metric = missing[0]
         return (

@@ -163,7 +163,10 @@ def open_text(path: str | Path):
 
 _STRING = (("must be a string", lambda x: isinstance(x, str)),)
 _LENGTH = (
-    ("must be a positive integer", lambda x: _positive_int(x)),
+    (
+        "must be a positive integer",
+        lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0,
+    ),
     ("must be at most 2**40", lambda x: x <= MAX_LENGTH),
 )
 _COUNT = (
@@ -316,10 +319,6 @@ def read_rows_lines(path: str | Path) -> tuple[list[dict[str, Any]], list[int], 
         if reason is not None:
             problems.append(Problem(str(path), number, f"skipped: {reason}"))
     return rows, numbers, problems
-
-
-def _positive_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
 def _clip(text: str, limit: int = 60) -> str:
