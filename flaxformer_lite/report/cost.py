@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.report.study_tables import encoding_order, is_base, number
+from flaxformer_lite.report.study_tables import encoding_order, group_by, is_base, number
 from flaxformer_lite.report.table import MISSING_MD, Cell, Column, Table
 
 CSV_FIELDS = (
@@ -127,9 +127,7 @@ def _groups(runs: Sequence[_Run], rows: Sequence[Mapping[str, Any]]) -> list[_Gr
     """The encodings of each setting, settings in order of first appearance (a sweep lists
     sizes smallest first), encodings in the study's order."""
     order = {e: i for i, e in enumerate(encoding_order(rows))}
-    by_key: dict[tuple[Any, ...], list[_Run]] = {}
-    for run in runs:
-        by_key.setdefault((*run.setting, run.label), []).append(run)
+    by_key = group_by(runs, lambda run: (*run.setting, run.label))
     first = {v: i for i, v in enumerate(dict.fromkeys(run.setting for run in runs))}
     keys = sorted(by_key, key=lambda k: (first[k[:2]], order.get(k[2], len(order)), str(k[2])))
     return [

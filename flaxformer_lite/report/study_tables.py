@@ -206,13 +206,8 @@ class StudyResults:
         unit = f" ({info.unit})" if info.unit else ""
         better = f", {info.better} is better" if info.better else ""
         text = [f"{info.title}{unit}{better}.", *([info.about] if info.about else [])]
-        setting = []
-        if self.study:
-            setting.append(f"study {self.study}")
-        if self.task:
-            setting.append(f"task {self.task}")
-        if self.model_size:
-            setting.append(f"model size {self.model_size}")
+        named = (("study", self.study), ("task", self.task), ("model size", self.model_size))
+        setting = [f"{name} {value}" for name, value in named if value]
         if self.protocol and self.protocol != "task":
             protocol = f"protocol {self.protocol}"
             if self.protocol == "sliding" and self.strides:
@@ -344,10 +339,6 @@ class StudyResults:
         applicable: ``n = 0``, no numbers and ``note`` = ``n/a: <reason>``."""
         cell = self.cell(encoding, column)
         multiple = column.multiple
-
-        def number(x: float | None) -> float | None:
-            return None if x is None else float(x)
-
         return (
             self.name,
             self.study or "",
@@ -389,9 +380,7 @@ def encoding_order(rows: Iterable[Mapping[str, Any]]) -> list[str]:
         group[label] = key = r.get("positional") or label
         if is_base(r) and not r.get("randomized_positions"):
             base.setdefault(key, label)
-    members: dict[Any, list[str]] = {}
-    for label, key in group.items():
-        members.setdefault(key, []).append(label)
+    members = group_by(group, lambda label: group[label])
     out = []
     for label, key in group.items():
         anchor = base.get(key, members[key][0])
@@ -468,11 +457,10 @@ def _aggregate(
         seeds = tuple(r.get("seed") for r in rs)
         measured = [r for r in rs if r.get("na") is None]
         if not measured:  # every seed says the model cannot be evaluated here
-            reason = next(str(r["na"]) for r in rs)
-            cells[key] = Aggregate(math.nan, None, 0, seeds, na=reason)
+            cells[key] = Aggregate(math.nan, None, 0, seeds, na=str(rs[0]["na"]))
             continue
         mean, half, n = mean_ci([r["value"] for r in measured], confidence=CONFIDENCE)
-        grid = index.grid(measured, metric) if index else None
+        grid = index.grid(measured, metric)
         cells[key] = Aggregate(mean, half, n, tuple(r.get("seed") for r in measured), grid=grid)
     return cells
 
@@ -481,13 +469,11 @@ def _with_block_intervals(cells: dict) -> dict:
     """Every measured cell's interval from its seeds and blocks (`significance.interval`) in
     place of its Student-t one: only for a table whose measured cells all have block data, so
     one caption describes every cell."""
-    out = {}
+    out = dict(cells)
     for key, cell in cells.items():
-        if cell.grid is None:
-            out[key] = cell
-            continue
-        _, low, high = significance.interval(cell.grid, CONFIDENCE)
-        out[key] = dataclasses.replace(cell, half_width=(high - low) / 2, low=low, high=high)
+        if cell.grid is not None:
+            _, low, high = significance.interval(cell.grid, CONFIDENCE)
+            out[key] = dataclasses.replace(cell, half_width=(high - low) / 2, low=low, high=high)
     return out
 
 
@@ -518,10 +504,8 @@ def build_tables(
     index = significance.BlockIndex(blocks)
     order = encoding_order(rows)
     studies = list(dict.fromkeys(r.get("study") for r in rows))
-    grouped: dict[tuple[str, tuple[Any, ...]], list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if r["metric"] != "loss_by_position":
-            grouped.setdefault((r["metric"], group_key(r)), []).append(r)
+    scalar = (r for r in rows if r["metric"] != "loss_by_position")
+    grouped = group_by(scalar, lambda r: (r["metric"], group_key(r)))
     names = table_names(grouped)
     tables = [
         _results(names[(metric, key)], metric, key, rs, index, order)
@@ -581,8 +565,9 @@ def _results(name, metric, key, rs, index, order) -> StudyResults:
     return dataclasses.replace(table, marks=_marks(table)) if bootstrap else table
 
 
-def group_by(rows: Iterable[Mapping[str, Any]], key) -> dict[Any, list[Mapping[str, Any]]]:
-    out: dict[Any, list[Mapping[str, Any]]] = {}
+def group_by(rows: Iterable[Any], key) -> dict[Any, list[Any]]:
+    """``{key(r): [r, ...]}`` in order of first appearance."""
+    out: dict[Any, list[Any]] = {}
     for r in rows:
         out.setdefault(key(r), []).append(r)
     return out

@@ -30,7 +30,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flaxformer_lite.report.study_tables import CONFIDENCE, encoding_order, is_base, number
+from flaxformer_lite.report.study_tables import (
+    CONFIDENCE,
+    encoding_order,
+    group_by,
+    is_base,
+    number,
+)
 from flaxformer_lite.report.table import (
     MISSING_MD,
     NOT_APPLICABLE,
@@ -125,10 +131,7 @@ def select_rates(rows: Sequence[Mapping[str, Any]]) -> list[RateChoice]:
             and _multiple(r) == 1
             and number(r.get("learning_rate")) is not None
         ]
-        by_kind: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
-        for r in picked:
-            by_kind.setdefault(_kind(r), []).append(r)
-        for kind, rs in by_kind.items():
+        for kind, rs in group_by(picked, _kind).items():
             swept.discard(kind)
             scores = []
             for rate in sorted(rates[kind]):
@@ -522,9 +525,8 @@ def gap_panels(
                         (g.params, g.mean, g.half_width)
                         for (p, mm, e, _), g in cells.items()
                         if (p, mm, e) == (protocol, m, encoding)
-                        and g.na is None
+                        and g.na is None  # then it has a mean
                         and g.params is not None
-                        and g.mean is not None
                     ]
                     if points:
                         series[encoding] = sorted(points)

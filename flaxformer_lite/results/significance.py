@@ -98,9 +98,6 @@ class BlockIndex:
     def __init__(self, records: Iterable[Mapping[str, Any]] = ()):
         self._records = {block_key(r): r["blocks"] for r in records if "blocks" in r}
 
-    def __bool__(self) -> bool:
-        return bool(self._records)
-
     def grid(self, rows: Sequence[Mapping[str, Any]], metric: str) -> Grid | None:
         """The ``[seeds, blocks]`` grid of one cell's rows (one per seed), or None when a row
         has no block record, the metric has none, the seeds repeat or the blocks differ."""
