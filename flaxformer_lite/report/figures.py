@@ -31,14 +31,11 @@ class PlotInfo:
 
 
 def _series(table: StudyResults) -> dict[str, list[plots.Point]]:
+    """Each encoding's measured cells as points ``(eval_length, mean, half_width)``."""
     out = {}
     for e in table.encodings:
-        points = []
-        for c in table.columns:
-            cell = table.cell(e, c)
-            if cell is not None and cell.na is None:
-                points.append((c.eval_length, cell.mean, cell.half_width))
-        out[e] = points
+        cells = [(c.eval_length, table.cell(e, c)) for c in table.columns]
+        out[e] = [(n, x.mean, x.half_width) for n, x in cells if x is not None and x.na is None]
     return out
 
 

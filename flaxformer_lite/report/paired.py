@@ -244,18 +244,17 @@ def caption(t: Comparisons) -> str:
     n = sorted({p.seeds for p in t.pairs})
     blocks = sorted({p.blocks for p in t.pairs})
     files = sorted({p.files for p in t.pairs})
-    if files and files[0] and t.protocol == "context":  # a region of targets spans files
+    by_files = bool(files and files[0])
+    if by_files and t.protocol == "context":  # a region of targets spans files
         data = (
             f"{', '.join(map(str, blocks))} target regions ("
             f"{', '.join(map(str, files))} files by each region's first target)"
         )
-        name = INTERVAL_NAMES["files"]
-    elif files and files[0]:
+    elif by_files:
         data = f"{', '.join(map(str, files))} evaluation files"
-        name = INTERVAL_NAMES["files"]
     else:
         data = f"{', '.join(map(str, blocks))} evaluation blocks"
-        name = INTERVAL_NAMES["bootstrap"]
+    name = INTERVAL_NAMES["files" if by_files else "bootstrap"]
     info = metric_info(t.metric)
     what = info.unit or info.title.lower()
     better = "negative is better" if info.better == "lower" else "positive is better"

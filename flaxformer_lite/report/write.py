@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaxformer_lite.base.io import atomic_write_bytes
+from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.report import cost, paired, sweep_report
 from flaxformer_lite.report.document import render_report
 from flaxformer_lite.report.figures import make_plots
@@ -83,7 +83,7 @@ def write_report(
     )
     if not rows:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_text(out_dir / "REPORT.md", render_report([], [], [], **stated))
+        atomic_write_text(out_dir / "REPORT.md", render_report([], [], [], **stated))
         return out_dir / "REPORT.md"
     verdict = comparable.check(rows, origins, allow_mixed)
     if verdict.refused:
@@ -112,7 +112,7 @@ def _write_files(rows, out_dir: Path, verdict, blocks, pairing, common_rate, sta
     text = render_report(
         shown, tables, figures, pairs=pairs, derived=derived, mixed=mixed, **stated
     )
-    _write_text(out_dir / "REPORT.md", text)
+    atomic_write_text(out_dir / "REPORT.md", text)
     return out_dir / "REPORT.md"
 
 
@@ -129,9 +129,10 @@ def _write_table(
     out_dir: Path, name: str, table: Any, renderers=(render_markdown, render_latex, render_csv)
 ) -> None:
     """``tables/<name>.{md,tex,csv}`` of a `table.Table` or a section's results (or, with
-    their ``renderers``, the paired comparisons)."""
+    their ``renderers``, the paired comparisons), each written atomically
+    (`base.io.atomic_write_text`: a reader never sees half a table)."""
     for suffix, render in zip((".md", ".tex", ".csv"), renderers, strict=True):
-        _write_text(out_dir / "tables" / f"{name}{suffix}", render(table))
+        atomic_write_text(out_dir / "tables" / f"{name}{suffix}", render(table))
 
 
 def with_notes(tables: Sequence[StudyResults], verdict: comparable.Verdict) -> list[StudyResults]:
@@ -143,12 +144,6 @@ def with_notes(tables: Sequence[StudyResults], verdict: comparable.Verdict) -> l
             t = dataclasses.replace(t, note=f"{t.note} {note}".strip())
         out.append(t)
     return out
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write UTF-8 via a temporary file and rename (`base.io.atomic_write_bytes`), so a
-    reader never sees half a table; a failure leaves no temporary file and names the table."""
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_study_report(

@@ -37,14 +37,12 @@ BLOCKS_FILE = "blocks.jsonl"  # per-block sums beside the rows (results.rows.blo
 MAX_LENGTH = 2**40  # evaluation and training lengths, strides and token counts
 # metric -> (lowest, highest) allowed value; a metric not listed only has to be finite
 VALUE_RANGES = {
-    "bits_per_byte": (0.0, float("inf")),
-    "key_bits_per_byte": (0.0, float("inf")),
-    "loss": (0.0, float("inf")),
-    "bucket_loss": (0.0, float("inf")),
-    "loss_by_position": (0.0, float("inf")),
+    **dict.fromkeys(
+        ("bits_per_byte", "key_bits_per_byte", "loss", "bucket_loss", "loss_by_position"),
+        (0.0, float("inf")),
+    ),
     "perplexity": (1.0, float("inf")),
-    "accuracy": (0.0, 1.0),
-    "exact_match": (0.0, 1.0),
+    **dict.fromkeys(("accuracy", "exact_match"), (0.0, 1.0)),
 }
 
 
