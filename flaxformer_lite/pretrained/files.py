@@ -63,19 +63,15 @@ def read_json(path: Path, what: str = "JSON file") -> Any:
     try:
         value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except RecursionError:
-        value = None
-        problem = f"nested deeper than {MAX_JSON_DEPTH} levels"
+        pass  # nested deeper than the parser goes: refused below
     except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise PretrainedError(f"{path}: not a readable {what} ({e})") from None
     else:
-        problem = (
-            None
-            if json_depth(value) <= MAX_JSON_DEPTH
-            else (f"nested deeper than {MAX_JSON_DEPTH} levels")
-        )
-    if problem is not None:
-        raise PretrainedError(f"{path}: not a usable {what} ({problem})")
-    return value
+        if json_depth(value) <= MAX_JSON_DEPTH:
+            return value
+    raise PretrainedError(
+        f"{path}: not a usable {what} (nested deeper than {MAX_JSON_DEPTH} levels)"
+    )
 
 
 def json_depth(value: Any) -> int:
@@ -221,7 +217,41 @@ def weight_files(folder: Path) -> list[Path]:
     raise PretrainedError(f"{folder}: no {SINGLE} or {INDEX}")
 
 
-class CheckpointFiles:
+def strip_prefix(name: str, prefixes: tuple[str, ...]) -> str:
+    """``name`` without the first of ``prefixes`` it starts with (a model's base prefix)."""
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+class TensorIndex:
+    """What every checkpoint reader shares (`CheckpointFiles`, `gguf.GGUFCheckpoint`): the
+    stored tensors by name (``where``), the names `get` has read (``used``), and the
+    one-line refusal of a name it does not hold (``source``: the file or folder it names,
+    ``missing``: what it says)."""
+
+    where: dict[str, Any]
+    used: set[str]
+    source: Path
+    missing = "the checkpoint has no tensor"
+
+    def names(self) -> list[str]:
+        return sorted(self.where)
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def _check(self, name: str) -> str:
+        if name not in self.where:
+            raise PretrainedError(f"{self.source}: {self.missing} {name!r}")
+        return name
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.where) - self.used)
+
+
+class CheckpointFiles(TensorIndex):
     """The tensors of a checkpoint, by name, read lazily from its safetensors files.
 
     ``strip`` prefixes (a model's base prefix such as ``"transformer."``) are removed from
@@ -231,28 +261,18 @@ class CheckpointFiles:
     """
 
     def __init__(self, folder: Path, *, strip: tuple[str, ...] = ()):
-        self.folder = folder
+        self.folder = self.source = folder
         self.files = weight_files(folder)
         self.where: dict[str, tuple[Path, str]] = {}
         self.info: dict[str, tuple[str, tuple[int, ...], int]] = {}
         for path in self.files:
             for stored, meta in _header(path).items():
-                name = stored
-                for prefix in strip:
-                    if name.startswith(prefix):
-                        name = name[len(prefix) :]
-                        break
+                name = strip_prefix(stored, strip)
                 if name in self.where:
                     raise PretrainedError(f"{path}: tensor {name!r} is stored twice")
                 self.where[name] = (path, stored)
                 self.info[name] = (meta["dtype"], tuple(meta["shape"]), meta["start"])
         self.used: set[str] = set()
-
-    def names(self) -> list[str]:
-        return sorted(self.where)
-
-    def has(self, name: str) -> bool:
-        return name in self.where
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.info[self._check(name)][1]
@@ -266,14 +286,6 @@ class CheckpointFiles:
         if not math.prod(shape):
             return np.zeros(shape, _DTYPES[dtype])
         return np.memmap(path, dtype=_DTYPES[dtype], mode="r", offset=start, shape=shape)
-
-    def _check(self, name: str) -> str:
-        if name not in self.where:
-            raise PretrainedError(f"{self.folder}: the checkpoint has no tensor {name!r}")
-        return name
-
-    def unused(self) -> list[str]:
-        return sorted(set(self.where) - self.used)
 
 
 def non_finite(files: CheckpointFiles, parameter: str, value: np.ndarray) -> str:
@@ -331,8 +343,4 @@ def file_stats(folder: Path, paths: list[Path]) -> dict[str, list[int]]:
     """``{name inside folder: [size, mtime_ns]}`` of ``paths`` (links followed, as they are
     read): what a resume compares before hashing the files again (`content_hash`); the names
     are relative, so a folder moved as a whole keeps them."""
-    out = {}
-    for path in paths:
-        info = path.stat()
-        out[str(path.relative_to(folder))] = [info.st_size, info.st_mtime_ns]
-    return out
+    return {str(path.relative_to(folder)): list(_stat(path)) for path in paths}

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from flaxformer_lite.base.memory import format_bytes, host_available
-from flaxformer_lite.pretrained.files import CONFIG, PretrainedError
+from flaxformer_lite.pretrained.files import CONFIG, PretrainedError, TensorIndex, strip_prefix
 
 SUFFIX = ".gguf"
 # A tensor of more values than this is not a real model's (2^44 float32 values are 64 TiB):
@@ -737,7 +737,7 @@ def _hf_name(arch: Architecture, gguf_name: str) -> str | None:
     return f"{target.format(i=block)}.{suffix}"
 
 
-class GGUFCheckpoint:
+class GGUFCheckpoint(TensorIndex):
     """The tensors of a GGUF file under their Hugging Face names, with the interface of
     `files.CheckpointFiles` (``names``, ``has``, ``shape``, ``get``, ``unused``, ``files``):
     the families' weight mappings read it unchanged.
@@ -747,6 +747,8 @@ class GGUFCheckpoint:
     tensor is dequantized. A GGUF tensor that the architecture's table does not name keeps
     its GGUF name, so the loader's "map to no parameter" refusal names it.
     """
+
+    missing = "the GGUF file has no tensor for"
 
     def __init__(
         self,
@@ -758,7 +760,7 @@ class GGUFCheckpoint:
         strip: tuple[str, ...] = (),
     ):
         gguf = _gguf()
-        self.path = path
+        self.path = self.source = path
         self.folder = path.parent
         self.files = [path]
         self.config = config
@@ -768,13 +770,7 @@ class GGUFCheckpoint:
         self.types: dict[str, str] = {}
         for tensor in reader.tensors:
             name = _hf_name(arch, tensor.name)
-            if name is None:
-                name = tensor.name
-            else:
-                for prefix in strip:
-                    if name.startswith(prefix):
-                        name = name[len(prefix) :]
-                        break
+            name = tensor.name if name is None else strip_prefix(name, strip)
             if name in self.where:
                 raise PretrainedError(f"{path}: tensor {name!r} is stored twice")
             self.where[name] = tensor
@@ -810,12 +806,6 @@ class GGUFCheckpoint:
             counts[self.types[name]] = counts.get(self.types[name], 0) + int(tensor.n_elements)
         return " + ".join(sorted(counts, key=lambda k: -counts[k]))
 
-    def names(self) -> list[str]:
-        return sorted(self.where)
-
-    def has(self, name: str) -> bool:
-        return name in self.where
-
     def shape(self, name: str) -> tuple[int, ...]:
         dims = tuple(reversed([int(d) for d in self.where[self._check(name)].shape]))
         return dims[::-1] if name in self.transposed else dims
@@ -832,14 +822,6 @@ class GGUFCheckpoint:
         if name in self.transform:
             array = self.transform[name](array, self.config)
         return array
-
-    def _check(self, name: str) -> str:
-        if name not in self.where:
-            raise PretrainedError(f"{self.path}: the GGUF file has no tensor for {name!r}")
-        return name
-
-    def unused(self) -> list[str]:
-        return sorted(set(self.where) - self.used)
 
 
 @dataclasses.dataclass
