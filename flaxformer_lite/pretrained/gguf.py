@@ -463,15 +463,14 @@ def _bloom_config(meta: Metadata, arch: str) -> dict[str, Any]:
     # ALiBi has no length limit: the converter's context_length (seq_length, or d_model
     # when the config has none) and its fixed 4 x d feed-forward width change nothing
     meta.get("bloom.context_length")
-    if meta.int("bloom.feed_forward_length", 4 * meta.int("bloom.embedding_length")) != 4 * (
-        meta.int("bloom.embedding_length")
-    ):
+    d = meta.int("bloom.embedding_length")
+    if meta.int("bloom.feed_forward_length", 4 * d) != 4 * d:
         raise PretrainedError(f"{meta.path}: bloom.feed_forward_length must be 4 x d_model")
     return (
         {
             "model_type": "bloom",
             "architectures": ["BloomForCausalLM"],
-            "hidden_size": meta.int("bloom.embedding_length"),
+            "hidden_size": d,
             "n_layer": meta.int("bloom.block_count"),
             "n_head": _heads_kv_equal(meta, arch),
             "layer_norm_epsilon": meta.float("bloom.attention.layer_norm_epsilon"),
@@ -609,12 +608,13 @@ def unpermute_rows(x: np.ndarray, heads: int) -> np.ndarray:
     return x.reshape(heads, half, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-def _unpermute_q(x, config):
-    return unpermute_rows(x, config["num_attention_heads"])
+def _by_heads(fn: Callable[[np.ndarray, int], np.ndarray], field: str) -> Transform:
+    """The transform ``fn(x, hf_config[field])`` (``field``: the config's head count)."""
+    return lambda x, config: fn(x, config[field])
 
 
-def _unpermute_k(x, config):
-    return unpermute_rows(x, config["num_key_value_heads"])
+_unpermute_q = _by_heads(unpermute_rows, "num_attention_heads")
+_unpermute_k = _by_heads(unpermute_rows, "num_key_value_heads")
 
 
 def _transpose(x, config):
@@ -633,12 +633,8 @@ def qkv_per_head(x: np.ndarray, heads: int) -> np.ndarray:
     return x.reshape(3, heads, hd, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
 
 
-def _qkv_neox(x, config):
-    return qkv_per_head(x, config["num_attention_heads"])
-
-
-def _qkv_bloom(x, config):
-    return qkv_per_head(x, config["n_head"])
+_qkv_neox = _by_heads(qkv_per_head, "num_attention_heads")
+_qkv_bloom = _by_heads(qkv_per_head, "n_head")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -206,39 +206,28 @@ def _sentencepiece(meta: Any, tokens: list[str], merges: list[str] | None, *, ge
         pairs = merges_from_vocab(vocab, {t: -i for i, t in enumerate(tokens)})
     else:
         pairs = _merge_pairs(meta, "llama", tokens, vocab, merges)
-    if gemma:
-        backend = tokenizers.Tokenizer(
-            models.BPE(
-                vocab=vocab,
-                merges=pairs,
-                fuse_unk=True,
-                unk_token="<unk>",
-                dropout=None,
-                byte_fallback=True,
-            )
+    backend = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=pairs,
+            fuse_unk=True,
+            unk_token="<unk>" if gemma else None,
+            dropout=None,
+            byte_fallback=True,
         )
+    )
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
         backend.normalizer = normalizers.Replace(" ", "▁")
         backend.pre_tokenizer = pre_tokenizers.Split(
             pattern=" ", behavior="merged_with_previous", invert=False
         )
-        backend.decoder = decoders.Sequence(
-            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        )
     else:
-        backend = tokenizers.Tokenizer(
-            models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None)
-        )
         backend.pre_tokenizer = pre_tokenizers.Metaspace(
             replacement="▁", prepend_scheme="first", split=False
         )
-        backend.decoder = decoders.Sequence(
-            [
-                decoders.Replace("▁", " "),
-                decoders.ByteFallback(),
-                decoders.Fuse(),
-                decoders.Strip(content=" ", left=1, right=0),
-            ]
-        )
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
     return backend, vocab, None
 
 
