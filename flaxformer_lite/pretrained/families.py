@@ -224,8 +224,12 @@ def _norm(files: CheckpointFiles, src: str, dst: str, *, bias: bool = True) -> W
         yield f"{dst}.bias", files.get(f"{src}.bias")
 
 
-def _linear(files: CheckpointFiles, src: str, dst: str, *, bias: bool) -> Weights:
-    yield f"{dst}.kernel", _t(files.get(f"{src}.weight"))
+def _linear(
+    files: CheckpointFiles, src: str, dst: str, *, bias: bool, conv1d: bool = False
+) -> Weights:
+    """A torch ``nn.Linear`` (``conv1d``: GPT-2's ``Conv1D``, stored ``[in, out]``)."""
+    weight = files.get(f"{src}.weight")
+    yield f"{dst}.kernel", weight if conv1d else _t(weight)
     if bias:
         yield f"{dst}.bias", files.get(f"{src}.bias")
 
@@ -241,9 +245,16 @@ def _split_heads_qkv(files: CheckpointFiles, src: str, dst: str, cfg: ModelConfi
         yield f"{dst}.{part}.bias", bias[:, i].reshape(h * hd)
 
 
-def _split_thirds(weight: np.ndarray, axis: int) -> list[np.ndarray]:
-    """A fused ``[q | k | v]`` projection (GPT-2 ``c_attn``, MPT ``Wqkv``) in three parts."""
-    return np.split(np.asarray(weight), 3, axis=axis)
+def _split_thirds(files: CheckpointFiles, src: str, dst: str, *, axis: int, bias: bool) -> Weights:
+    """A fused ``[q | k | v]`` projection -> query, key, value: GPT-2's Conv1D ``c_attn``
+    (``[d, 3 d]``: split along axis 1, already ``[in, out]``) or MPT's ``Wqkv`` (``[3 d, d]``:
+    split along axis 0, transposed)."""
+    weights = np.split(np.asarray(files.get(f"{src}.weight")), 3, axis=axis)
+    biases = np.split(np.asarray(files.get(f"{src}.bias")), 3) if bias else (None,) * 3
+    for part, w, b in zip(("query", "key", "value"), weights, biases, strict=True):
+        yield f"{dst}.{part}.kernel", w.T if axis == 0 else w
+        if bias:
+            yield f"{dst}.{part}.bias", b
 
 
 # -------------------------------------------------------------------------------- GPT-2
@@ -275,19 +286,12 @@ def _gpt2_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
     for i in range(cfg.num_decoder_layers):
         src, dst = f"h.{i}", f"decoder.blocks.{i}"
         yield from _norm(files, f"{src}.ln_1", f"{dst}.self_attention_norm.norm")
-        # Conv1D stores [in, out]: no transpose
-        weights = _split_thirds(files.get(f"{src}.attn.c_attn.weight"), axis=1)
-        biases = _split_thirds(files.get(f"{src}.attn.c_attn.bias"), axis=0)
-        for part, w, b in zip(("query", "key", "value"), weights, biases, strict=True):
-            yield f"{dst}.self_attention.{part}.kernel", w
-            yield f"{dst}.self_attention.{part}.bias", b
-        yield f"{dst}.self_attention.out.kernel", files.get(f"{src}.attn.c_proj.weight")
-        yield f"{dst}.self_attention.out.bias", files.get(f"{src}.attn.c_proj.bias")
+        att = f"{dst}.self_attention"
+        yield from _split_thirds(files, f"{src}.attn.c_attn", att, axis=1, bias=True)
+        yield from _linear(files, f"{src}.attn.c_proj", f"{att}.out", bias=True, conv1d=True)
         yield from _norm(files, f"{src}.ln_2", f"{dst}.ffn_norm.norm")
-        yield f"{dst}.ffn.wi.kernel", files.get(f"{src}.mlp.c_fc.weight")
-        yield f"{dst}.ffn.wi.bias", files.get(f"{src}.mlp.c_fc.bias")
-        yield f"{dst}.ffn.wo.kernel", files.get(f"{src}.mlp.c_proj.weight")
-        yield f"{dst}.ffn.wo.bias", files.get(f"{src}.mlp.c_proj.bias")
+        yield from _linear(files, f"{src}.mlp.c_fc", f"{dst}.ffn.wi", bias=True, conv1d=True)
+        yield from _linear(files, f"{src}.mlp.c_proj", f"{dst}.ffn.wo", bias=True, conv1d=True)
     yield from _norm(files, "ln_f", "decoder.final_norm")
     yield from _head(files, cfg)
 
@@ -572,12 +576,7 @@ def _mpt_weights(files: CheckpointFiles, cfg: ModelConfig) -> Weights:
         src, dst = f"blocks.{i}", f"decoder.blocks.{i}"
         att = f"{dst}.self_attention"
         yield from _norm(files, f"{src}.norm_1", f"{dst}.self_attention_norm.norm", bias=bias)
-        weights = _split_thirds(files.get(f"{src}.attn.Wqkv.weight"), axis=0)
-        biases = _split_thirds(files.get(f"{src}.attn.Wqkv.bias"), axis=0) if bias else (None,) * 3
-        for part, w, b in zip(("query", "key", "value"), weights, biases, strict=True):
-            yield f"{att}.{part}.kernel", w.T
-            if bias:
-                yield f"{att}.{part}.bias", b
+        yield from _split_thirds(files, f"{src}.attn.Wqkv", att, axis=0, bias=bias)
         yield from _linear(files, f"{src}.attn.out_proj", f"{att}.out", bias=bias)
         yield from _norm(files, f"{src}.norm_2", f"{dst}.ffn_norm.norm", bias=bias)
         yield from _linear(files, f"{src}.ffn.up_proj", f"{dst}.ffn.wi", bias=bias)
