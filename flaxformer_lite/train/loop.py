@@ -501,16 +501,12 @@ def _compiled_steps(training: _Training, state) -> tuple[Callable, Callable | No
     schedule = learning_rate_schedule(run.optim, run.train.num_steps)
     several = run.train.steps_per_call
     options = cpu_matmul.compiler_options(train_matmul(run))
-    if placement is None:
-        one_step = make_train_step(training.graphdef, training.tx, schedule)
-        train_step = jax.jit(one_step, donate_argnums=0, compiler_options=options)
-        multi = make_multi_step(one_step) if several > 1 else None
-        multi_step = (
-            None if multi is None else jax.jit(multi, donate_argnums=0, compiler_options=options)
-        )
-        return train_step, multi_step
 
     def jitted(steps: int) -> Callable:
+        if placement is None:
+            step = make_train_step(training.graphdef, training.tx, schedule)
+            step = step if steps == 1 else make_multi_step(step)
+            return jax.jit(step, donate_argnums=0, compiler_options=options)
         return placement.jit_train_step(
             training.graphdef,
             training.tx,

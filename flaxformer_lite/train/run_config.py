@@ -412,9 +412,8 @@ def _validate(run: RunConfig) -> None:
         fail("config.seed", run.seed, f"must be an int in [0, {MAX_SEED}]")
     _positive_finite("config.optim.learning_rate", o.learning_rate)
     _positive_finite("config.optim.eps", o.eps)
-    for name in ("warmup_steps",):
-        if getattr(o, name) < 0:
-            fail(f"config.optim.{name}", getattr(o, name), "must be >= 0")
+    if o.warmup_steps < 0:
+        fail("config.optim.warmup_steps", o.warmup_steps, "must be >= 0")
     for name in ("weight_decay", "clip_norm", "final_lr_ratio"):
         if not 0 <= getattr(o, name) < math.inf:  # NaN fails too
             fail(f"config.optim.{name}", getattr(o, name), "must be >= 0 and finite")
@@ -423,10 +422,8 @@ def _validate(run: RunConfig) -> None:
     for name in ("b1", "b2"):
         if not 0 <= getattr(o, name) < 1:
             fail(f"config.optim.{name}", getattr(o, name), "must be in [0, 1)")
-    _positive("config.train.num_steps", t.num_steps)
-    _positive("config.train.log_every", t.log_every)
-    _positive("config.train.checkpoint_every", t.checkpoint_every)
-    _positive("config.train.keep_checkpoints", t.keep_checkpoints)
+    for name in ("num_steps", "log_every", "checkpoint_every", "keep_checkpoints"):
+        _positive(f"config.train.{name}", getattr(t, name))
     if t.eval_every < 0:
         fail("config.train.eval_every", t.eval_every, "must be >= 0 (0: evaluate only at the end)")
     _positive("config.train.steps_per_call", t.steps_per_call)
@@ -472,9 +469,7 @@ def _validate_mesh(run: RunConfig) -> None:
     batch_axes = m.parsed_rules().get("batch", ())
     known = [getattr(m, a) for a in batch_axes]
     if all(n > 0 for n in known):
-        ways = 1
-        for n in known:
-            ways *= n
+        ways = math.prod(known)
         if run.data.batch_size % ways:
             names = " x ".join(f"config.mesh.{a}={getattr(m, a)}" for a in batch_axes)
             fail(
