@@ -232,16 +232,10 @@ class Checkpoint:
             return [self.gguf.path], []
         return weight_files(self.folder), tokenizer_files(self.folder)
 
-    @property
-    def weights_format(self) -> str:
+    def _weights_format(self, files: CheckpointFiles) -> str:
         """ "safetensors", or for a GGUF file "gguf <stored types> dequantized to float32"."""
-        return self._format(None)
-
-    def _format(self, files: CheckpointFiles | None) -> str:
-        """`weights_format`, from ``files`` when they are already open."""
         if self.gguf is None:
             return "safetensors"
-        files = self.files() if files is None else files
         return f"gguf {files.quantization()} dequantized to float32"
 
     def load(self, cfg: ModelConfig | None = None, *, shardings=None) -> DecoderOnlyLM:
@@ -358,7 +352,7 @@ class Checkpoint:
             weights_sha256=content_hash(files.files),
             tokenizer_sha256=self.tokenizer.sha256 if tokenizer else None,
             hf_config=self.hf_config,
-            weights_format=self._format(files),
+            weights_format=self._weights_format(files),
         )
 
 
@@ -423,7 +417,7 @@ def _check_memory(family: str, cfg: ModelConfig, files: CheckpointFiles | None) 
     else:
         need = sum(math.prod(files.shape(n)) for n in files.names()) * itemsize
         what = "the checkpoint's tensors"
-    free, where = _free_memory()
+    free, where = free_memory()
     if free is not None and need > free:
         raise PretrainedError(
             f"{family}: {what} need(s) {format_bytes(need)} as {cfg.params_dtype} "
@@ -433,8 +427,9 @@ def _check_memory(family: str, cfg: ModelConfig, files: CheckpointFiles | None) 
         )
 
 
-def _free_memory() -> tuple[int | None, str]:
-    """Memory free on the first device (an accelerator's statistics, else the host's)."""
+def free_memory() -> tuple[int | None, str]:
+    """``(bytes, where it was read)``: the memory free on the first device (an accelerator's
+    statistics, else the host's: `host_available`); ``(None, ...)`` when it does not say."""
     device = jax.local_devices()[0]
     if device.platform == "cpu":
         return host_available()

@@ -83,7 +83,7 @@ from typing import Any
 import jax
 
 from flaxformer_lite.base.checks import ConfigError
-from flaxformer_lite.base.memory import format_bytes, host_available
+from flaxformer_lite.base.memory import format_bytes
 from flaxformer_lite.core import attention
 from flaxformer_lite.core.chunked_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from flaxformer_lite.data.data_config import DataConfig
@@ -91,6 +91,7 @@ from flaxformer_lite.evaluation.plan import EvalPlan
 from flaxformer_lite.evaluation.step import LOGIT_CHUNK
 from flaxformer_lite.nn import param_count
 from flaxformer_lite.nn.model_config import ModelConfig
+from flaxformer_lite.pretrained.load import free_memory
 from flaxformer_lite.train.run_config import RunConfig
 from flaxformer_lite.train.sharding import mesh_shape
 
@@ -152,12 +153,13 @@ def _dense(impl: str, keys: int, threshold: int) -> bool:
     return impl == "xla"
 
 
-def _scores(m: ModelConfig, batch: int, length: int, impl: str, per_token: int) -> int:
-    """Bytes of the attention scores of one layer: ``per_token`` arrays of ``h x length``
-    per token when dense, else ``per_token`` blocks of ``h x block_q x block_k``."""
-    if _dense(impl, length, m.chunked_threshold):
-        return FLOAT_BYTES * per_token * batch * length * m.num_heads * length
-    blocks = min(length, DEFAULT_BLOCK_Q) * min(length, DEFAULT_BLOCK_K)
+def _scores(m: ModelConfig, batch: int, queries: int, keys: int, impl: str, per_token: int) -> int:
+    """Bytes of the attention scores of one layer, ``queries`` against ``keys``: ``per_token``
+    arrays of ``h x keys`` per query when dense, else ``per_token`` blocks of
+    ``h x block_q x block_k``."""
+    if _dense(impl, keys, m.chunked_threshold):
+        return FLOAT_BYTES * per_token * batch * queries * m.num_heads * keys
+    blocks = min(queries, DEFAULT_BLOCK_Q) * min(keys, DEFAULT_BLOCK_K)
     return FLOAT_BYTES * per_token * batch * m.num_heads * blocks
 
 
@@ -181,13 +183,11 @@ def _training_bytes(m: Any, length: int, batch: int, params: int, copies: int) -
     """``(state, activations)`` of one training step (`training_estimate`)."""
     state = 4 * params * m.params_dtype.itemsize * copies
     per_token = m.num_decoder_layers * (C_D * m.d_model + C_F * m.d_ff) + C_V * m.vocab_size
+    # dense scores are kept for the backward pass, every layer; chunked, one block at a time
     dense = _dense(m.attention_impl, length, m.chunked_threshold)
-    activations = FLOAT_BYTES * batch * length * per_token
-    if dense:  # kept for the backward pass, every layer
-        activations += m.num_decoder_layers * _scores(m, batch, length, "xla", C_S)
-    else:  # one block at a time
-        activations += _scores(m, batch, length, "chunked", C_S)
-    return state, activations
+    layers = m.num_decoder_layers if dense else 1
+    scores = layers * _scores(m, batch, length, length, m.attention_impl, C_S)
+    return state, FLOAT_BYTES * batch * length * per_token + scores
 
 
 def _dominant_field(run: RunConfig, *, training: bool) -> tuple[str, Any, str] | None:
@@ -242,7 +242,7 @@ def evaluation_estimate(
         per_token = C_DE * cm.d_model + C_F * cm.d_ff
         logit_rows = min(seq, LOGIT_CHUNK)  # token by token holds fewer: this bounds both
         need = FLOAT_BYTES * batch * (seq * per_token + logit_rows * C_VE * cm.vocab_size)
-        need += _scores(cm, batch, seq, cm.attention_impl, C_SE)
+        need += _scores(cm, batch, seq, seq, cm.attention_impl, C_SE)
         if cell.incremental:  # the key/value cache of every layer
             need += FLOAT_BYTES * batch * 2 * cm.kv_cache_slots(seq) * cm.d_model
         if need > worst:
@@ -281,11 +281,7 @@ def generation_estimate(
     prefill = (
         FLOAT_BYTES * batch * prompt_len * (C_DE * m.d_model + C_F * m.d_ff + C_VE * m.vocab_size)
     )
-    if _dense(m.attention_impl, slots, m.chunked_threshold):
-        scores = FLOAT_BYTES * C_SE * batch * m.num_heads * prompt_len * slots
-    else:
-        blocks = min(prompt_len, DEFAULT_BLOCK_Q) * min(slots, DEFAULT_BLOCK_K)
-        scores = FLOAT_BYTES * C_SE * batch * m.num_heads * blocks
+    scores = _scores(m, batch, prompt_len, slots, m.attention_impl, C_SE)
     fed = 4 * batch * (2 * slots + max_new_tokens)  # positions (and their copy), output
     what = f"generating {max_new_tokens} tokens after a {prompt_len}-token prompt"
     return Estimate(
@@ -337,17 +333,7 @@ def check_generation_memory(
 def available_memory() -> tuple[int | None, str, bool]:
     """``(bytes, where, per_device)``: the memory free for a run, where it was read, and
     whether it is one accelerator's (else the host's, shared by every CPU device)."""
-    device = jax.local_devices()[0]
-    if device.platform != "cpu":
-        try:
-            stats = device.memory_stats() or {}
-        except Exception:  # a backend without memory statistics
-            stats = {}
-        if "bytes_limit" in stats:
-            free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-            return free, f"free on one {device.device_kind}", True
-        return None, f"{device.device_kind} reports no memory statistics", True
-    return (*host_available(), False)
+    return (*free_memory(), jax.local_devices()[0].platform != "cpu")
 
 
 def check_memory(
