@@ -16,6 +16,7 @@ destination, never its target.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -232,10 +233,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             faults.hit(f"write:{path.name}")  # test-only fault point (flaxformer_lite.base.faults)
             os.replace(tmp, path)
         except BaseException as e:
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             if isinstance(e, OSError):
                 raise write_error(e, path) from e
             raise

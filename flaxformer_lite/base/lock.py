@@ -20,6 +20,7 @@ locks (``ENOLCK``/``EOPNOTSUPP``) a `RuntimeWarning` says the run proceeds unloc
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -91,10 +92,8 @@ class WorkdirLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # no stale pid for a reader (the next holder rewrites it anyway)
-        except OSError:
-            pass
         os.close(fd)  # closing the last descriptor releases the flock
 
     def _holder(self, fd: int) -> str:

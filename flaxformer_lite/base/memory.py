@@ -8,6 +8,7 @@ the heap). `format_bytes` writes ``1.5 GiB``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -15,32 +16,27 @@ from pathlib import Path
 def host_available() -> tuple[int | None, str]:
     """``(bytes, where it was read)``; ``(None, ...)`` when the host does not say."""
     free, where = None, "host memory"
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 free, where = int(line.split()[1]) * 1024, "host memory, MemAvailable"
-    except (OSError, ValueError, IndexError):
-        pass
     if free is None:
         try:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             return None, "host memory unknown"
-    try:  # a container's cgroup v2 limit
+    with contextlib.suppress(OSError, ValueError):  # a container's cgroup v2 limit
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
             used = int(Path("/sys/fs/cgroup/memory.current").read_text())
             if int(limit) - used < free:
                 free, where = int(limit) - used, "cgroup memory.max - memory.current"
-    except (OSError, ValueError):
-        pass
-    try:  # what this process holds is reused (its allocator keeps freed heap)
+    # what this process holds is reused (its allocator keeps freed heap)
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 free += int(line.split()[1]) * 1024
                 where += " + this process's resident memory"
-    except (OSError, ValueError, IndexError):
-        pass
     return free, where
 
 
