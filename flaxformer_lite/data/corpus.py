@@ -433,18 +433,9 @@ class ByteCorpus:
             )
             for s in SPLITS
         }
-        full = {
-            "name": name,
-            "sha256": manifest["sha256"],
-            "num_bytes": manifest["num_bytes"],
-            "num_files": manifest["num_files"],
-            "splits": manifest["splits"],
-            "separator": manifest["separator"],
-            "format_version": manifest["format_version"],
-            "cache_dir": str(directory),
-        }
-        full.update(info)
-        return cls(name, splits, info=full)
+        recorded = ("sha256", "num_bytes", "num_files", "splits", "separator", "format_version")
+        full = {"name": name, **{k: manifest[k] for k in recorded}, "cache_dir": str(directory)}
+        return cls(name, splits, info=full | info)
 
     @classmethod
     def from_split_files(

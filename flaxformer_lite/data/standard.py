@@ -285,13 +285,8 @@ def _fetch_enwik8(datasets, directory: Path) -> None:
     size = source.stat().st_size
     if size != ENWIK8_NUM_BYTES:
         raise ValueError(f"downloaded enwik8 has {size} bytes, expected {ENWIK8_NUM_BYTES}")
-
-    def chunks():
-        with open(source, "rb") as f:
-            while chunk := f.read(1 << 20):
-                yield chunk
-
-    _write_atomic(directory / "enwik8", chunks())
+    with open(source, "rb") as f:
+        _write_atomic(directory / "enwik8", iter(lambda: f.read(1 << 20), b""))
 
 
 def enwik8(*, cache_dir: str | os.PathLike | None = None, download: bool = True) -> ByteCorpus:

@@ -70,20 +70,16 @@ class Task:
         train_lengths: tuple[int, ...] | None = None,
         eval_lengths: tuple[int, ...] | None = None,
     ) -> None:
-        self.train_lengths = tuple(
-            self.default_train_lengths if train_lengths is None else train_lengths
-        )
-        self.eval_lengths = tuple(
-            self.default_eval_lengths if eval_lengths is None else eval_lengths
-        )
-        for arg, values in (
-            ("train_lengths", self.train_lengths),
-            ("eval_lengths", self.eval_lengths),
+        for arg, given, default in (
+            ("train_lengths", train_lengths, self.default_train_lengths),
+            ("eval_lengths", eval_lengths, self.default_eval_lengths),
         ):
+            values = tuple(default if given is None else given)
             if not values:
                 raise ValueError(f"{arg} must not be empty for task {self.name!r}")
             for v in values:
                 self.check_length(v, arg=arg)
+            setattr(self, arg, values)  # self.train_lengths, self.eval_lengths
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
