@@ -36,22 +36,20 @@ def summarize(
     loss = float(loss_sum.sum() / tokens)
     with np.errstate(invalid="ignore", divide="ignore"):
         by_pos = np.where(count > 0, loss_sum / np.maximum(count, 1), np.nan)
-    bits_per_byte = loss / LN2
-    if byte_sum is not None:
-        scored_bytes = float(np.sum(byte_sum))
-        if scored_bytes <= 0:
-            raise ValueError("the scored tokens cover no bytes of text")
-        bits_per_byte = float(loss_sum.sum()) / LN2 / scored_bytes
     out: dict[str, Any] = {
         "loss": loss,
-        "bits_per_byte": bits_per_byte,
+        "bits_per_byte": loss / LN2,
         "perplexity": math.exp(min(loss, 700.0)),
         "accuracy": float(correct_sum.sum() / tokens),
         "tokens": int(tokens),
         "loss_by_position": [None if math.isnan(v) else float(v) for v in by_pos],
     }
     if byte_sum is not None:
-        out["scored_bytes"] = round(float(np.sum(byte_sum)))
+        scored_bytes = float(np.sum(byte_sum))
+        if scored_bytes <= 0:
+            raise ValueError("the scored tokens cover no bytes of text")
+        out["bits_per_byte"] = float(loss_sum.sum()) / LN2 / scored_bytes
+        out["scored_bytes"] = round(scored_bytes)
     if train_length:
         out["bucket_loss"] = bucket_losses(loss_sum, count, train_length)
     return out

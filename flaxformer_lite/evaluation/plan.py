@@ -295,7 +295,11 @@ class _CellMaker:
 
 
 def _check_rope_scalings(eval: EvalConfig) -> None:
-    known = {v for n in registry.positional_encoding_names() for v in _variants_of(n)}
+    known = {
+        v
+        for n in registry.positional_encoding_names()
+        for v in registry.get_positional_encoding(n).eval_variants
+    }
     unknown = [v for v in eval.rope_scalings if v not in known]
     if unknown:
         fail(
@@ -344,7 +348,3 @@ def _task_scorings(task: Any, data: DataConfig, eval: EvalConfig, seed: int) -> 
     return [
         TaskLength(n, eval.num_examples, seed, sequence=task.sequence_length(n)) for n in lengths
     ]
-
-
-def _variants_of(name: str) -> tuple[str, ...]:
-    return registry.get_positional_encoding(name).eval_variants

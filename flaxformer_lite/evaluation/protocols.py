@@ -57,6 +57,9 @@ class Windows:
     train_length: int | None = None
     block_tokens: int = DEFAULT_BLOCK_TOKENS
 
+    columns = slice(None)
+    block_unit: ClassVar[str] = "target bytes"
+
     @property
     def name(self) -> str:
         return "nonoverlapping" if self.stride in (None, self.length) else "sliding"
@@ -66,14 +69,8 @@ class Windows:
         return self.length
 
     @property
-    def block_unit(self) -> str:
-        return "target bytes"
-
-    @property
     def block_size(self) -> int:
         return self.block_tokens
-
-    columns = slice(None)
 
     def describe(self) -> str:
         return f"eval L'={self.length}"

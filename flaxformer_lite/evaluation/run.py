@@ -30,15 +30,6 @@ from flaxformer_lite.evaluation.step import rebuild_model
 _POSITIONS_TAG = {"context": CONTEXT_POSITIONS, "task": TASK_POSITIONS}
 
 
-def _positions_fn(plan: EvalPlan, tag: int):
-    """``(index, batch, length) -> positions`` for the plan's position scheme."""
-
-    def fn(index: int, batch: int, length: int) -> np.ndarray:
-        return plan.positions.positions((tag, length, index), batch, length)
-
-    return fn
-
-
 def evaluate_cell(
     model: nnx.Module,
     plan: EvalPlan,
@@ -62,14 +53,20 @@ def evaluate_cell(
             "stride": cell.stride or cell.length,
             "na": cell.na,
         }
-    tag = _POSITIONS_TAG.get(cell.protocol, CORPUS_POSITIONS)
+    if positions_tag is None:
+        positions_tag = _POSITIONS_TAG.get(cell.protocol, CORPUS_POSITIONS)
     data = dataset if plan.kind == "task" else dataset.split(plan.split)
+
+    def positions_fn(index: int, batch: int, length: int) -> np.ndarray:
+        """The plan's positions for batch ``index``: int32 ``[batch, length]``."""
+        return plan.positions.positions((positions_tag, length, index), batch, length)
+
     result = score(
         rebuild_model(model, cell.model),
         cell.scoring,
         data,
         batch_size=plan.batch_size,
-        positions_fn=_positions_fn(plan, tag if positions_tag is None else positions_tag),
+        positions_fn=positions_fn,
         incremental=cell.incremental,
         progress=progress and plan.kind == "corpus",
         compiler_options=compiler_options,

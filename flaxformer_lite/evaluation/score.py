@@ -71,11 +71,8 @@ def score(
       ``num_scored_tokens``, its fields and ``blocks``.
     """
     generating = isinstance(protocol, TaskLength) and protocol.mode == "generate"
-    evaluator = (
-        None
-        if generating
-        else Evaluator(model, incremental=incremental, compiler_options=compiler_options)
-    )
+    if not generating:
+        evaluator = Evaluator(model, incremental=incremental, compiler_options=compiler_options)
     tally = _Tally(protocol, data)
     total = protocol.count(data)
     bar = tqdm(total=total, desc=protocol.describe(), unit="win", disable=not progress, leave=False)
@@ -84,10 +81,7 @@ def score(
             batch = dict(batch)
             targets = {k: batch.pop(k) for k in _TARGET_FIELDS if k in batch}
             batch["positions"] = positions_fn(index, batch_size, batch["inputs"].shape[1])
-            if generating:
-                out = _generated(model, protocol, data, batch)
-            else:
-                out = evaluator(batch)
+            out = _generated(model, protocol, data, batch) if generating else evaluator(batch)
             tally.add(out, batch, targets)
             bar.update(min(batch_size, total - index * batch_size))
     return tally.result()
@@ -105,9 +99,7 @@ class _Tally:
     def __init__(self, protocol: Protocol, data: Any):
         self.protocol, self.data = protocol, data
         self.task = isinstance(protocol, TaskLength)
-        self.sums: dict[str, Any] = dict.fromkeys(
-            ("loss_sum", "correct_sum", "count", "bytes"), 0.0
-        )
+        self.sums: dict[str, Any] = dict.fromkeys(_SUMS, 0.0)
         self.blocks = BlockSums(protocol.block_size, protocol.block_unit)
         self.exact = 0.0
         self.key: dict[str, float] | None = None  # the key targets' sums, if the protocol has them
