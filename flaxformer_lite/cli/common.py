@@ -18,8 +18,10 @@ SIGTERM (the `interrupt.describe` line, status 130 or 143).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
+import operator
 import os
 import re
 import shlex
@@ -352,16 +354,7 @@ def import_modules(argv: list[str]) -> list[str]:
     the config is read; return the modules' names. A module name is found on ``sys.path``
     with the current directory first (as ``python -m`` does); a path ending in ``.py`` is
     loaded from that file. A module that cannot be found or raises is `fail`: one line."""
-    names = []
-    for i, arg in enumerate(argv):
-        if arg.startswith(f"--{IMPORT_FLAG}="):
-            target = arg.split("=", 1)[1]
-        elif arg == f"--{IMPORT_FLAG}" and i + 1 < len(argv):
-            target = argv[i + 1]
-        else:
-            continue
-        names.append(_import_one(target))
-    return names
+    return [_import_one(target) for target in _flag_values(argv, IMPORT_FLAG)]
 
 
 def _import_one(target: str) -> str:
@@ -445,8 +438,8 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
         reason = re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1])
         return f"--config={_flag_value(argv, 'config')}: {reason}"
     for name, value in overrides:
-        if f"--{name}" in lines[0] and config is not None:
-            leaf = _lookup(config, name)
+        if f"--{name}" in lines[0] and config is not None:  # a field: `_check_path` passed
+            leaf = functools.reduce(operator.getitem, name.split(".")[1:], config)
             expected = _article(type(leaf).__name__) if leaf is not None else "a valid value"
             if value is None:
                 return f"--{name}: missing value; config.{name[7:]} takes {expected}"
@@ -460,13 +453,17 @@ def _article(type_name: str) -> str:
     return ("an " if type_name[:1] in "aeiou" else "a ") + type_name
 
 
-def _flag_value(argv: list[str], name: str) -> str | None:
+def _flag_values(argv: list[str], name: str) -> typing.Iterator[str]:
+    """The value of every ``--name=VALUE`` and ``--name VALUE`` in ``argv``, in order."""
     for i, arg in enumerate(argv):
         if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1]
-        if arg == f"--{name}" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
+            yield arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv):
+            yield argv[i + 1]
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    return next(_flag_values(argv, name), None)
 
 
 def config_overrides(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -507,16 +504,6 @@ def _load_config(argv: list[str]) -> Any:
         return module.get_config(preset) if preset else module.get_config()
     except Exception:
         return None
-
-
-def _lookup(config: Any, name: str) -> Any:
-    node = config
-    for part in name.split(".")[1:]:
-        try:
-            node = node[part]
-        except (KeyError, TypeError, AttributeError):
-            return None
-    return node
 
 
 def _check_path(config: Any, name: str) -> str | None:

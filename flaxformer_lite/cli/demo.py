@@ -32,6 +32,11 @@ def main(argv: list[str]) -> None:
     src = jnp.arange(batch * src_len, dtype=jnp.int32).reshape(batch, src_len) % 256
     tgt = jnp.arange(batch * tgt_len, dtype=jnp.int32).reshape(batch, tgt_len) % 256
     src_pos, tgt_pos = jnp.arange(src_len), jnp.arange(tgt_len)
+    calls = {
+        "DecoderOnlyLM": lambda m: m(tgt, tgt_pos),
+        "EncoderDecoder": lambda m: m(src, tgt, src_positions=src_pos, tgt_positions=tgt_pos),
+        "Encoder": lambda m: m(src, src_pos),
+    }
     print(
         f"| {'model':<14} | {'encoding':<12} | {'hook':<6} | {'output shape':<14} | {'params':>8} |"
     )
@@ -53,14 +58,7 @@ def main(argv: list[str]) -> None:
             models["EncoderDecoder"] = EncoderDecoder(cfg, rngs=rngs)
             models["Encoder"] = Encoder(cfg, rngs=rngs)
         for kind, model in models.items():
-            if kind == "DecoderOnlyLM":
-                out = nnx.jit(lambda m: m(tgt, tgt_pos))(model)
-            elif kind == "EncoderDecoder":
-                out = nnx.jit(lambda m: m(src, tgt, src_positions=src_pos, tgt_positions=tgt_pos))(
-                    model
-                )
-            else:
-                out = nnx.jit(lambda m: m(src, src_pos))(model)
+            out = nnx.jit(calls[kind])(model)
             assert bool(jnp.isfinite(out).all()), (kind, name)
             shape = str(tuple(out.shape))
             print(

@@ -79,10 +79,8 @@ def main(argv: list[str]) -> None:
             if _MAX_NEW_TOKENS.value < 1:
                 raise ConfigError(f"--max_new_tokens={_MAX_NEW_TOKENS.value}: must be >= 1")
             stop = _stop_token()
-            if _PRETRAINED.value is not None:
-                text = _pretrained(_prompt_bytes(), stop) + "\n"
-            else:
-                text = _trained(_prompt_bytes(), stop) + "\n"
+            continuation = _pretrained if _PRETRAINED.value is not None else _trained
+            text = continuation(_prompt_bytes(), stop) + "\n"
         except (ValueError, PretrainedError) as e:  # ConfigError is a ValueError
             common.fail(str(e))
     out = getattr(sys.stdout, "buffer", None)

@@ -109,9 +109,7 @@ def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None
     except OSError as e:  # unreadable: a truncated or corrupt .gz, a directory, ...
         print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         sys.exit(2)
-    for problem in problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    for note in foreign:
+    for note in (*problems, *foreign):
         print(f"warning: {note}", file=sys.stderr)
     if not rows:
         print(
