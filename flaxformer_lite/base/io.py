@@ -169,18 +169,14 @@ def write_error(error: BaseException, path: str | Path) -> StateWriteError:
             return e
         if isinstance(e, OSError) and (e.errno is not None or e.strerror):
             file = _inside(path, e.filename) or _inside(path, *_TENSORSTORE_FILE.findall(str(e)))
-            wrapped = StateWriteError(e.errno, e.strerror or str(e), path, file)
-            break
-    else:
-        text = str(error)
-        match = _TENSORSTORE_ERRNO.search(text)
-        file = _inside(path, *_TENSORSTORE_FILE.findall(text))
-        if match:
-            code = int(match.group(1))
-            wrapped = StateWriteError(code, os.strerror(code), path, file)
-        else:
-            wrapped = StateWriteError(None, f"{type(error).__name__}: {error}", path, file)
-    return wrapped
+            return StateWriteError(e.errno, e.strerror or str(e), path, file)
+    text = str(error)
+    match = _TENSORSTORE_ERRNO.search(text)
+    file = _inside(path, *_TENSORSTORE_FILE.findall(text))
+    if match:
+        code = int(match.group(1))
+        return StateWriteError(code, os.strerror(code), path, file)
+    return StateWriteError(None, f"{type(error).__name__}: {error}", path, file)
 
 
 def _inside(path: str | Path, *files: object) -> str | None:
