@@ -61,9 +61,8 @@ def open_dataset(cfg: DataConfig) -> ByteCorpus | Task:
     cannot be opened (unknown name, missing files)."""
     if cfg.is_task:
         return cfg.open_task()
-    kwargs: dict[str, Any]
     if cfg.corpus == "path":
-        kwargs = {"path": cfg.path}
+        kwargs: dict[str, Any] = {"path": cfg.path}
     else:
         kwargs = {"cache_dir": cfg.cache_dir} if cfg.cache_dir else {}
     try:

@@ -66,10 +66,6 @@ class Document:
     split: str
 
 
-def _name_bytes(name: str) -> bytes:
-    return name.encode("utf-8", "surrogateescape")
-
-
 class ContentHasher:
     """Incremental `content_sha256`: call `add(name, size)` then `update(chunk)` for each file."""
 
@@ -77,7 +73,7 @@ class ContentHasher:
         self._h = hashlib.sha256()
 
     def add(self, name: str, size: int) -> None:
-        encoded = _name_bytes(name)
+        encoded = name.encode("utf-8", "surrogateescape")
         self._h.update(len(encoded).to_bytes(8, "little"))
         self._h.update(encoded)
         self._h.update(int(size).to_bytes(8, "little"))
@@ -157,13 +153,6 @@ def read_manifest(directory: Path) -> dict | None:
     return manifest
 
 
-def _fsync_write_text(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def build_split_files(
     directory: Path, documents: Sequence[Document], *, meta: dict, replace: bool = False
 ) -> dict:
@@ -211,7 +200,10 @@ def build_split_files(
             splits={s: dict(stats[s], sha256=split_hash[s].hexdigest()) for s in SPLITS},
         )
         # The manifest is written last: a directory with a valid manifest is complete.
-        _fsync_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        with open(tmp / "manifest.json", "w") as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
         _install(tmp, directory, replace=replace)
     finally:
         if tmp.exists():
