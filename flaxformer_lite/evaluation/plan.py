@@ -114,10 +114,9 @@ class EvalCell:
         out["randomized_positions"] = m.randomized_positions
         if m.randomized_positions:
             out["max_position"] = m.max_position
-        if m.attention_window is not None:
-            out["attention_window"] = m.attention_window
-        if m.attention_keep_first is not None:
-            out["attention_keep_first"] = m.attention_keep_first
+        for field in ("attention_window", "attention_keep_first"):
+            if getattr(m, field) is not None:
+                out[field] = getattr(m, field)
         return out
 
 
@@ -168,12 +167,16 @@ class EvalPlan:
         ``pythia-160m+yarn``); None: the encoding's label (``rope``, ``rope+yarn``)."""
         _check_rope_scalings(eval)
         task = data.open_task() if data.is_task else None
-        scorings = (
-            _task_scorings(task, data, eval, seed)
-            if task is not None
-            else _corpus_scorings(data, eval)
-        )
-        train_seq = data.train_length if task is None else task.sequence_length(data.train_length)
+        if task is not None:
+            scorings = _task_scorings(task, data, eval, seed)
+            train_seq = task.sequence_length(data.train_length)
+            quick = TaskLength(data.train_length, eval.num_examples, seed, sequence=train_seq)
+        else:
+            scorings = _corpus_scorings(data, eval)
+            train_seq = data.train_length
+            # validation during training: the training length, at most QUICK_EVAL_TOKENS
+            cap = min(eval.max_bytes or QUICK_EVAL_TOKENS, QUICK_EVAL_TOKENS)
+            quick = Windows(data.train_length, max_bytes=cap, train_length=data.train_length)
         # Randomized positions already span [0, max_position): nothing to interpolate.
         variants = (
             ()
@@ -188,11 +191,6 @@ class EvalPlan:
         if eval.streaming_first:
             variants = (*variants, STREAMING)
         cell = _CellMaker(model, eval, name, train_seq)
-        if task is not None:
-            quick = TaskLength(data.train_length, eval.num_examples, seed, sequence=train_seq)
-        else:  # validation during training: the training length, at most QUICK_EVAL_TOKENS
-            cap = min(eval.max_bytes or QUICK_EVAL_TOKENS, QUICK_EVAL_TOKENS)
-            quick = Windows(data.train_length, max_bytes=cap, train_length=data.train_length)
         plan = cls(
             cells=tuple(cell(v, s) for v in (BASE, *variants) for s in scorings),
             quick=cell(BASE, quick),

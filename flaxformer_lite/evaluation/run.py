@@ -28,6 +28,11 @@ from flaxformer_lite.evaluation.step import rebuild_model
 
 # where each protocol draws its randomized positions from (`PositionScheme` key parts)
 _POSITIONS_TAG = {"context": CONTEXT_POSITIONS, "task": TASK_POSITIONS}
+# what validation during training reports, per kind of plan
+_QUICK_METRICS = {
+    "corpus": ("loss", "bits_per_byte", "accuracy"),
+    "task": ("exact_match", "accuracy"),
+}
 
 
 def evaluate_cell(
@@ -119,9 +124,4 @@ def quick_evaluate(
     r = evaluate_cell(
         model, plan, plan.quick, dataset, positions_tag=tag, compiler_options=compiler_options
     )
-    keys = (
-        ("exact_match", "accuracy")
-        if plan.kind == "task"
-        else ("loss", "bits_per_byte", "accuracy")
-    )
-    return {k: r[k] for k in keys}
+    return {k: r[k] for k in _QUICK_METRICS[plan.kind]}

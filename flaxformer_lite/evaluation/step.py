@@ -122,12 +122,12 @@ def _sums(
     }
 
 
-@functools.lru_cache(maxsize=32)
-def _jitted_eval_step(graphdef: nnx.GraphDef, options: tuple = ()):
-    """One jitted eval step per model structure (and compiler options, as sorted items), so
-    repeated evaluations (periodic validation, several lengths, several tasks) reuse its
-    compilations."""
-    return jax.jit(make_eval_step(graphdef), compiler_options=dict(options) or None)
+@functools.lru_cache(maxsize=64)
+def _jitted_step(make, graphdef: nnx.GraphDef, options: tuple = ()):
+    """One jitted ``make(graphdef)`` (`make_eval_step` or `make_incremental_eval_step`) per
+    model structure (and compiler options, as sorted items), so repeated evaluations
+    (periodic validation, several lengths, several tasks) reuse its compilations."""
+    return jax.jit(make(graphdef), compiler_options=dict(options) or None)
 
 
 class Evaluator:
@@ -147,8 +147,8 @@ class Evaluator:
         if incremental and (prefix := one_pass(model)) is not None:
             model, incremental = prefix, False  # the same numbers in one pass
         graphdef, self.params, self.rest = split_model(model)
-        make = _jitted_incremental_eval_step if incremental else _jitted_eval_step
-        self.step = make(graphdef, tuple(sorted((compiler_options or {}).items())))
+        make = make_incremental_eval_step if incremental else make_eval_step
+        self.step = _jitted_step(make, graphdef, tuple(sorted((compiler_options or {}).items())))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         faults.hit("eval_batch")  # test-only kill point (flaxformer_lite.base.faults)
@@ -223,8 +223,3 @@ def make_incremental_eval_step(graphdef: nnx.GraphDef):
         return _sums(*(o.swapaxes(0, 1) for o in outs), batch)
 
     return eval_step
-
-
-@functools.lru_cache(maxsize=32)
-def _jitted_incremental_eval_step(graphdef: nnx.GraphDef, options: tuple = ()):
-    return jax.jit(make_incremental_eval_step(graphdef), compiler_options=dict(options) or None)

@@ -265,7 +265,8 @@ def test_one_pass_at_each_prefix_length_equals_token_by_token_scoring(positional
     graphdef, params, rest = step.split_model(model)
     scanned = jax.jit(step.make_incremental_eval_step(graphdef))(params, rest, batch)
     evaluator = step.Evaluator(model, incremental=True)
-    assert evaluator.step is not step._jitted_incremental_eval_step(graphdef)  # one pass
+    # one pass, not the token-by-token step
+    assert evaluator.step is not step._jitted_step(step.make_incremental_eval_step, graphdef)
     got = evaluator(batch)
     for key in ("token_loss", "token_correct", "loss_sum"):
         np.testing.assert_allclose(got[key], np.asarray(scanned[key]), rtol=2e-5, atol=2e-5)
