@@ -246,13 +246,7 @@ def resolve_config(argv: list[str]) -> list[str]:
     """``argv`` with ``--config=NAME[:PRESET]`` (a packaged config's name, no ``.py``) replaced
     by its file; `fail` naming the packaged configs when NAME is none of them."""
     out = list(argv)
-    for i, arg in enumerate(out):
-        if arg.startswith("--config="):
-            spec, at = arg.split("=", 1)[1], i
-        elif arg == "--config" and i + 1 < len(out):
-            spec, at = out[i + 1], i + 1
-        else:
-            continue
+    for at, spec in _flag_values(out, "config"):
         name, colon, preset = spec.partition(":")
         if not name or name.endswith(".py") or "/" in name or os.sep in name:
             return out
@@ -265,7 +259,7 @@ def resolve_config(argv: list[str]) -> list[str]:
                 f"{sorted(configs)} (or a config file FILE.py:PRESET)"
             )
         resolved = f"{configs[name]}{colon}{preset}"
-        out[at] = f"--config={resolved}" if at == i else resolved
+        out[at] = resolved if out[at] == spec else f"--config={resolved}"
         return out
     return out
 
@@ -354,7 +348,7 @@ def import_modules(argv: list[str]) -> list[str]:
     the config is read; return the modules' names. A module name is found on ``sys.path``
     with the current directory first (as ``python -m`` does); a path ending in ``.py`` is
     loaded from that file. A module that cannot be found or raises is `fail`: one line."""
-    return [_import_one(target) for target in _flag_values(argv, IMPORT_FLAG)]
+    return [_import_one(target) for _, target in _flag_values(argv, IMPORT_FLAG)]
 
 
 def _import_one(target: str) -> str:
@@ -400,7 +394,8 @@ def _shadowed_module(name: str, path: Path) -> str | None:
         return f"{name!r} is a module of Python's standard library"
     loaded = sys.modules.get(name)
     if loaded is not None:
-        return f"{name!r} is the name of a module already imported ({_origin(loaded)})"
+        origin = getattr(loaded, "__file__", None) or "built in"
+        return f"{name!r} is the name of a module already imported ({origin})"
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
@@ -409,10 +404,6 @@ def _shadowed_module(name: str, path: Path) -> str | None:
     if spec is not None and (origin is None or Path(origin).resolve() != path.resolve()):
         return f"{name!r} is the name of an installed module ({origin or 'a namespace package'})"
     return None
-
-
-def _origin(module: Any) -> str:
-    return getattr(module, "__file__", None) or "built in"
 
 
 def explain_flag_error(argv: list[str], error: Exception) -> str:
@@ -453,17 +444,18 @@ def _article(type_name: str) -> str:
     return ("an " if type_name[:1] in "aeiou" else "a ") + type_name
 
 
-def _flag_values(argv: list[str], name: str) -> typing.Iterator[str]:
-    """The value of every ``--name=VALUE`` and ``--name VALUE`` in ``argv``, in order."""
+def _flag_values(argv: list[str], name: str) -> typing.Iterator[tuple[int, str]]:
+    """``(i, value)`` of every ``--name=VALUE`` and ``--name VALUE`` in ``argv``, in order:
+    ``argv[i]`` is the argument that holds the value."""
     for i, arg in enumerate(argv):
         if arg.startswith(f"--{name}="):
-            yield arg.split("=", 1)[1]
+            yield i, arg.split("=", 1)[1]
         elif arg == f"--{name}" and i + 1 < len(argv):
-            yield argv[i + 1]
+            yield i + 1, argv[i + 1]
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
-    return next(_flag_values(argv, name), None)
+    return next((value for _, value in _flag_values(argv, name)), None)
 
 
 def config_overrides(argv: list[str]) -> list[tuple[str, str | None]]:

@@ -120,13 +120,14 @@ def _report(argv: list[str], run_dirs: list[str], names: dict[str, str]) -> None
         sys.exit(1)
     # Rows in the studies' cell order (the sweep's), whatever order the RUN_DIRs came in: the
     # merged shards of a study give the unsharded study's tables, rows in the same order.
-    order = {cell: i for i, cell in enumerate(_study_cells(argv[1:]))}
+    selected = _selected_cells(argv[1:])
+    order = {cell: i for i, cell in enumerate(c for cells in selected.values() for c in cells)}
     files = {id(r): names.get(file, file) for r, (file, _) in zip(rows, origins, strict=True)}
     rows = sorted(rows, key=lambda r: order.get(r.get("run"), len(order)))
     files = [files[id(r)] for r in rows]
     verdict = _check_comparable(rows, files)
     failed = _failed_cells(argv[1:], rows)
-    missing = _missing_cells(argv[1:], rows, failed)
+    missing = _missing_cells(selected, rows, failed)
     for line in missing:
         print(f"warning: {line}", file=sys.stderr)
     for name, error in failed.items():
@@ -217,18 +218,13 @@ def _rows_of_train_workdir(path: str, scratch: str) -> str:
     return os.path.join(out, "rows.jsonl")
 
 
-def _study_cells(run_dirs: list[str]) -> list[str]:
-    """The selected cells of the studies among ``run_dirs``, in their sweep order."""
-    return [c for cells in _selected_cells(run_dirs).values() for c in cells]
-
-
-def _missing_cells(run_dirs: list[str], rows: list[dict], failed=()) -> list[str]:
-    """One line per study (``study.json`` in a RUN_DIR) naming its selected cells that have no
-    results row, e.g. the cells of a shard not merged (``failed`` ones are stated apart)."""
-    expected = _selected_cells(run_dirs)
+def _missing_cells(selected: dict[tuple, list[str]], rows: list[dict], failed=()) -> list[str]:
+    """One line per study of ``selected`` (`_selected_cells`: the ``study.json`` of the
+    RUN_DIRs) naming its selected cells that have no results row, e.g. the cells of a shard
+    not merged (``failed`` ones are stated apart)."""
     have = {(r.get("study"), r.get("preset") or "", r.get("run")) for r in rows}
     lines = []
-    for (name, preset), cells in expected.items():
+    for (name, preset), cells in selected.items():
         absent = [c for c in cells if (name, preset or "", c) not in have and c not in failed]
         if absent:
             lines.append(

@@ -93,10 +93,9 @@ def main(argv: list[str]) -> None:
             common.fail(str(e))
     with config.unlocked():
         config.train.progress = config.train.progress and _PROGRESS.value
-    if _MODEL.value:
-        with common.one_line_failures():
-            use_models(config, _MODEL.value, overrides=common.config_overrides(sys.argv))
     with common.one_line_failures():
+        if _MODEL.value:
+            use_models(config, _MODEL.value, overrides=common.config_overrides(sys.argv))
         outcome = run_study(
             config,
             _WORKDIR.value,
