@@ -250,6 +250,11 @@ class TensorIndex:
     def unused(self) -> list[str]:
         return sorted(set(self.where) - self.used)
 
+    def location(self, name: str) -> tuple[Path, str]:
+        """``(file, name stored there)`` of tensor ``name``, for messages."""
+        path, stored = self.where[self._check(name)]
+        return path, stored
+
 
 class CheckpointFiles(TensorIndex):
     """The tensors of a checkpoint, by name, read lazily from its safetensors files.
@@ -288,7 +293,7 @@ class CheckpointFiles(TensorIndex):
         return np.memmap(path, dtype=_DTYPES[dtype], mode="r", offset=start, shape=shape)
 
 
-def non_finite(files: CheckpointFiles, parameter: str, value: np.ndarray) -> str:
+def non_finite(files: TensorIndex, parameter: str, value: np.ndarray) -> str:
     """Why ``value`` (parameter ``parameter`` as placed, with a NaN or Inf in it) is refused:
     the first stored tensor read so far that holds a non-finite value, with its file, index
     and value; or, when every stored value is finite, the cast that overflowed."""
@@ -299,7 +304,7 @@ def non_finite(files: CheckpointFiles, parameter: str, value: np.ndarray) -> str
         bad = ~np.isfinite(stored)
         if bad.any():
             index = tuple(int(i) for i in np.argwhere(bad)[0])
-            path, key = files.where[name]
+            path, key = files.location(name)
             return (
                 f"{path}: tensor {key!r} {tuple(stored.shape)} holds {int(bad.sum())} non-finite "
                 f"value(s), the first {stored[index]} at index {index}; a model with NaN or Inf "

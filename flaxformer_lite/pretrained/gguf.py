@@ -802,6 +802,9 @@ class GGUFCheckpoint(TensorIndex):
             counts[self.types[name]] = counts.get(self.types[name], 0) + int(tensor.n_elements)
         return " + ".join(sorted(counts, key=lambda k: -counts[k]))
 
+    def location(self, name: str) -> tuple[Path, str]:
+        return self.path, self.where[self._check(name)].name  # its GGUF name
+
     def shape(self, name: str) -> tuple[int, ...]:
         dims = tuple(reversed([int(d) for d in self.where[self._check(name)].shape]))
         return dims[::-1] if name in self.transposed else dims

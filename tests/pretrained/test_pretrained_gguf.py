@@ -285,6 +285,23 @@ def test_loading_holds_one_dequantized_tensor_at_a_time(monkeypatch):
     np.testing.assert_allclose(logits, gold["logits"], atol=TOL, rtol=0)
 
 
+def test_a_non_finite_weight_is_refused_naming_the_file_and_its_gguf_tensor(tmp_path):
+    """A NaN stored in a GGUF file is one line naming the file, the tensor as the file names
+    it, its shape and the index (as for safetensors), not a crash while composing it."""
+    src = GGUF_MODELS / "llama_q8_0" / "model.gguf"
+    (tensor,) = [t for t in gguf.GGUFReader(src).tensors if t.name == "blk.0.attn_norm.weight"]
+    assert tensor.tensor_type.name == "F32"
+    data = bytearray(src.read_bytes())
+    offset = tensor.data_offset + 4 * 5  # the sixth value
+    data[offset : offset + 4] = struct.pack("<f", float("nan"))
+    (tmp_path / "nan.gguf").write_bytes(bytes(data))
+    _refused(
+        tmp_path / "nan.gguf",
+        "nan.gguf: tensor 'blk.0.attn_norm.weight' (32,) holds 1 non-finite value(s)",
+        "the first nan at index (5,)",
+    )
+
+
 def test_an_unknown_architecture_is_refused_listing_the_supported(tmp_path):
     path = _write(tmp_path / "t5.gguf", "t5", tensors=[("x.weight", np.ones(4, np.float32))])
     _refused(path, "general.architecture='t5'", "supported", "gemma3", "llama", "gptneox")
