@@ -20,10 +20,12 @@ BiasFn = Callable[[Array, Array], Array]
 MASKED_LOGIT = -1e30
 
 
-def as_rank4(x: Array) -> Array:
+def as_rank4(x: Array, name: str) -> Array:
     """Prepend unit axes explicitly (the code must run with rank promotion set to raise)."""
     if x.ndim > 4:
-        raise ValueError(f"expected at most 4 axes [batch, heads, q_len, kv_len]; got {x.shape}")
+        raise ValueError(
+            f"{name} must have at most 4 axes [batch, heads, q_len, kv_len]; got shape {x.shape}"
+        )
     return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
@@ -34,6 +36,17 @@ def check_broadcastable(name: str, shape: Sequence[int], target: Sequence[int]) 
             f"{name} has shape {tuple(shape)}, which does not broadcast to [batch, heads, "
             f"q_len, kv_len] = {tuple(target)} (missing leading axes count as size 1)"
         )
+
+
+def check_mask(mask: Array, shape: Sequence[int]) -> Array:
+    """A boolean mask (True = attend) as 4 axes that broadcast to ``shape`` = [batch, heads,
+    q_len, kv_len] (missing leading axes count as size 1)."""
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise ValueError(f"mask must be boolean (True = attend); got dtype {mask.dtype}")
+    mask = as_rank4(mask, "mask")
+    check_broadcastable("mask", mask.shape, shape)
+    return mask
 
 
 def check_sinks(sinks: Array | None, heads: int) -> Array | None:

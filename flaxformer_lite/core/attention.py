@@ -62,6 +62,7 @@ from flaxformer_lite.core.arrays import (
     as_rank4,
     check_broadcastable,
     check_forget_prefix,
+    check_mask,
     check_sinks,
 )
 from flaxformer_lite.core.chunked_attention import check_chunk, check_keep_first, check_window
@@ -258,19 +259,16 @@ def attention_logits(
     logits_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q, k_BSNH, preferred_element_type=jnp.float32)
     logits_BNTS = logits_BNTS * jnp.float32(scale)
     if bias is not None:
-        bias_BNTS = as_rank4(jnp.asarray(bias, dtype=jnp.float32))
+        bias_BNTS = as_rank4(jnp.asarray(bias, dtype=jnp.float32), "bias")
         check_broadcastable("bias", bias_BNTS.shape, logits_BNTS.shape)
         logits_BNTS = logits_BNTS + bias_BNTS
-    combined_BNTS = _combine_masks(
-        mask,
-        causal,
-        window,
-        q.shape[1],
-        k_BSNH.shape[1],
-        logits_BNTS.shape,
-        chunk=chunk,
-        keep_first=keep_first,
-    )
+    combined_BNTS = None if mask is None else check_mask(mask, logits_BNTS.shape)
+    if causal:
+        span_TS = causal_span_mask(
+            q.shape[1], k_BSNH.shape[1], window=window, chunk=chunk, keep_first=keep_first
+        )
+        span_BNTS = span_TS[None, None]
+        combined_BNTS = span_BNTS if combined_BNTS is None else combined_BNTS & span_BNTS
     if combined_BNTS is not None:
         logits_BNTS = jnp.where(combined_BNTS, logits_BNTS, jnp.float32(MASKED_LOGIT))
     return logits_BNTS, combined_BNTS
@@ -440,7 +438,7 @@ def _blocked_causal_attention(
     k_BSNH, v_BSNH = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
     mask_BNTS = None
     if mask is not None:
-        mask_BNTS = _check_mask(mask, (q.shape[0], q.shape[2], length, length))
+        mask_BNTS = check_mask(mask, (q.shape[0], q.shape[2], length, length))
     outs_BtNH = []
     for i in range(blocks):
         lo, hi = i * length // blocks, (i + 1) * length // blocks
@@ -748,13 +746,8 @@ def _fused_attention(
     chunk = check_chunk(chunk, causal, window)
     if window is not None and not _FUSED_HAS_WINDOW:
         raise NotImplementedError(_WINDOW_REASON)
-    mask_BNTS = None
-    if mask is not None:
-        mask_BNTS = as_rank4(jnp.asarray(mask))
-        if mask_BNTS.dtype != jnp.bool_:
-            raise ValueError(f"mask must be boolean (True = attend); got dtype {mask_BNTS.dtype}")
-        q_len, kv_len = q.shape[1], k.shape[1]
-        check_broadcastable("mask", mask_BNTS.shape, (q.shape[0], q.shape[2], q_len, kv_len))
+    shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    mask_BNTS = None if mask is None else check_mask(mask, shape)
     if chunk is not None:
         chunk_BNTS = chunk_mask(q.shape[1], k.shape[1], chunk)[None, None]
         mask_BNTS = chunk_BNTS if mask_BNTS is None else mask_BNTS & chunk_BNTS
@@ -801,38 +794,6 @@ def _notice_once(reason: str, message: str, *, level: int = logging.INFO) -> Non
     if reason not in _notices_given:
         _notices_given.add(reason)
         _logger.log(level, message)
-
-
-def _combine_masks(
-    mask: Array | None,
-    causal: bool,
-    window: int | None,
-    q_len: int,
-    kv_len: int,
-    shape: tuple[int, ...],
-    *,
-    chunk: int | None = None,
-    keep_first: int | None = None,
-) -> Array | None:
-    combined = None
-    if mask is not None:
-        combined = _check_mask(mask, shape)
-    if causal:
-        tri = causal_span_mask(q_len, kv_len, window=window, chunk=chunk, keep_first=keep_first)[
-            None, None, :, :
-        ]
-        combined = tri if combined is None else jnp.logical_and(combined, tri)
-    return combined
-
-
-def _check_mask(mask: Array, shape: tuple[int, ...]) -> Array:
-    """A boolean mask as 4 axes that broadcast to ``shape`` = [batch, heads, q_len, kv_len]."""
-    mask = jnp.asarray(mask)
-    if mask.dtype != jnp.bool_:
-        raise ValueError(f"mask must be boolean (True = attend); got dtype {mask.dtype}")
-    mask = as_rank4(mask)
-    check_broadcastable("mask", mask.shape, shape)
-    return mask
 
 
 def _check_v(v: Array, k: Array) -> None:

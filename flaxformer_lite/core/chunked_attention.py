@@ -65,9 +65,9 @@ from flaxformer_lite.base.checks import check_positive_int
 from flaxformer_lite.core.arrays import (
     MASKED_LOGIT,
     BiasFn,
-    as_rank4,
     check_broadcastable,
     check_forget_prefix,
+    check_mask,
     check_sinks,
 )
 from flaxformer_lite.core.positions import as_batched_positions
@@ -134,23 +134,21 @@ def chunked_attention(
     Returns:
       ``[batch, q_len, heads, head_dim]`` in ``v.dtype``; rows with no visible key are zeros.
     """
-    q_positions, k_positions = _check_inputs(q, k, v, q_positions, k_positions, mask)
-    window = check_window(window, causal)
-    keep_first = check_keep_first(keep_first, window)
-    sinks_N = check_sinks(sinks, q.shape[2])
-    forget_prefix = check_forget_prefix(forget_prefix, q.shape, k.shape[1])
-    chunk = check_chunk(chunk, causal, window)
+    q_positions, k_positions = _check_inputs(q, k, v, q_positions, k_positions)
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
+    mask_BNTS = None if mask is None else check_mask(mask, (batch, heads, q_len, kv_len))
+    window = check_window(window, causal)
+    keep_first = check_keep_first(keep_first, window)
+    sinks_N = check_sinks(sinks, heads)
+    forget_prefix = check_forget_prefix(forget_prefix, q.shape, kv_len)
+    chunk = check_chunk(chunk, causal, window)
     block_q = check_positive_int("block_q", block_q)
     block_k = check_positive_int("block_k", block_k)
     if scale is None:
         scale = head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise ValueError(f"scale must be a Python number (static); got {scale!r}")
-    mask_BNTS = None if mask is None else as_rank4(jnp.asarray(mask))
-    if mask_BNTS is not None:
-        check_broadcastable("mask", mask_BNTS.shape, (batch, heads, q_len, kv_len))
     cfg = _Config(
         q_len,
         kv_len,
@@ -807,7 +805,7 @@ def _pad_axis(x: Array, axis: int, size: int, fill) -> Array:
     return jnp.pad(x, widths, constant_values=fill)
 
 
-def _check_inputs(q, k, v, q_positions, k_positions, mask) -> tuple[Array, Array]:
+def _check_inputs(q, k, v, q_positions, k_positions) -> tuple[Array, Array]:
     """Check the arguments; return the positions as int32 ``[batch or 1, length]``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if jnp.ndim(x) != 4:
@@ -824,11 +822,4 @@ def _check_inputs(q, k, v, q_positions, k_positions, mask) -> tuple[Array, Array
     k_positions = as_batched_positions(
         k_positions, name="k_positions", length=k.shape[1], batch=batch
     )
-    if mask is not None:
-        if jnp.result_type(mask) != jnp.bool_:
-            raise ValueError(
-                f"mask must be boolean (True = attend); got dtype {jnp.result_type(mask)}"
-            )
-        if jnp.ndim(mask) > 4:
-            raise ValueError(f"mask must have at most 4 axes; got shape {jnp.shape(mask)}")
     return q_positions, k_positions
