@@ -159,7 +159,7 @@ def write(
     Writing past ``capacity`` is a ``ValueError`` when it can be seen (eagerly); under
     ``jit`` the index is traced, and the caller (e.g. `generate`) sizes the cache.
     """
-    batch, length = _check_write(cache, key, value, positions)
+    batch, length = _check_write(cache, key, value, positions, forget_prefix)
     if length > cache.capacity:
         raise ValueError(f"{length} new tokens do not fit a cache of capacity {cache.capacity}")
     try:
@@ -171,22 +171,9 @@ def write(
             f"the cache holds {filled} of {cache.capacity} slots; {length} more tokens do "
             "not fit (create it with a larger capacity)"
         )
-    if (forget_prefix is None) != (cache.forget_prefix is None):
-        raise ValueError(
-            "forget_prefix: pass the new tokens' prefix sums [batch, l, heads] exactly when "
-            "the cache keeps them (init_kv_cache(..., forget_heads=heads)); got "
-            f"{'none' if forget_prefix is None else 'some'} for a cache that keeps "
-            f"{'none' if cache.forget_prefix is None else 'them'}"
-        )
     start = cache.index
     prefix = cache.forget_prefix
     if forget_prefix is not None:
-        expected = (batch, length, cache.forget_prefix.shape[2])
-        if tuple(forget_prefix.shape) != expected:
-            raise ValueError(
-                f"forget_prefix shape {tuple(forget_prefix.shape)} must be [batch, l, heads] = "
-                f"{expected}"
-            )
         prefix = jax.lax.dynamic_update_slice(
             prefix, forget_prefix.astype(jnp.float32), (0, start, 0)
         )
@@ -206,9 +193,12 @@ def write(
     )
 
 
-def _check_write(cache: KVCache, key: Array, value: Array, positions: Array) -> tuple[int, int]:
+def _check_write(
+    cache: KVCache, key: Array, value: Array, positions: Array, forget_prefix: Array | None
+) -> tuple[int, int]:
     """``(batch, l)`` of ``l`` new keys/values ``[batch, l, kv_heads, head_dim]`` at positions
-    ``[batch, l]`` to write into ``cache``; a ValueError if their shapes do not fit."""
+    ``[batch, l]`` to write into ``cache``, with their FoX prefix sums ``[batch, l, heads]``
+    exactly when the cache keeps them; a ValueError if their shapes do not fit."""
     batch, length = key.shape[:2]
     if key.shape != value.shape or key.shape[0] != cache.key.shape[0]:
         raise ValueError(
@@ -219,6 +209,20 @@ def _check_write(cache: KVCache, key: Array, value: Array, positions: Array) -> 
         raise ValueError(
             f"positions shape {positions.shape} must be [batch, l] = {(batch, length)}"
         )
+    if (forget_prefix is None) != (cache.forget_prefix is None):
+        raise ValueError(
+            "forget_prefix: pass the new tokens' prefix sums [batch, l, heads] exactly when "
+            "the cache keeps them (init_kv_cache(..., forget_heads=heads)); got "
+            f"{'none' if forget_prefix is None else 'some'} for a cache that keeps "
+            f"{'none' if cache.forget_prefix is None else 'them'}"
+        )
+    if forget_prefix is not None:
+        expected = (batch, length, cache.forget_prefix.shape[2])
+        if tuple(forget_prefix.shape) != expected:
+            raise ValueError(
+                f"forget_prefix shape {tuple(forget_prefix.shape)} must be [batch, l, heads] = "
+                f"{expected}"
+            )
     return batch, length
 
 
@@ -322,24 +326,13 @@ def write_ring(
 
     ``forget_prefix``: the new tokens' FoX prefix sums float ``[batch, l, heads]``
     (`continue_prefix`), exactly when the cache keeps them, as in `write`."""
-    batch, length = _check_write(cache, key, value, positions)
-    if (forget_prefix is None) != (cache.forget_prefix is None):
-        raise ValueError(
-            "forget_prefix: pass the new tokens' prefix sums [batch, l, heads] exactly when "
-            "the cache keeps them (init_kv_cache(..., forget_heads=heads))"
-        )
+    _, length = _check_write(cache, key, value, positions, forget_prefix)
     slots = cache.capacity
     kept = min(length, slots)  # static: the last `kept` new tokens survive the write
     first = cache.index + (length - kept)
     slot_S = (first + jnp.arange(kept, dtype=jnp.int32)) % slots  # distinct slots
     prefix = cache.forget_prefix
     if forget_prefix is not None:
-        expected = (batch, length, prefix.shape[2])
-        if tuple(forget_prefix.shape) != expected:
-            raise ValueError(
-                f"forget_prefix shape {tuple(forget_prefix.shape)} must be [batch, l, heads] = "
-                f"{expected}"
-            )
         new = forget_prefix[:, length - kept :].astype(jnp.float32)
         prefix = prefix.at[:, slot_S].set(new)
     return KVCache(
