@@ -442,6 +442,16 @@ def _split(start, lo, hi, end):
     return a, b
 
 
+def _block(x: Array, i, size: int, axis: int) -> Array:
+    """Block ``i`` of ``size`` entries along ``axis``: ``x[..., i * size : (i + 1) * size]``."""
+    return lax.dynamic_slice_in_dim(x, i * size, size, axis=axis)
+
+
+def _add_to_block(x: Array, i, size: int, y: Array) -> Array:
+    """``x`` with ``y`` added to its block ``i`` of ``size`` entries along axis 2."""
+    return lax.dynamic_update_slice_in_dim(x, _block(x, i, size, 2) + y, i * size, axis=2)
+
+
 def _logits(
     cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask, fox=None
 ):
@@ -459,13 +469,9 @@ def _logits(
     if mask is not None:
         valid_BNts = mask
         if cfg.mask_q:
-            valid_BNts = lax.dynamic_slice_in_dim(
-                valid_BNts, i * cfg.q_block_len, cfg.q_block_len, axis=2
-            )
+            valid_BNts = _block(valid_BNts, i, cfg.q_block_len, 2)
         if cfg.mask_k:
-            valid_BNts = lax.dynamic_slice_in_dim(
-                valid_BNts, j * cfg.k_block_len, cfg.k_block_len, axis=3
-            )
+            valid_BNts = _block(valid_BNts, j, cfg.k_block_len, 3)
     if index_mask:
         k_idx_s = j * cfg.k_block_len + lax.broadcasted_iota(
             jnp.int32, (1, 1, 1, cfg.k_block_len), 3
@@ -501,17 +507,12 @@ def _forward_step(cfg: _Config, bias_fn, tensors, i, q_block, index_mask: bool):
     """
     k_BNSH, v_BNSH, kpos_BS, mask, consts, c_k_BNS = tensors
     q_BNtH, qpos_Bt, c_q_BNt = q_block
-    k_block_len = cfg.k_block_len
 
     def body(j, carry):
         m_BNt, denom_BNt, acc_BNtH = carry
-        k_BNsH = lax.dynamic_slice_in_dim(k_BNSH, j * k_block_len, k_block_len, axis=2)
-        v_BNsH = lax.dynamic_slice_in_dim(v_BNSH, j * k_block_len, k_block_len, axis=2)
-        kpos_Bs = lax.dynamic_slice_in_dim(kpos_BS, j * k_block_len, k_block_len, axis=1)
-        fox = None
-        if c_k_BNS is not None:
-            c_k_BNs = lax.dynamic_slice_in_dim(c_k_BNS, j * k_block_len, k_block_len, axis=2)
-            fox = (c_q_BNt, c_k_BNs)
+        kv_j = _key_block(cfg.k_block_len, j, k_BNSH, v_BNSH, kpos_BS, c_k_BNS)
+        k_BNsH, v_BNsH, kpos_Bs, c_k_BNs = kv_j
+        fox = None if c_k_BNs is None else (c_q_BNt, c_k_BNs)
         logits_BNts, valid_BNts = _logits(
             cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask, fox
         )
@@ -548,11 +549,9 @@ def _forward(cfg: _Config, bias_fn, q_BNTH, k_BNSH, v_BNSH, qpos_BT, kpos_BS, ma
 
     def query_block(i):
         q_block = (
-            lax.dynamic_slice_in_dim(q_BNTH, i * q_block_len, q_block_len, axis=2),
-            lax.dynamic_slice_in_dim(qpos_BT, i * q_block_len, q_block_len, axis=1),
-            None
-            if c_q_BNT is None
-            else lax.dynamic_slice_in_dim(c_q_BNT, i * q_block_len, q_block_len, axis=2),
+            _block(q_BNTH, i, q_block_len, 2),
+            _block(qpos_BT, i, q_block_len, 1),
+            None if c_q_BNT is None else _block(c_q_BNT, i, q_block_len, 2),
         )
         masked = _forward_step(cfg, bias_fn, tensors, i, q_block, True)
         unmasked = _forward_step(cfg, bias_fn, tensors, i, q_block, False)
@@ -588,7 +587,7 @@ def _key_block(k_block_len: int, j, k_BNSH, v_BNSH, kpos_BS, c_k_BNS) -> tuple:
     prefix sums ``[b, h, bk]`` (None without FoX)."""
 
     def cut(x, axis):
-        return lax.dynamic_slice_in_dim(x, j * k_block_len, k_block_len, axis=axis)
+        return _block(x, j, k_block_len, axis)
 
     c_k_BNs = None if c_k_BNS is None else cut(c_k_BNS, 2)
     return cut(k_BNSH, 2), cut(v_BNSH, 2), cut(kpos_BS, 1), c_k_BNs
@@ -606,15 +605,12 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
 
     def body(i, carry):
         dk_BNsH, dv_BNsH, dq_BNTH, dconsts, dfox = carry
-        q_BNtH = lax.dynamic_slice_in_dim(q_BNTH, i * q_block_len, q_block_len, axis=2)
-        g_BNtH = lax.dynamic_slice_in_dim(g_BNTH, i * q_block_len, q_block_len, axis=2)
-        lse_BNt = lax.dynamic_slice_in_dim(lse_BNT, i * q_block_len, q_block_len, axis=2)
-        delta_BNt = lax.dynamic_slice_in_dim(delta_BNT, i * q_block_len, q_block_len, axis=2)
-        qpos_Bt = lax.dynamic_slice_in_dim(qpos_BT, i * q_block_len, q_block_len, axis=1)
-        fox = None
-        if c_q_BNT is not None:
-            c_q_BNt = lax.dynamic_slice_in_dim(c_q_BNT, i * q_block_len, q_block_len, axis=2)
-            fox = (c_q_BNt, c_k_BNs)
+        q_BNtH = _block(q_BNTH, i, q_block_len, 2)
+        g_BNtH = _block(g_BNTH, i, q_block_len, 2)
+        lse_BNt = _block(lse_BNT, i, q_block_len, 2)
+        delta_BNt = _block(delta_BNT, i, q_block_len, 2)
+        qpos_Bt = _block(qpos_BT, i, q_block_len, 1)
+        fox = None if c_q_BNT is None else (_block(c_q_BNT, i, q_block_len, 2), c_k_BNs)
         logits_BNts, valid_BNts = _logits(
             cfg, bias_fn, consts, q_BNtH, k_BNsH, qpos_Bt, kpos_Bs, mask, i, j, index_mask, fox
         )
@@ -632,25 +628,14 @@ def _backward_step(cfg: _Config, bias_fn, tensors, j, kv_j, index_mask: bool):
         dq_BNtH = jnp.einsum(
             "BNts,BNsH->BNtH", ds_BNts.astype(k_BNsH.dtype), k_BNsH, preferred_element_type=_F32
         )
-        dq_BNTH = lax.dynamic_update_slice_in_dim(
-            dq_BNTH,
-            lax.dynamic_slice_in_dim(dq_BNTH, i * q_block_len, q_block_len, axis=2) + dq_BNtH,
-            i * q_block_len,
-            axis=2,
-        )
+        dq_BNTH = _add_to_block(dq_BNTH, i, q_block_len, dq_BNtH)
         if consts:
             _, bias_vjp = jax.vjp(lambda *c: bias_fn(qpos_Bt, kpos_Bs, *c).astype(_F32), *consts)
             grads = bias_vjp(_sum_to(ds_BNts, jax.eval_shape(bias_fn, qpos_Bt, kpos_Bs, *consts)))
             dconsts = tuple(a + gc for a, gc in zip(dconsts, grads, strict=True))
         if dfox is not None:  # logit (i, j) += c_q[i] - c_k[j]: row sums, minus column sums
             dc_q_BNT, dc_k_BNs = dfox
-            dc_q_BNT = lax.dynamic_update_slice_in_dim(
-                dc_q_BNT,
-                lax.dynamic_slice_in_dim(dc_q_BNT, i * q_block_len, q_block_len, axis=2)
-                + jnp.sum(ds_BNts, axis=-1),
-                i * q_block_len,
-                axis=2,
-            )
+            dc_q_BNT = _add_to_block(dc_q_BNT, i, q_block_len, jnp.sum(ds_BNts, axis=-1))
             dfox = (dc_q_BNT, dc_k_BNs - jnp.sum(ds_BNts, axis=-2))
         return dk_BNsH, dv_BNsH, dq_BNTH, dconsts, dfox
 
