@@ -418,6 +418,22 @@ def causal_query_blocks(length: int) -> int:
     return 4 if length >= 256 else 2 if length >= 64 else 1
 
 
+def materialised_bias(
+    q_positions: Array,
+    k_positions: Array,
+    bias_fn: BiasFn | None,
+    forget_prefix: tuple[Array, Array] | None,
+) -> Array | None:
+    """The logit bias `attend` adds, as one ``[batch, heads, q_len, kv_len]`` array:
+    ``bias_fn(q_positions, k_positions)`` plus FoX's ``c_q[i] - c_k[j]`` of ``forget_prefix =
+    (c_q, c_k)`` (`forgetting.forgetting_bias`); None without either."""
+    bias_BNTS = None if bias_fn is None else bias_fn(q_positions, k_positions)
+    if forget_prefix is not None:
+        fox_BNTS = forgetting.forgetting_bias(*forget_prefix)
+        bias_BNTS = fox_BNTS if bias_BNTS is None else bias_BNTS + fox_BNTS
+    return bias_BNTS
+
+
 def _blocked_causal_attention(
     q: Array,
     k: Array,
@@ -447,11 +463,10 @@ def _blocked_causal_attention(
             mask_BNtS = mask_BNTS[:, :, lo:hi] if mask_BNTS.shape[2] > 1 else mask_BNTS
             mask_BNtS = mask_BNtS[..., :hi] if mask_BNTS.shape[3] > 1 else mask_BNtS
             block_mask_BNtS = jnp.logical_and(mask_BNtS, block_mask_BNtS)
-        bias_BNtS = None if bias_fn is None else bias_fn(q_positions[:, lo:hi], k_positions[:, :hi])
+        fox = None  # FoX's prefix sums of this block's queries and its keys
         if forget_prefix is not None:
-            c_q_BTN, c_k_BSN = forget_prefix
-            fox_BNtS = forgetting.forgetting_bias(c_q_BTN[:, lo:hi], c_k_BSN[:, :hi])
-            bias_BNtS = fox_BNtS if bias_BNtS is None else bias_BNtS + fox_BNtS
+            fox = (forget_prefix[0][:, lo:hi], forget_prefix[1][:, :hi])
+        bias_BNtS = materialised_bias(q_positions[:, lo:hi], k_positions[:, :hi], bias_fn, fox)
         logits_BNtS, combined_BNtS = attention_logits(
             q[:, lo:hi], k_BSNH[:, :hi], mask=block_mask_BNtS, bias=bias_BNtS, scale=scale
         )
@@ -606,16 +621,12 @@ def attend(
                     sinks_N=sinks_N,
                     forget_prefix=forget_prefix,
                 )
-        bias_BNTS = None if bias_fn is None else bias_fn(q_positions, k_positions)
-        if forget_prefix is not None:
-            fox_BNTS = forgetting.forgetting_bias(*forget_prefix)
-            bias_BNTS = fox_BNTS if bias_BNTS is None else bias_BNTS + fox_BNTS
         return dot_product_attention(
             q,
             k,
             v,
             mask=mask,
-            bias=bias_BNTS,
+            bias=materialised_bias(q_positions, k_positions, bias_fn, forget_prefix),
             causal=causal,
             window=window,
             scale=scale,

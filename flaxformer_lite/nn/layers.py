@@ -474,10 +474,9 @@ class MultiHeadAttention(nnx.Module):
     ) -> Array:
         """Attention probabilities ``[batch, heads, q_len, kv_len]`` (for plots)."""
         p = self._prepare(x, kv, q_positions, kv_positions, pe, causal)
-        bias_BNTS = None if p.bias_fn is None else p.bias_fn(p.q_positions, p.kv_positions)
-        if p.forget_prefix is not None:  # [b, h, T, S] here: this path is for plots
-            fox_BNTS = forgetting.forgetting_bias(*p.forget_prefix)
-            bias_BNTS = fox_BNTS if bias_BNTS is None else bias_BNTS + fox_BNTS
+        bias_BNTS = attention.materialised_bias(
+            p.q_positions, p.kv_positions, p.bias_fn, p.forget_prefix
+        )
         return attention.attention_weights(
             p.q_BTNH,
             p.k_BSKH,
