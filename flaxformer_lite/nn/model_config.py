@@ -184,30 +184,24 @@ class ModelConfig:
         """The registry entry of ``positional``."""
         return registry.get_positional_encoding(self.positional)
 
-    def _layer_defaults(self) -> dict[str, Any]:
-        """What a `LayerKind`'s None fields inherit (`schedules.resolve`)."""
-        return {
+    def layer_kinds(self) -> tuple[ResolvedLayer, ...]:
+        """One `schedules.ResolvedLayer` per decoder layer: its window, chunk, encoding name
+        and options, with ``layer_pattern`` cycled and its None fields filled from the model
+        (`schedules.resolve`, the one place inheritance is decided). Without a pattern every
+        layer is ``(attention_window, None, positional, positional_options)``."""
+        return schedules.cycle(self.pattern_kinds(), self.num_decoder_layers)
+
+    def pattern_kinds(self) -> tuple[ResolvedLayer, ...]:
+        """One `schedules.ResolvedLayer` per kind of ``layer_pattern`` (one cycle of it; the
+        model-wide layer alone without a pattern), its None fields inherited from the model
+        (`schedules.resolve`)."""
+        model = {
             "window": self.attention_window,
             "positional": self.positional,
             "positional_options": self.positional_options,
             "sinks": self.attention_sinks,
             "temperature": self.attention_temperature,
         }
-
-    def layer_kinds(self) -> tuple[ResolvedLayer, ...]:
-        """One `schedules.ResolvedLayer` per decoder layer: its window, chunk, encoding name
-        and options, with ``layer_pattern`` cycled and its None fields filled from the model
-        (`schedules.resolve`, the one place inheritance is decided). Without a pattern every
-        layer is ``(attention_window, None, positional, positional_options)``."""
-        pattern = self.layer_pattern or (LayerKind(),)
-        model = self._layer_defaults()
-        kinds = tuple(schedules.resolve(k, **model) for k in pattern)
-        return schedules.cycle(kinds, self.num_decoder_layers)
-
-    def pattern_kinds(self) -> tuple[ResolvedLayer, ...]:
-        """One `schedules.ResolvedLayer` per kind of ``layer_pattern`` (one cycle of it; the
-        model-wide layer alone without a pattern)."""
-        model = self._layer_defaults()
         return tuple(schedules.resolve(k, **model) for k in (self.layer_pattern or (LayerKind(),)))
 
     def kv_cache_slots(self, capacity: int) -> int:
