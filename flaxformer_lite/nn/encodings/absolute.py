@@ -131,7 +131,7 @@ class LearnedEncoding(PositionalEncoding):
         return (x.astype(jnp.float32) + pe_BTD).astype(x.dtype)
 
 
-register(
+for _spec in (
     EncodingSpec(
         "sinusoidal",
         "add",
@@ -139,9 +139,7 @@ register(
         options=SinusoidalOptions,
         num_params=lambda dims, options: 0,
         summary="fixed sinusoids added to the embeddings (Vaswani et al. 2017)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "learned",
         "add",
@@ -151,5 +149,6 @@ register(
         capacity_field="max_length",
         num_params=lambda dims, options: options.max_length * dims.d_model,
         summary="trained absolute table added to the embeddings",
-    )
-)
+    ),
+):
+    register(_spec)

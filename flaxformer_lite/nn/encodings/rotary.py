@@ -409,7 +409,7 @@ def _rope_label(options: RopeOptions) -> str:
     return f"+{options.scaling}" + ("_paper" if paper else "")
 
 
-register(
+for _spec in (
     EncodingSpec(
         "rope",
         "rotate",
@@ -421,9 +421,7 @@ register(
         incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
         num_params=lambda dims, options: 0,
         summary="rotary embedding of queries and keys (Su et al. 2021)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "xpos",
         "rotate",
@@ -432,9 +430,7 @@ register(
         causal_only=True,
         num_params=lambda dims, options: 0,
         summary="RoPE with exponential decay of the logits with distance (Sun et al. 2022)",
-    )
-)
-register(
+    ),
     EncodingSpec(
         "p_rope",
         "rotate",
@@ -446,5 +442,6 @@ register(
         incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
         num_params=lambda dims, options: 0,
         summary="RoPE whose lowest-frequency pairs do not rotate (Barbero et al. 2024)",
-    )
-)
+    ),
+):
+    register(_spec)
