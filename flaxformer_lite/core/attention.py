@@ -561,8 +561,7 @@ def attend(
         k_positions, name="k_positions", length=k.shape[1], batch=batch
     )
     if implementation in ("auto", "cudnn"):
-        masking = {"mask": mask, "causal": causal, "window": window, "scale": scale}
-        masking["chunk"] = chunk
+        masking = {"mask": mask, "causal": causal, "window": window, "scale": scale, "chunk": chunk}
         out_BTNH, reason = _try_fused(
             implementation,
             q,

@@ -145,8 +145,7 @@ def chunked_attention(
     chunk = check_chunk(chunk, causal, window)
     block_q = check_positive_int("block_q", block_q)
     block_k = check_positive_int("block_k", block_k)
-    if scale is None:
-        scale = head_dim**-0.5
+    scale = head_dim**-0.5 if scale is None else scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise ValueError(f"scale must be a Python number (static); got {scale!r}")
     cfg = _Config(
@@ -214,11 +213,10 @@ def kv_blocks_visited(
     window = check_window(window, causal)
     keep_first = check_keep_first(keep_first, window)
     chunk = check_chunk(chunk, causal, window)
-    blocking = _blocking(q_len, kv_len, block_q, block_k)
     cfg = _Config(
         q_len,
         kv_len,
-        *blocking,
+        *_blocking(q_len, kv_len, block_q, block_k),
         causal,
         1.0,
         window=window or 0,
