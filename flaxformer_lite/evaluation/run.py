@@ -9,6 +9,7 @@ label fields (``encoding``, ``positional``, ``variant``, ``randomized_positions`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,12 +87,16 @@ def evaluate_plan(
     *,
     progress: bool = False,
     compiler_options: dict[str, Any] | None = None,
+    done: Sequence[dict[str, Any]] = (),
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of ``plan``, in order (``dataset``: the corpus or task it scores).
 
     ``progress``: a bar of the cells (with the ETA), above the window bar of the current
-    cell; ``compiler_options``: of the scoring step (`score.score`)."""
-    results = []
+    cell; ``compiler_options``: of the scoring step (`score.score`). ``done``: the results
+    of the plan's first cells from an evaluation that stopped (they are not scored again);
+    ``on_cell(result)`` is called after each cell scored here."""
+    results = list(done)
     with tqdm(
         total=len(plan.cells),
         desc="evaluate",
@@ -100,13 +105,15 @@ def evaluate_plan(
         leave=False,  # the results follow; in a study, each cell's bars would pile up
         dynamic_ncols=True,
     ) as bar:
-        for cell in plan.cells:
+        bar.update(len(results))
+        for cell in plan.cells[len(results) :]:
             bar.set_postfix_str(f"{cell.label.encoding} {cell.protocol} L'={cell.length}")
-            results.append(
-                evaluate_cell(
-                    model, plan, cell, dataset, progress=progress, compiler_options=compiler_options
-                )
+            result = evaluate_cell(
+                model, plan, cell, dataset, progress=progress, compiler_options=compiler_options
             )
+            results.append(result)
+            if on_cell is not None:
+                on_cell(result)
             bar.update(1)
     return results
 

@@ -84,7 +84,16 @@ VERSION_PACKAGES = ("flaxformer-lite", "jax", "jaxlib", "flax", "optax", "numpy"
 # What a workdir's run leaves, beside its identity: evidence of a run even without a record.
 STATE = ("checkpoints", "eval.json", "rows.jsonl", "metrics.jsonl")
 # The evaluation's outputs (rows first: without them a study cell is not finished).
-EVALUATION_OUTPUTS = ("rows.jsonl", "blocks.jsonl", "eval.json", "provenance.json", "error.txt")
+# each finished evaluation cell, so that a stopped evaluation resumes (`train.loop`)
+EVAL_CELLS_FILE = "eval_cells.jsonl"
+EVALUATION_OUTPUTS = (
+    "rows.jsonl",
+    "blocks.jsonl",
+    "eval.json",
+    "provenance.json",
+    "error.txt",
+    EVAL_CELLS_FILE,
+)
 # Every name a run writes in its workdir (`train.loop`, the study runner): all that `reset`
 # may delete. Folders are emptied of what the run wrote in them (`checkpoint.remove_steps`,
 # TensorBoard event files) and removed only when nothing else is left in them.

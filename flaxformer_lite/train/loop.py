@@ -10,6 +10,8 @@ and leave in ``workdir``::
     checkpoints/       orbax checkpoints (every `checkpoint_every` steps and at the end)
     metrics.jsonl      training/validation metrics, one JSON object per line
     tensorboard/       the same metrics as TensorBoard events
+    eval_cells.jsonl   each evaluation cell's result as it finishes, so an evaluation that
+                       stops resumes at its next cell (removed once eval.json is written)
     eval.json          the final evaluation at every length (written atomically, last)
     provenance.json    commit, package versions, backend, device, corpus hash, and the
                        positional encoding's options and source (`provenance.encoding`)
@@ -48,7 +50,7 @@ from tqdm.auto import tqdm
 
 from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base import faults, interrupt
-from flaxformer_lite.base.checks import check_path, fail, shown
+from flaxformer_lite.base.checks import check_path, fail, is_number, shown
 from flaxformer_lite.base.io import atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
 from flaxformer_lite.base.progress import bars as progress_bars
@@ -418,12 +420,25 @@ def _evaluate_and_publish(
     t0 = time.perf_counter()
     progress = progress_bars(run.train.progress) and multihost.is_primary()
     products = train_matmul(run, evaluation=True)
+    cells_path = eval_path.parent / identity.EVAL_CELLS_FILE
+    done = multihost.on_process_0(lambda: _finished_cells(cells_path, record["hash"], ready.plan))
+    began = [t0]  # when the cell being scored began
+
+    def keep(result: dict[str, Any]) -> None:  # process 0 appends each cell it finishes
+        now = time.perf_counter()
+        done.append(_cell_line(record["hash"], ready.plan, len(done), result, now - began[0]))
+        began[0] = now
+        if multihost.is_primary():
+            _append_line(cells_path, done[-1])
+
     results = run_evaluation.evaluate_plan(
         model,
         ready.plan,
         ready.dataset,
         progress=progress,
         compiler_options=cpu_matmul.compiler_options(products),
+        done=[line["result"] for line in done],
+        on_cell=keep,
     )
     env = provenance.environment() | {"data": ready.dataset.provenance()} | made["provenance"]
     env["eval_matmul"] = products
@@ -433,7 +448,7 @@ def _evaluate_and_publish(
         "steps": made["steps"],
         "train_seconds": made["train_seconds"],
         "train_steps": made["train_steps"],  # this call's steps (a resume: fewer)
-        "eval_seconds": time.perf_counter() - t0,
+        "eval_seconds": sum(line["seconds"] for line in done),  # a stopped evaluation's too
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "eval": results,
         "provenance": env,
@@ -444,9 +459,56 @@ def _evaluate_and_publish(
             eval_path.parent / "provenance.json", json.dumps(env, indent=2, sort_keys=True)
         )
         atomic_write_text(eval_path, json.dumps(summary, indent=1, default=str))
+        cells_path.unlink(missing_ok=True)  # eval.json holds them all now
         return summary
 
     return multihost.on_process_0(publish)
+
+
+def _cell_line(
+    config_hash: str, plan: EvalPlan, index: int, result: dict[str, Any], seconds: float
+) -> dict[str, Any]:
+    """The ``eval_cells.jsonl`` line of the plan's cell ``index``: the run it belongs to, the
+    cell (checked when read back), the seconds it took and its result."""
+    cell = plan.cells[index]
+    return {
+        "config_hash": config_hash,
+        "cell": index,
+        "what": [cell.label.encoding, cell.protocol, cell.length],
+        "seconds": seconds,
+        "result": result,
+    }
+
+
+def _finished_cells(path: Path, config_hash: str, plan: EvalPlan) -> list[dict[str, Any]]:
+    """The lines of ``path`` (``eval_cells.jsonl``) that are the plan's first cells, in order,
+    of this run (``config_hash``); the file is rewritten to hold just them. A line of another
+    run or cell, or one a kill cut short, ends them: the cells from there are scored again."""
+    lines: list[dict[str, Any]] = []
+    if not path.exists():
+        return lines
+    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
+        for text in path.read_text(encoding="utf-8").splitlines():
+            line = json.loads(text)
+            index = len(lines)
+            if index == len(plan.cells) or not isinstance(line, dict):
+                break
+            expected = _cell_line(config_hash, plan, index, {}, 0.0)
+            if any(line.get(k) != expected[k] for k in ("config_hash", "cell", "what")):
+                break
+            if not isinstance(line.get("result"), dict) or not is_number(line.get("seconds")):
+                break
+            lines.append(line)
+    atomic_write_text(path, "".join(json.dumps(x, default=str) + "\n" for x in lines))
+    return lines
+
+
+def _append_line(path: Path, line: dict[str, Any]) -> None:
+    """``line`` as one more JSON line of ``path``, on disk before this returns."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _cached_result(eval_path: Path, config_hash: str) -> dict[str, Any] | None:

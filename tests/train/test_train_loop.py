@@ -18,6 +18,7 @@ from flax import nnx
 from configs import extrapolation_lm
 from flaxformer_lite.data.data_config import open_dataset
 from flaxformer_lite.evaluation import metrics, step
+from flaxformer_lite.evaluation import run as run_evaluation
 from flaxformer_lite.evaluation.protocols import Windows
 from flaxformer_lite.evaluation.score import score
 from flaxformer_lite.train import loop
@@ -92,6 +93,38 @@ def test_second_invocation_returns_cached_result(uninterrupted):
     c, workdir, summary = uninterrupted
     again = loop.train_and_evaluate(c, workdir)
     assert again["eval"] == json.loads(json.dumps(summary["eval"]))
+
+
+def test_a_stopped_evaluation_resumes_at_its_next_cell(uninterrupted, tmp_path, monkeypatch):
+    """The cells an evaluation finished before it stopped wait in eval_cells.jsonl and are not
+    scored again (a line a kill cut short is dropped); the resumed summary equals an
+    uninterrupted run's, and eval_cells.jsonl goes once eval.json holds every cell."""
+    c, _, summary = uninterrupted
+    workdir = tmp_path / "run"
+    scored = []
+    original = run_evaluation.evaluate_cell
+
+    def scoring(*args, **kwargs):
+        if "positions_tag" not in kwargs:  # a cell of the plan, not validation in training
+            scored.append(args[2])
+            if dies and len(scored) == 2:
+                raise KeyboardInterrupt("simulated kill")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(run_evaluation, "evaluate_cell", scoring)
+    dies = True
+    with pytest.raises(KeyboardInterrupt):
+        loop.train_and_evaluate(c, workdir)
+    cells = workdir / "eval_cells.jsonl"
+    assert len(cells.read_text().splitlines()) == 1 and not (workdir / "eval.json").exists()
+    with open(cells, "a") as f:
+        f.write('{"config_hash": "')  # killed while appending the next line
+    dies, first = False, scored[0]
+    scored.clear()
+    resumed = loop.train_and_evaluate(c, workdir)
+    assert len(summary["eval"]) == 3 and len(scored) == 2 and first not in scored
+    assert resumed["eval"] == json.loads(json.dumps(summary["eval"]))
+    assert not cells.exists() and (workdir / "eval.json").is_file()
 
 
 def test_loss_goes_down(corpus_file, tmp_path):
