@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from flaxformer_lite import pretrained as hf
 from flaxformer_lite.base import faults, interrupt
 from flaxformer_lite.base.checks import check_path, fail, is_number, shown
-from flaxformer_lite.base.io import atomic_write_text
+from flaxformer_lite.base.io import append_text, atomic_write_text
 from flaxformer_lite.base.lock import WorkdirLock
 from flaxformer_lite.base.progress import bars as progress_bars
 from flaxformer_lite.evaluation import run as run_evaluation
@@ -422,14 +422,15 @@ def _evaluate_and_publish(
     products = train_matmul(run, evaluation=True)
     cells_path = eval_path.parent / identity.EVAL_CELLS_FILE
     done = multihost.on_process_0(lambda: _finished_cells(cells_path, record["hash"], ready.plan))
-    began = [t0]  # when the cell being scored began
+    began = t0  # when the cell being scored began
 
     def keep(result: dict[str, Any]) -> None:  # process 0 appends each cell it finishes
+        nonlocal began
         now = time.perf_counter()
-        done.append(_cell_line(record["hash"], ready.plan, len(done), result, now - began[0]))
-        began[0] = now
-        if multihost.is_primary():
-            _append_line(cells_path, done[-1])
+        done.append(_cell_line(record["hash"], ready.plan, len(done), result, now - began))
+        began = now
+        if multihost.is_primary():  # never through a link (`append_text`)
+            append_text(cells_path, json.dumps(done[-1], default=str) + "\n")
 
     results = run_evaluation.evaluate_plan(
         model,
@@ -501,14 +502,6 @@ def _finished_cells(path: Path, config_hash: str, plan: EvalPlan) -> list[dict[s
             lines.append(line)
     atomic_write_text(path, "".join(json.dumps(x, default=str) + "\n" for x in lines))
     return lines
-
-
-def _append_line(path: Path, line: dict[str, Any]) -> None:
-    """``line`` as one more JSON line of ``path``, on disk before this returns."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(line, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _cached_result(eval_path: Path, config_hash: str) -> dict[str, Any] | None:
