@@ -79,6 +79,9 @@ class EvalCell:
         exactly its prefix (the registry says when: dynamic NTK reads the current length).
       na: why the model cannot be evaluated here (None: it can), e.g. a learned table with no
         row past the training length; such a cell is reported as "n/a", never as a number.
+      same_as: the index in the plan of the base cell whose numbers this one repeats, when
+        its variant changes no number of the model at this length (a RoPE scaling at ``s =
+        1``: `ModelConfig.variant_is_identity`); None: it is scored.
     """
 
     label: EvalLabel
@@ -86,6 +89,7 @@ class EvalCell:
     scoring: Windows | Context | TaskLength
     incremental: bool = False
     na: str | None = None
+    same_as: int | None = None
 
     @property
     def protocol(self) -> str:
@@ -192,8 +196,9 @@ class EvalPlan:
             variants = (*variants, STREAMING)
         cell = _CellMaker(model, eval, name, train_seq)
         plan = cls(
-            cells=tuple(cell(v, s) for v in (BASE, *variants) for s in scorings),
-            quick=cell(BASE, quick),
+            # the base cells come first: a variant's cell repeating the base names its index
+            cells=tuple(cell(v, s, i) for v in (BASE, *variants) for i, s in enumerate(scorings)),
+            quick=cell(BASE, quick, None),
             kind="task" if task is not None else "corpus",
             positions=PositionScheme(model.randomized_positions, model.max_position, seed),
             train_length=data.train_length,
@@ -262,11 +267,15 @@ class _CellMaker:
             None if model.randomized_positions else spec.capacity(model.positional_options)
         )
 
-    def __call__(self, variant: str, scoring: Windows | Context | TaskLength) -> EvalCell:
+    def __call__(
+        self, variant: str, scoring: Windows | Context | TaskLength, base: int | None
+    ) -> EvalCell:
+        """``base``: the index of the plan's base cell with this ``scoring``."""
         model = self.model
         seq = scoring.sequence_length
         length = getattr(scoring, "context", None) or scoring.length
         cfg = attention_config(model, seq)
+        same_as = None
         if variant == WINDOW:
             cfg = cfg.replace(attention_window=self.eval.local_window)
         elif variant == STREAMING:
@@ -278,6 +287,8 @@ class _CellMaker:
             cfg = cfg.with_temperature(variant, self.train_seq)
         elif variant != BASE:
             cfg = cfg.with_rope_scaling(variant, length)
+            if model.variant_is_identity(variant, max(length, seq)):
+                same_as = base
         suffix = RANDOMIZED_SUFFIX if model.randomized_positions else ""
         if self.capacity is not None and self.capacity > self.train_seq and self.name is None:
             suffix += UNTRAINED_SUFFIX  # positions past L were never trained here
@@ -289,7 +300,7 @@ class _CellMaker:
         if self.capacity is not None and seq > self.capacity:
             na = f"no position embedding past {self.capacity} (the table has {self.capacity} rows)"
         incremental = cfg.scores_incrementally()
-        return EvalCell(label, cfg, scoring, incremental, na)
+        return EvalCell(label, cfg, scoring, incremental, na, same_as)
 
 
 def _check_rope_scalings(eval: EvalConfig) -> None:

@@ -4,7 +4,8 @@ Each cell's model shares the trained parameters (`step.rebuild_model`) and diffe
 what the plan decided for that cell (attention implementation, RoPE scaling); its protocol
 value (`protocols`) is scored by the one loop, `score.score`. Every result carries the cell's
 label fields (``encoding``, ``positional``, ``variant``, ``randomized_positions``) and its exact
-``encoding_options``.
+``encoding_options``. A variant that changes no number at a cell's length (a RoPE scaling at
+``s = 1``) repeats its base cell's result (``scoring: "repeat"``) instead of scoring it again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from flaxformer_lite.evaluation.plan import (
 from flaxformer_lite.evaluation.score import score
 from flaxformer_lite.evaluation.step import rebuild_model
 
+# rows' ``scoring`` for a cell whose variant is the model itself at its length (a RoPE scaling
+# at s = 1, `EvalCell.same_as`): its numbers are its base cell's, not scored again
+REPEAT = "repeat"
 # where each protocol draws its randomized positions from (`PositionScheme` key parts)
 _POSITIONS_TAG = {"context": CONTEXT_POSITIONS, "task": TASK_POSITIONS}
 # what validation during training reports, per kind of plan
@@ -34,6 +38,11 @@ _QUICK_METRICS = {
     "corpus": ("loss", "bits_per_byte", "accuracy"),
     "task": ("exact_match", "accuracy"),
 }
+
+
+def _cell_fields(cell: EvalCell) -> dict[str, Any]:
+    """What a cell's result says about the cell: its label fields and encoding options."""
+    return cell.label.fields() | {"encoding_options": cell.encoding_options()}
 
 
 def evaluate_cell(
@@ -50,7 +59,7 @@ def evaluate_cell(
     (for a cell the model cannot be evaluated at, ``na`` with the reason and no metrics).
     ``dataset``: the corpus the plan scores (byte-level, or tokenized by the model's
     tokenizer) or the task; ``compiler_options``: of the scoring step (`score.score`)."""
-    fields = cell.label.fields() | {"encoding_options": cell.encoding_options()}
+    fields = _cell_fields(cell)
     fields["scoring"] = "incremental" if cell.incremental else "parallel"
     if cell.na is not None:
         return fields | {
@@ -95,7 +104,8 @@ def evaluate_plan(
     ``progress``: a bar of the cells (with the ETA), above the window bar of the current
     cell; ``compiler_options``: of the scoring step (`score.score`). ``done``: the results
     of the plan's first cells from an evaluation that stopped (they are not scored again);
-    ``on_cell(result)`` is called after each cell scored here."""
+    ``on_cell(result)`` is called after each cell scored here. A cell with ``same_as`` takes
+    that cell's metrics with its own label fields (``scoring: "repeat"``)."""
     results = list(done)
     with tqdm(
         total=len(plan.cells),
@@ -108,9 +118,17 @@ def evaluate_plan(
         bar.update(len(results))
         for cell in plan.cells[len(results) :]:
             bar.set_postfix_str(f"{cell.label.encoding} {cell.protocol} L'={cell.length}")
-            result = evaluate_cell(
-                model, plan, cell, dataset, progress=progress, compiler_options=compiler_options
-            )
+            if cell.same_as is not None:  # the variant is the model itself at this length
+                result = results[cell.same_as] | _cell_fields(cell) | {"scoring": REPEAT}
+            else:
+                result = evaluate_cell(
+                    model,
+                    plan,
+                    cell,
+                    dataset,
+                    progress=progress,
+                    compiler_options=compiler_options,
+                )
             results.append(result)
             if on_cell is not None:
                 on_cell(result)

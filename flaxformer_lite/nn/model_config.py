@@ -268,6 +268,16 @@ class ModelConfig:
             kinds.append(kind)
         return self.replace(layer_pattern=tuple(kinds))
 
+    def variant_is_identity(self, variant: str, eval_length: int) -> bool:
+        """Whether `with_rope_scaling` (``variant`` at sequences of at most ``eval_length``
+        tokens) changes no number of this model: every layer it applies to is left exactly as
+        it is (`EncodingSpec.variant_is_identity`, e.g. a RoPE scaling at ``s = 1``)."""
+        layers = [k for k in self._scalable_layers() if variant in k.encoding.eval_variants]
+        return bool(layers) and all(
+            k.encoding.variant_is_identity(k.positional_options, variant, eval_length)
+            for k in layers
+        )
+
     def with_original_length(self, length: int) -> ModelConfig:
         """A copy whose RoPE-scalable options (`EncodingSpec.rope_scaling`: the model-wide
         ones and each pattern kind's) that have ``original_length`` None get ``length``:

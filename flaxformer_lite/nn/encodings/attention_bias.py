@@ -118,6 +118,18 @@ def alibi_at_length(options: ALiBiOptions, variant: str, eval_length: int) -> AL
     return dataclasses.replace(options, pi_eval_length=eval_length)
 
 
+def alibi_unscaled_at(options: ALiBiOptions, variant: str, eval_length: int) -> bool:
+    """Whether `alibi_at_length` leaves the model exactly as it is: its slopes are not
+    interpolated already and ``eval_length <= pi_train_length`` (`core.attention_bias.
+    alibi_interpolated_slopes` keeps the slopes there)."""
+    return (
+        variant in ALIBI_EVAL_VARIANTS
+        and options.pi_eval_length is None
+        and options.pi_train_length is not None
+        and eval_length <= options.pi_train_length
+    )
+
+
 def _alibi_label(options: ALiBiOptions) -> str:
     """``"+pi"`` when the slopes are interpolated, else ``""``."""
     return "" if options.pi_eval_length is None else "+pi"
@@ -334,6 +346,7 @@ for _spec in (
         options=ALiBiOptions,
         eval_variant=alibi_at_length,
         eval_variants=ALIBI_EVAL_VARIANTS,
+        eval_identity=alibi_unscaled_at,
         label_suffix=_alibi_label,
         num_params=lambda dims, options: 0,
         summary="linear distance bias on the logits (Press et al. 2022)",

@@ -52,6 +52,10 @@ class EncodingSpec:
         parameters, other frequencies); None when no variant applies.
       eval_variants: the variants ``eval_variant`` accepts (``EvalConfig.rope_scalings``
         names them); empty when RoPE scaling does not apply.
+      eval_identity: ``eval_identity(options, variant, eval_length)``: True where
+        ``eval_variant`` changes no number of the model (a RoPE scaling at ``s = 1``), so
+        evaluation repeats the model's own result for that cell instead of scoring it again;
+        None: never.
       label_suffix: ``label_suffix(options)``, appended to the name in results rows for a
         variant the options select (``"+pi"`` for RoPE with ``scaling="pi"``).
       incremental: ``incremental(options)``: True when a target's output depends on the
@@ -77,6 +81,7 @@ class EncodingSpec:
     capacity_field: str = ""
     eval_variant: Callable[[Any, str, int], Any] | None = None
     eval_variants: tuple[str, ...] = ()
+    eval_identity: Callable[[Any, str, int], bool] | None = None
     label_suffix: Callable[[Any], str] | None = None
     incremental: Callable[[Any], bool] | None = None
     num_params: Callable[[ModelDims, Any], int] | None = None
@@ -164,6 +169,11 @@ class EncodingSpec:
                 f"scaling applies to {[s.name for s in _REGISTRY.values() if s.rope_scaling]})"
             )
         return self.eval_variant(options, variant, eval_length)
+
+    def variant_is_identity(self, options: EncodingOptions, variant: str, eval_length: int) -> bool:
+        """Whether ``variant`` at ``eval_length`` leaves a model with ``options`` exactly as it
+        is (see ``eval_identity``)."""
+        return self.eval_identity is not None and self.eval_identity(options, variant, eval_length)
 
     def label(self, options: EncodingOptions) -> str:
         """The encoding's name in results rows, e.g. ``"rope"`` or ``"rope+pi"``."""

@@ -311,6 +311,22 @@ def rope_at_length(options: RopeOptions, scaling: str, eval_length: int) -> Rope
     return dataclasses.replace(options, scaling=scaling, scale=float(s), attention_factor=factor)
 
 
+def rope_unscaled_at(options: RopeOptions, scaling: str, eval_length: int) -> bool:
+    """Whether `rope_at_length` (``scaling`` at ``eval_length``) leaves a model with
+    ``options`` exactly as it is: the model has no scaling of its own (``scaling="none"``, no
+    ``attention_factor``) and either ``scaling`` is ``"none"`` or ``eval_length <=
+    original_length``, where PI, NTK and YaRN have ``s = 1`` and dynamic NTK sees no length
+    past the original, all plain RoPE exactly (`core.rotary.rope_scaled_inv_frequencies`;
+    YaRN's attention factor is 1 at ``s = 1``). ``eval_length``: the longest sequence scored
+    (dynamic NTK reads the positions, not the cell's nominal length). Evaluation then repeats
+    the model's own numbers instead of scoring them again."""
+    if scaling not in rotary.ROPE_EVAL_SCALINGS:
+        return False
+    unscaled = options.scaling == "none" and options.attention_factor is None
+    within = options.original_length is not None and eval_length <= options.original_length
+    return unscaled and (scaling == "none" or within)
+
+
 @dataclasses.dataclass(frozen=True)
 class PRopeOptions(RopeOptions):
     """Options of p-RoPE (Barbero et al. 2024, arXiv 2410.06205, §6): RoPE's, plus the
@@ -417,6 +433,7 @@ for _spec in (
         options=RopeOptions,
         eval_variant=rope_at_length,
         eval_variants=rotary.ROPE_EVAL_SCALINGS,
+        eval_identity=rope_unscaled_at,
         label_suffix=_rope_label,
         incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
         num_params=lambda dims, options: 0,
@@ -438,6 +455,7 @@ for _spec in (
         options=PRopeOptions,
         eval_variant=rope_at_length,
         eval_variants=rotary.ROPE_EVAL_SCALINGS,
+        eval_identity=rope_unscaled_at,
         label_suffix=_rope_label,
         incremental=lambda options: options.scaling in ("dynamic_ntk", "longrope"),
         num_params=lambda dims, options: 0,
