@@ -84,9 +84,12 @@ class Difference:
     values: tuple[tuple[str, str, str], ...]  # (value as text, run, file)
     patch_only: bool = False  # versions that differ only after their minor release
 
-    def line(self) -> str:
-        """``field: a (run, file) vs b (run, file)``."""
-        shown = " vs ".join(f"{v} ({run}, {file})" for v, run, file in self.values)
+    def line(self, *, files: bool = True) -> str:
+        """``field: a (run, file) vs b (run, file)`` (``files=False``: ``a (run)``, the form
+        that does not depend on where the rows were read from)."""
+        shown = " vs ".join(
+            f"{v} ({run}, {file})" if files else f"{v} ({run})" for v, run, file in self.values
+        )
         return f"{self.field}: {shown}"
 
     def note(self) -> str:
@@ -117,9 +120,13 @@ class Verdict:
         return " ".join(parts)
 
     def report_lines(self) -> list[str]:
-        """Plain lines for REPORT.md: what was mixed and which versions differ."""
-        lines = [f"mixed on purpose (--allow-mixed): {d.line()}" for d in self.mixed]
-        lines += [f"versions differ in a patch release only: {d.line()}" for d in self.patch]
+        """Plain lines for REPORT.md: what was mixed and which versions differ, naming runs
+        but not the files they were read from (the report is the same wherever its rows lie;
+        the command's stderr names the files)."""
+        lines = [f"mixed on purpose (--allow-mixed): {d.line(files=False)}" for d in self.mixed]
+        lines += [
+            f"versions differ in a patch release only: {d.line(files=False)}" for d in self.patch
+        ]
         return list(dict.fromkeys(lines))
 
 
