@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,9 @@ def _forms(base: Path) -> list[str]:
     return sorted((f for f in forms if f), key=len, reverse=True)
 
 
-def portable_text(text: str, base: Path | str | None = None) -> str:
-    """``text`` with every absolute path rewritten (the module docstring); ``base``: the
-    report's directory."""
+def _rewriter(base: Path | str | None) -> Callable[[str], str]:
+    """The function `portable_text` applies for ``base``: the report directory's spellings are
+    looked up once (a report rewrites every string of thousands of rows)."""
     folders = [] if base is None else _forms(Path(base))
 
     def rewrite(match: re.Match[str]) -> str:
@@ -45,16 +45,30 @@ def portable_text(text: str, base: Path | str | None = None) -> str:
                 return path[len(folder) + 1 :] + end
         return ".../" + path.rstrip("/").rsplit("/", 1)[-1] + end
 
-    return _ABSOLUTE.sub(rewrite, text)
+    def text(value: str) -> str:
+        return _ABSOLUTE.sub(rewrite, value) if "/" in value else value
+
+    return text
+
+
+def portable_text(text: str, base: Path | str | None = None) -> str:
+    """``text`` with every absolute path rewritten (the module docstring); ``base``: the
+    report's directory."""
+    return _rewriter(base)(text)
 
 
 def portable(value: Any, base: Path | str | None = None) -> Any:
     """``value`` (a row, a list of rows, a string, ...) with `portable_text` applied to every
     string in it, keys included; other values as they are."""
-    if isinstance(value, str):
-        return portable_text(value, base)
-    if isinstance(value, Mapping):
-        return {portable(k, base): portable(v, base) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(portable(v, base) for v in value)
-    return value
+    text = _rewriter(base)
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return text(item)
+        if isinstance(item, Mapping):
+            return {walk(k): walk(v) for k, v in item.items()}
+        if isinstance(item, list | tuple):
+            return type(item)(walk(v) for v in item)
+        return item
+
+    return walk(value)

@@ -165,6 +165,14 @@ def _text(field: str, value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
+def _canonical(value: Any) -> Any:
+    """A key equal for equal recorded values: the value itself for a string, an integer, a
+    bool or None (typed, so 1, 1.0 and True stay apart as in JSON), else its sorted JSON."""
+    if value is None or isinstance(value, str | int):
+        return (type(value).__name__, value)
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _release(version: Any) -> tuple[int, int] | None:
     """``(major, minor)`` of a version string, None if it does not parse as one."""
     match = re.match(r"(\d+)\.(\d+)(?:\.\d+)?", version) if isinstance(version, str) else None
@@ -199,13 +207,15 @@ def check(
         excluded, kept = (*ENCODING_FIELDS, *sorted(swept)), ()
         if "pretrained.source" in swept:
             excluded, kept = (*excluded, PRETRAINED_SUBJECT), PRETRAINED_COMPARED
-        seen: dict[str, dict[str, tuple[Any, int]]] = {}  # field -> canonical value -> first
+        seen: dict[str, dict[Any, tuple[Any, int]]] = {}  # field -> canonical value -> first
+        skipped: dict[str, bool] = {}  # a study's rows repeat the same few hundred fields
         for i in members:
             for field, value in compared_fields(rows[i]).items():
-                if _under(field, excluded) and field not in kept:
-                    continue
-                key = json.dumps(value, sort_keys=True, default=str)
-                seen.setdefault(field, {}).setdefault(key, (value, i))
+                skip = skipped.get(field)
+                if skip is None:
+                    skip = skipped[field] = _under(field, excluded) and field not in kept
+                if not skip:
+                    seen.setdefault(field, {}).setdefault(_canonical(value), (value, i))
         for field in sorted(seen):
             found = seen[field]
             if len(found) < 2:

@@ -183,6 +183,26 @@ def test_what_is_compared_and_what_is_not():
 
 
 @pytest.mark.parametrize(
+    ("a", "b", "differ"),
+    [
+        (64, 64, False),
+        (64, 64.0, True),  # as JSON records them: 64 and 64.0 are two values
+        (1, True, True),
+        (None, "None", True),
+        ([1, 2], [1, 2], False),
+        ({"x": 1, "y": 2}, {"y": 2, "x": 1}, False),
+        ([1, 2], [2, 1], True),
+    ],
+)
+def test_recorded_values_are_compared_as_json_records_them(a, b, differ):
+    def at(value, rows):
+        return [r | {"setting": r["setting"] | {"model.d_model": value}} for r in rows]
+
+    verdict = comparable.check(at(a, _rows("rope")) + at(b, _rows("alibi", seed=1)))
+    assert [d.field for d in verdict.refused] == (["model.d_model"] if differ else [])
+
+
+@pytest.mark.parametrize(
     ("a", "b", "patch_only"),
     [
         ("1.26.3", "1.26.4", True),
