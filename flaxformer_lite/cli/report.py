@@ -64,7 +64,10 @@ from flaxformer_lite.train.run_config import RunConfig
 _OUT = flags.DEFINE_string("out", None, "report directory (default: the first RUN_DIR)")
 _TITLE = flags.DEFINE_string("title", None, "the report's heading (default: studies and presets)")
 _REFERENCE = flags.DEFINE_string(
-    "reference", "alibi", "paired differences: each encoding against this one"
+    "reference",
+    "alibi",
+    "paired differences: each encoding against this one; several, comma-separated "
+    "(fox,fox+gpt_oss+sinks): each table against the first it holds",
 )
 _ALL_PAIRS = flags.DEFINE_bool("all_pairs", False, "paired differences: every pair of encodings")
 _PLOTS = flags.DEFINE_bool("plots", True, "draw plots/ (--noplots: tables and REPORT.md only)")

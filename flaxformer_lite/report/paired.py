@@ -152,21 +152,31 @@ class Comparisons:
 
 
 def build_paired_tables(
-    tables: Sequence[StudyResults], *, reference: str = DEFAULT_REFERENCE, all_pairs: bool = False
+    tables: Sequence[StudyResults],
+    *,
+    reference: str | Sequence[str] = DEFAULT_REFERENCE,
+    all_pairs: bool = False,
 ) -> list[Comparisons]:
     """One `Comparisons` per bits-per-byte / exact-match table (`tables.build_tables` with
     per-block data) -- a group without the reference encoding (and ``all_pairs=False``) is
     skipped -- and, for each table of a `CHANGE_PROTOCOLS` protocol with a column at L, its
-    change-with-length table (each encoding at c or L' minus itself at L)."""
+    change-with-length table (each encoding at c or L' minus itself at L).
+
+    ``reference``: one encoding, or several (a sequence, or names joined by commas): each
+    table compares its rows with the first of them it holds, so a study whose tables are
+    variants of one design (``fox``, ``fox+gpt_oss+sinks``, ``fox+ssmax``) names each table's
+    own reference."""
+    references = reference_names(reference)
     out = []
     for table in tables:
         if table.metric not in PAIRED_METRICS or table.method != "bootstrap":
             continue
         encodings = list(table.encodings)
+        ref = next((r for r in references if r in encodings), None)
         if all_pairs:
             pairs = [(a, b) for i, a in enumerate(encodings) for b in encodings[i + 1 :]]
-        elif reference in encodings:
-            pairs = [(e, reference) for e in encodings if e != reference]
+        elif ref is not None:
+            pairs = [(e, ref) for e in encodings if e != ref]
         else:
             pairs = []
         what = table.info.title[:1].lower() + table.info.title[1:]
@@ -191,6 +201,14 @@ def build_paired_tables(
             change = table.title().replace(table.info.title, f"{name} in {what} ({symbol} − L)")
             out.append(_paired_table(table, change, columns, found, base.eval_length, symbol))
     return [t for t in out if t.pairs]
+
+
+def reference_names(reference: str | Sequence[str]) -> list[str]:
+    """The reference encodings ``reference`` names, in order: ``"fox,fox+ssmax"`` and
+    ``("fox", "fox+ssmax")`` give ``["fox", "fox+ssmax"]``."""
+    parts = [reference] if isinstance(reference, str) else list(reference)
+    names = [n.strip() for part in parts for n in str(part).split(",")]
+    return list(dict.fromkeys(n for n in names if n))
 
 
 def _paired_table(table, title, columns, found, reference_length, symbol="c") -> Comparisons:

@@ -35,7 +35,7 @@ def write_report(
     problems: Sequence[Any] = (),
     title: str | None = None,
     blocks: Sequence[Mapping[str, Any]] = (),
-    reference: str = paired.DEFAULT_REFERENCE,
+    reference: str | Sequence[str] = paired.DEFAULT_REFERENCE,
     all_pairs: bool = False,
     missing: Sequence[str] = (),
     common_rate: float | None = None,
@@ -54,7 +54,8 @@ def write_report(
       title: the report's heading (default: the studies and presets of the rows).
       blocks: the per-block records beside the rows (`store.load_blocks`): bootstrap
         intervals, significance marks and ``tables/paired_differences.{md,tex,csv}``.
-      reference, all_pairs: the paired-differences table's reference encoding, or all pairs.
+      reference, all_pairs: the paired-differences tables' reference encoding (several: each
+        table against the first it holds, `paired.reference_names`), or all pairs.
       missing: lines naming cells without results (merged shards), stated in the report.
       common_rate: the learning rate the ranking at each encoding's best rate is compared
         with (default: the grid's middle rate; the runner passes ``optim.learning_rate``).
@@ -149,7 +150,7 @@ def with_notes(tables: Sequence[StudyResults], verdict: comparable.Verdict) -> l
 def write_study_report(
     workdir: str | Path,
     *,
-    reference: str = paired.DEFAULT_REFERENCE,
+    reference: str | Sequence[str] = paired.DEFAULT_REFERENCE,
     all_pairs: bool = False,
     common_rate: float | None = None,
     failed: Mapping[str, str] | None = None,

@@ -215,6 +215,27 @@ def test_paired_table_against_the_reference():
     assert paired.build_paired_tables(tables.build_tables(rows, blocks), reference="xpos") == []
 
 
+def test_each_table_takes_the_first_reference_it_holds():
+    plain = _rows_and_blocks({"fox": 0.0, "rope": 0.05})
+    windowed = _rows_and_blocks({"fox+w": 0.0, "rope+w": 0.1, "alibi+w": 0.02})
+    windowed = [[r | {"model_size": "w"} for r in part] for part in windowed]  # its own table
+    built = tables.build_tables(plain[0] + windowed[0], plain[1] + windowed[1])
+    for reference in ("fox+w,fox", ["fox", "fox+w"], " fox , fox+w,"):
+        got = paired.build_paired_tables(built, reference=reference)
+        assert [[(p.encoding, p.reference) for p in t.pairs] for t in got] == [
+            [("rope", "fox")],
+            [("rope+w", "fox+w"), ("alibi+w", "fox+w")],
+        ]
+        assert got[1].pairs[0].delta == pytest.approx(0.1 / math.log(2))
+    # the first name a table holds wins; a name no table holds changes nothing
+    (only,) = paired.build_paired_tables(built, reference="xpos,alibi+w")
+    assert [(p.encoding, p.reference) for p in only.pairs] == [
+        ("fox+w", "alibi+w"),
+        ("rope+w", "alibi+w"),
+    ]
+    assert paired.reference_names("a,b,a, ,c") == ["a", "b", "c"]
+
+
 def test_too_few_blocks_fall_back_to_seeds():
     rows, blocks = _rows_and_blocks({"a": 0.0, "b": 0.1}, blocks=significance.MIN_BLOCKS - 1)
     (table,) = tables.build_tables(rows, blocks)
