@@ -27,6 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flaxformer_lite.results import stats
 
+# The stdlib validation split's 258 blocks of 1,024 bytes per file, largest first (32 files hold a
+# block's first byte; the committed rows' blocks record each block's file): Kish's effective number
+# of files, (sum n)^2 / sum n^2, is 16.1 of 32.
+STDLIB_VALIDATION_BLOCKS = (38, 23, 21, 17, 15, 14, 12, 11, 11, 9, 9, 9, 9, 8, 7, 6, 6, 6, 5)
+STDLIB_VALIDATION_BLOCKS += (3, 3, 3, 3, 2) + (1,) * 8
+REAL = "real"  # `files` of a case: the files and blocks of STDLIB_VALIDATION_BLOCKS
+
 # name, seeds, seed sd, block sd, noise sd, files, blocks, icc (files = blocks: independent)
 INTERVAL_CASES = [
     ("seeds only", 2, 1.0, 0.0, 0.5, 50, 50, 0.0),
@@ -41,6 +48,8 @@ INTERVAL_CASES = [
     ("files (stdlib-like)", 1, 0.0, 1.0, 0.0, 33, 258, 0.31),
     ("files (stdlib-like)", 5, 0.05, 1.0, 0.2, 33, 258, 0.31),
     ("files, 16 blocks", 5, 0.05, 1.0, 0.2, 12, 16, 0.31),
+    ("files, the validation split's sizes", 1, 0.0, 1.0, 0.0, REAL, REAL, 0.31),
+    ("files, the validation split's sizes", 5, 0.05, 1.0, 0.2, REAL, REAL, 0.31),
 ]
 # name, seeds, seed sd, interaction sd (encoding x block), files, blocks, icc of the interaction
 PAIRED_CASES = [
@@ -50,14 +59,24 @@ PAIRED_CASES = [
     ("encoding x block", 3, 0.0, 0.3, 50, 50, 0.0),
     ("encoding x block", 5, 0.0, 0.3, 50, 50, 0.0),
     ("encoding x file (stdlib-like)", 5, 0.01, 0.3, 33, 258, 0.31),
+    ("encoding x file, the validation split's sizes", 5, 0.01, 0.3, REAL, REAL, 0.31),
 ]
 
 
-def file_of_blocks(files: int, blocks: int, rng: np.random.Generator) -> np.ndarray:
+def file_of_blocks(files: int | str, blocks: int | str, rng: np.random.Generator) -> np.ndarray:
     """``[blocks]`` file labels: every file has a block, the rest fall to files at random
-    (unequal file sizes, as in a corpus of source files)."""
+    (unequal file sizes, as in a corpus of source files); `REAL`: the validation split's."""
+    if files == REAL:
+        return np.repeat(np.arange(len(STDLIB_VALIDATION_BLOCKS)), STDLIB_VALIDATION_BLOCKS)
     labels = np.concatenate([np.arange(files), rng.integers(0, files, blocks - files)])
     return np.sort(labels)
+
+
+def _size(files: int | str, blocks: int | str) -> str:
+    """The ``files | blocks`` cells of a case's row."""
+    if files == REAL:
+        return f"{len(STDLIB_VALIDATION_BLOCKS)} | {sum(STDLIB_VALIDATION_BLOCKS)}"
+    return f"{files} | {blocks}"
 
 
 def block_effects(sd: float, units: np.ndarray, icc: float, rng) -> np.ndarray:
@@ -89,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             grid = (
                 rng.normal(0, sd_seed, (seeds, 1))
                 + block_effects(sd_block, units, icc, rng)
-                + rng.normal(0, sd_noise, (seeds, blocks))
+                + rng.normal(0, sd_noise, (seeds, units.shape[0]))
             )
             draw = int(rng.integers(2**31))
             for k, u in enumerate((units, None)):
@@ -98,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 hits[k] += low <= 0.0 <= high
         print(
-            f"| {name} | {seeds} | {files} | {blocks} | {icc:g} | {hits[0] / n:.3f} | "
+            f"| {name} | {seeds} | {_size(files, blocks)} | {icc:g} | {hits[0] / n:.3f} | "
             f"{hits[1] / n:.3f} |"
         )
     print(
@@ -115,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 shared
                 + rng.normal(0, sd_seed, (seeds, 1))
                 + block_effects(sd_inter, units, icc, rng)
-                + rng.normal(0, 0.01, (seeds, blocks))
+                + rng.normal(0, 0.01, (seeds, units.shape[0]))
                 for _ in range(2)
             )
             ones = np.ones_like(a)
@@ -126,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 rejections[k] += r["p"] < 0.05
         print(
-            f"| {name} | {seeds} | {files} | {blocks} | {icc:g} | {rejections[0] / n:.3f} | "
+            f"| {name} | {seeds} | {_size(files, blocks)} | {icc:g} | {rejections[0] / n:.3f} | "
             f"{rejections[1] / n:.3f} |"
         )
     return 0

@@ -173,6 +173,7 @@ class StudyResults:
     blocks: tuple[int, int, str] | None = None  # (number, size, unit) of the data blocks
     # (number, "files" or "blocks"): what the data part of the intervals resamples
     units: tuple[int, str] | None = None
+    effective_units: float | None = None  # Kish's effective number of those units
     context_block: int | None = None  # the context protocol's scored block S
     model_size: str | None = None  # the rows' model_size (a study sweeping model sizes)
     note: str = ""  # a sentence ending the caption (e.g. which learning rates the rows have)
@@ -258,6 +259,9 @@ class StudyResults:
                 data = (
                     f"{count} target regions, grouped by their first target's file: {units} files"
                 )
+            if unit_name == "files" and self.effective_units is not None:
+                # unequal files weigh like fewer equal ones (the coverage: docs/design.md §7)
+                data += f", Kish effective number {self.effective_units:.1f}"
             name = self.interval_name
             return (
                 f"Mean ± {CONFIDENCE:.0%} interval over seeds and evaluation {unit_name} "
@@ -559,6 +563,7 @@ def _results(name, metric, key, rs, index, order) -> StudyResults:
         if bootstrap
         else None,
         units=(grids[0].num_units, grids[0].unit_name) if bootstrap else None,
+        effective_units=grids[0].effective_units if bootstrap else None,
         context_block=next(iter(context_blocks)) if len(context_blocks) == 1 else None,
         model_size=size,
     )

@@ -85,6 +85,12 @@ class Grid:
     def num_units(self) -> int:
         return self.values.shape[1] if self.units is None else stats.num_units(self.units)
 
+    @property
+    def effective_units(self) -> float:
+        """Kish's effective number of the sampling units (`stats.effective_units`)."""
+        n = self.values.shape[1]
+        return float(n) if self.units is None else stats.effective_units(self.units)
+
     def select(self, seeds: Sequence[Any]) -> Grid:
         idx = [self.seeds.index(s) for s in seeds]
         return dataclasses.replace(

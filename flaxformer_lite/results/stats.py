@@ -203,6 +203,17 @@ def num_units(units: np.ndarray) -> int:
     return int(np.unique(np.asarray(units)).shape[0])
 
 
+def effective_units(units: np.ndarray) -> float:
+    """Kish's effective number of sampling units, ``(sum n)^2 / sum n^2`` over the units' block
+    counts ``n`` (Kish 1965, *Survey Sampling*, §11.7): the number of equal units that would
+    give the mean of the blocks the same variance. ``[0, 0, 1]`` -> 1.8; equal units -> their
+    number. Unequal file sizes make it smaller than `num_units`, and the intervals' coverage
+    lower than nominal (docs/design.md §7)."""
+    _, counts = np.unique(np.asarray(units), return_counts=True)
+    n = counts.astype(np.float64)
+    return float(n.sum() ** 2 / (n**2).sum())
+
+
 def _replicate_means(values, counts, draws, inverse, transform=None) -> np.ndarray:
     """The statistic (mean over seeds of each seed's ratio over the drawn blocks) for every
     replicate, ``[R]``: the blocks' sums are added per unit first (``[S, F]``), so each

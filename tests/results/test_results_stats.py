@@ -303,8 +303,9 @@ def test_context_captions_count_regions_and_the_files_they_are_grouped_by():
         rows += r
         blocks += b
     built = tables.build_tables(rows, blocks)
-    assert "40 target regions, grouped by their first target's file: 10 files" in (
-        built[0].caption()
+    assert (
+        "40 target regions, grouped by their first target's file: 10 files, "
+        "Kish effective number 10.0)" in built[0].caption()
     )
     gain = paired.build_paired_tables(built)[1]
     caption = paired.caption(gain)
@@ -316,6 +317,25 @@ def test_context_captions_count_regions_and_the_files_they_are_grouped_by():
         record["blocks"]["file"] = [i // 4 for i in range(40)]
     (versus,) = paired.build_paired_tables(tables.build_tables(window_rows, window_blocks))
     assert "and 10 evaluation files:" in paired.caption(versus)
+
+
+def test_kish_effective_number_of_files():
+    # (sum n)^2 / sum n^2 of the files' block counts
+    assert stats.effective_units(np.array([0, 0, 1])) == pytest.approx(9 / 5)
+    assert stats.effective_units(np.array([3, 3, 7, 7, 9, 9])) == pytest.approx(3.0)
+    assert stats.effective_units(np.array([5])) == 1.0
+    # the stdlib validation split: 258 blocks in 32 files weigh like 16 equal files
+    sizes = _coverage_script().STDLIB_VALIDATION_BLOCKS
+    units = np.repeat(np.arange(len(sizes)), sizes)
+    assert (len(sizes), units.shape[0]) == (32, 258)
+    assert stats.effective_units(units) == pytest.approx(258**2 / sum(n * n for n in sizes))
+    assert round(stats.effective_units(units), 1) == 16.1
+    # a window table's caption names it beside the number of files
+    rows, blocks = _rows_and_blocks({"alibi": 0.0, "rope": 0.1})
+    for record in blocks:
+        record["blocks"]["file"] = [0] * 25 + [1] * 5 + list(range(2, 12))  # 12 files
+    (table,) = tables.build_tables(rows, blocks)
+    assert "seeds: 2; 12 files, Kish effective number 2.4)" in table.caption()
 
 
 def test_key_targets_get_their_own_context_gain_over_the_key_bytes_only():
@@ -423,9 +443,8 @@ def test_no_bold_for_a_best_mean_that_its_paired_test_finds_worse():
     assert table.marks == {} and "| a | **" not in md and "support no column's best" in md
 
 
-def test_the_coverage_script_prints_both_methods_for_every_case(capsys):
-    """scripts/interval_coverage.py (the figures in docs/design.md §7): one row per case with a
-    share for the library's method and the nested bootstrap; bad sizes are refused by name."""
+def _coverage_script():
+    """scripts/interval_coverage.py as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -433,6 +452,13 @@ def test_the_coverage_script_prints_both_methods_for_every_case(capsys):
     spec = importlib.util.spec_from_file_location("interval_coverage", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_coverage_script_prints_both_methods_for_every_case(capsys):
+    """scripts/interval_coverage.py (the figures in docs/design.md §7): one row per case with a
+    share for the library's method and the nested bootstrap; bad sizes are refused by name."""
+    script = _coverage_script()
     assert script.main(["--studies", "4", "--replicates", "20"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "--" not in r]
     data = [r for r in rows if not r.startswith("| case") and not r.startswith("| paired case")]
