@@ -205,7 +205,7 @@ def num_units(units: np.ndarray) -> int:
 
 def effective_units(units: np.ndarray) -> float:
     """Kish's effective number of sampling units, ``(sum n)^2 / sum n^2`` over the units' block
-    counts ``n`` (Kish 1965, *Survey Sampling*, §11.7): the number of equal units that would
+    counts ``n`` (Kish 1965, *Survey Sampling*): the number of equal units that would
     give the mean of the blocks the same variance. ``[0, 0, 1]`` -> 1.8; equal units -> their
     number. Unequal file sizes make it smaller than `num_units`, and the intervals' coverage
     lower than nominal (docs/design.md §7)."""
