@@ -206,9 +206,10 @@ def num_units(units: np.ndarray) -> int:
 def effective_units(units: np.ndarray) -> float:
     """Kish's effective number of sampling units, ``(sum n)^2 / sum n^2`` over the units' block
     counts ``n`` (Kish 1965, *Survey Sampling*): the number of equal units that would
-    give the mean of the blocks the same variance. ``[0, 0, 1]`` -> 1.8; equal units -> their
-    number. Unequal file sizes make it smaller than `num_units`, and the intervals' coverage
-    lower than nominal (docs/design.md §7)."""
+    give the mean of the blocks the same variance. ``units``: ``[blocks]`` labels (any dtype),
+    each block's unit (its file); returns a float in ``[1, number of units]``. ``[0, 0, 1]`` ->
+    1.8; equal units -> their number. Unequal file sizes make it smaller than `num_units`, and
+    the intervals' coverage lower than nominal (docs/design.md §7)."""
     _, counts = np.unique(np.asarray(units), return_counts=True)
     n = counts.astype(np.float64)
     return float(n.sum() ** 2 / (n**2).sum())
