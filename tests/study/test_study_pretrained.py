@@ -100,8 +100,8 @@ def test_a_pretrained_cell_maps_its_config_once_and_runs_one_preflight(tmp_path,
 def test_the_offline_preset_resolves_to_its_packaged_models_at_quarter_to_four_times_l():
     """`pretrained:offline`: the GGUF files that packages ship, each at its training context
     L, evaluated at L/4 ... 4L with every window within the cap, RoPE rows under PI, NTK,
-    dynamic NTK (scored at each target's prefix length, in one pass) and YaRN. Skipped, saying
-    which pip command is missing, without the packages."""
+    dynamic NTK (scored at each target's prefix length, in one pass) and YaRN. A model whose
+    packages are missing is left out; skipped, naming the pip commands, when both are."""
     from flaxformer_lite.study.sweeps import apply_overrides
     from flaxformer_lite.train.run_config import RunConfig
 
