@@ -199,7 +199,9 @@ class Study:
         the selected cells' (their `StudyCell.identity`, from the pre-flight) and those
         ``--only`` leaves out that hold a run, so that the workdir never holds two configs.
         Any difference raises one `ConfigError` listing the fields and cells, unless
-        ``restart_changed``: then `restart_changed_cells` will start them afresh. Writes
+        ``restart_changed``: then `restart_changed_cells` will start them afresh. A cell whose
+        model cannot be loaded here (``unavailable``, `check_available`: never selected) is
+        left as it is: its run can be neither checked nor restarted without its model. Writes
         nothing."""
         changed: dict[str, list[str]] = {}
         current: dict[str, StudyCell] = {}
@@ -207,7 +209,7 @@ class Study:
         for spec in self.sweep:
             name = spec["name"]
             old = identity.recorded(self.cell_dir(name))
-            if old is None:
+            if old is None or spec.get("labels", {}).get("unavailable"):
                 continue
             try:
                 cell = self.cell(name)

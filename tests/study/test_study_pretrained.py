@@ -188,6 +188,16 @@ def test_the_offline_preset_refuses_a_missing_package_only_when_its_cells_are_se
     runner.check_available(select_cells(sweep, ["smollm2-135m-instruct"]))
     with pytest.raises(ConfigError, match=r"part4 \(cells gemma3-270m-seed0\); --only"):
         runner.check_available(select_cells(sweep, ["gemma3-270m"]))
+    # a run of Gemma 3 already in the workdir is left as it is, with --restart_changed too:
+    # without its model it can be neither checked nor started again
+    study = runner.Study(config, sweep, tmp_path / "held", "")
+    held = study.cell_dir("gemma3-270m-seed0")
+    held.mkdir(parents=True)
+    (held / "identity.json").write_text(json.dumps({"config": {"seed": 0}}))
+    for restart_changed in (False, True):
+        study.check_identities(restart_changed)
+        study.restart_changed_cells()
+    assert (held / "identity.json").read_text() == json.dumps({"config": {"seed": 0}})
     with pytest.raises(ConfigError, match="must be a str"):
         config.sweep.models = ({**config.sweep.models[0], "unavailable": 1},)
         expand_sweep(config)
